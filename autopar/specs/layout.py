@@ -1,0 +1,242 @@
+"""Layout: one way to split a training run over GPUs, and every rule that makes a layout valid.
+
+Vocabulary (as in torchtitan): an *axis* is a device-mesh axis (tp, cp, dp, pp, ep, etp); a *dim* is a
+tensor dimension. Rank order is TP innermost, then CP, then DP, then PP outermost (Megatron-LM order
+``tp-cp-ep-dp-pp``); the expert mesh EP×ETP re-slices the same GPUs of each pipeline stage
+(Pangu Ultra MoE, arXiv 2504.14960; parallelism-strategy-rules.md, "Minimum GPU Count").
+
+All validity rules live in :func:`check_layout`; its messages show the arithmetic that failed.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+
+from autopar.errors import LayoutError
+from autopar.specs._base import Spec
+from autopar.specs.hardware import HardwareSpec
+from autopar.specs.model import ModelSpec
+from autopar.specs.training import TrainingSpec
+
+# Recompute modules, named as Megatron-LM's --recompute-modules. "selective" is Korthikanti et al. 2022's
+# selective recomputation (core attention only). Aliases map the short names used in published configs.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe", "moe_act", "mla_up_proj", "shared_experts")
+_RECOMPUTE_ALIASES = {"norm": "layernorm", "act": "moe_act", "attn": "core_attn", "selective": "core_attn"}
+RECOMPUTE_POLICIES = ("none", "selective", "full")
+
+
+def normalize_recompute(value: str) -> str:
+    """'none' | 'full' | 'selective' | a comma list of modules -> canonical string (sorted module list)."""
+    text = str(value).strip().lower().replace(" ", ",")
+    if text in ("none", "full", "selective", ""):
+        return text or "none"
+    mods = set()
+    for part in filter(None, text.split(",")):
+        mod = _RECOMPUTE_ALIASES.get(part, part)
+        if mod not in RECOMPUTE_MODULES:
+            raise ValueError(f"unknown recompute module '{part}' (choose none, full, selective or a comma list of "
+                             f"{', '.join(RECOMPUTE_MODULES)})")
+        mods.add(mod)
+    if mods == {"core_attn"}:
+        return "selective"
+    return ",".join(sorted(mods))
+
+
+class Layout(Spec):
+    """Parallel degrees and step settings. ``dp`` and ``grad_accum`` may be left None: they are derived
+    from the GPU count and the global batch by :func:`resolve_layout`."""
+
+    tp: int = Field(default=1, gt=0, description="Tensor-parallel degree (Megatron column/row split).")
+    pp: int = Field(default=1, gt=0, description="Pipeline-parallel stages.")
+    vpp: int = Field(default=1, gt=0, description="Virtual stages per pipeline rank (interleaved 1F1B).")
+    cp: int = Field(default=1, gt=0, description="Context-parallel degree (sequence split, ring attention).")
+    ep: int = Field(default=1, gt=0, description="Expert-parallel degree (MoE only).")
+    etp: int = Field(default=1, gt=0, description="Expert tensor-parallel degree (MoE only).")
+    dp: int | None = Field(default=None, gt=0, description="Data-parallel degree; None = gpus / (tp·pp·cp).")
+    sequence_parallel: bool | None = Field(
+        default=None, description="Megatron sequence parallelism; None = on exactly when tp > 1.")
+    zero_stage: int = Field(default=1, ge=0, le=3,
+                            description="ZeRO stage over DP: 0 DDP, 1 optimizer (Megatron distributed "
+                                        "optimizer), 2 + gradients, 3 + parameters.")
+    fsdp: bool = Field(default=False, description="Parameters sharded FSDP-style (torch FSDP2); implies ZeRO-3.")
+    hsdp_shard: int | None = Field(default=None, gt=0,
+                                   description="HSDP: shard over groups of this many DP ranks, replicate across.")
+    micro_batch: int = Field(default=1, gt=0, description="Sequences per micro-batch per DP rank.")
+    grad_accum: int | None = Field(default=None, gt=0,
+                                   description="Micro-batches per step per DP rank; None = B / (dp·micro_batch).")
+    recompute: str = Field(default="none", description="none | selective | full | comma list of modules "
+                                                       f"({', '.join(RECOMPUTE_MODULES)}).")
+    stage_layers: tuple[int, ...] | None = Field(
+        default=None, description="Transformer layers per pipeline stage (uneven split); None = even.")
+
+    @field_validator("recompute", mode="before")
+    @classmethod
+    def _norm_recompute(cls, v: object) -> str:
+        return normalize_recompute(str(v))
+
+    @model_validator(mode="after")
+    def _fsdp_is_zero3(self) -> "Layout":
+        if (self.fsdp or self.hsdp_shard) and self.zero_stage != 3:
+            object.__setattr__(self, "zero_stage", 3)
+        return self
+
+    # ---- derived -----------------------------------------------------------------------------------------
+    @property
+    def sp(self) -> bool:
+        return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: gpus / (pp·ep·etp) = dp·tp·cp / (ep·etp)."""
+        assert self.dp is not None, "resolve the layout first"
+        return self.dp * self.tp * self.cp // (self.ep * self.etp)
+
+    @property
+    def world(self) -> int:
+        assert self.dp is not None, "resolve the layout first"
+        return self.dp * self.tp * self.cp * self.pp
+
+    @property
+    def recompute_modules(self) -> frozenset[str]:
+        if self.recompute in ("none", "full"):
+            return frozenset()
+        if self.recompute == "selective":
+            return frozenset({"core_attn"})
+        return frozenset(self.recompute.split(","))
+
+    def min_gpus(self) -> int:
+        """Smallest world that runs this layout at dp = edp = 1: PP·max(TP·CP, EP·ETP)."""
+        return self.pp * max(self.tp * self.cp, self.ep * self.etp)
+
+    def layers_per_stage(self, num_layers: int) -> tuple[int, ...]:
+        if self.stage_layers is not None:
+            return self.stage_layers
+        return (num_layers // self.pp,) * self.pp
+
+    def short(self) -> str:
+        """Compact one-line label, e.g. 'TP2 PP16 EP64 DP8 mbs1 GA16 sel'."""
+        parts = [f"TP{self.tp}"]
+        if self.pp > 1:
+            parts.append(f"PP{self.pp}" + (f"v{self.vpp}" if self.vpp > 1 else ""))
+        for name in ("cp", "ep", "etp"):
+            if getattr(self, name) > 1:
+                parts.append(f"{name.upper()}{getattr(self, name)}")
+        parts.append(f"DP{self.dp}")
+        if self.sp:
+            parts.append("SP")
+        shard = "FSDP" if self.fsdp else (f"HSDP{self.hsdp_shard}" if self.hsdp_shard else f"Z{self.zero_stage}")
+        parts += [shard, f"mbs{self.micro_batch}", f"GA{self.grad_accum}", f"rc:{self.recompute}"]
+        if self.stage_layers and len(set(self.stage_layers)) > 1:
+            parts.append("layers=" + "/".join(map(str, self.stage_layers)))
+        return " ".join(parts)
+
+
+def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
+                 hardware: HardwareSpec | None = None, allow_cross_domain_tp: bool = True) -> list[str]:
+    """Every validity rule of a layout, in one place. Returns the list of broken rules (empty = valid).
+
+    ``hardware`` enables the topology rules (TP and EP·ETP inside one NVLink domain) unless
+    ``allow_cross_domain_tp``: estimate accepts cross-domain TP (it is slow, not wrong); solve forbids it."""
+    L = layout
+    p: list[str] = []
+    if gpus <= 0:
+        return [f"gpus must be positive (got {gpus})"]
+    # World size and the two meshes.
+    dense = L.tp * L.cp * L.pp
+    if gpus % dense:
+        p.append(f"gpus ({gpus}) not divisible by tp·cp·pp = {L.tp}·{L.cp}·{L.pp} = {dense}")
+    dp = L.dp if L.dp is not None else (gpus // dense if gpus % dense == 0 else None)
+    if L.dp is not None and L.dp * dense != gpus:
+        p.append(f"dp·tp·cp·pp = {L.dp}·{L.tp}·{L.cp}·{L.pp} = {L.dp * dense} != gpus ({gpus})")
+    if L.min_gpus() > gpus:
+        p.append(f"min_gpus = pp·max(tp·cp, ep·etp) = {L.pp}·max({L.tp * L.cp}, {L.ep * L.etp}) = "
+                 f"{L.min_gpus()} > gpus ({gpus})")
+    expert = L.pp * L.ep * L.etp
+    if gpus % expert:
+        p.append(f"gpus ({gpus}) not divisible by pp·ep·etp = {L.pp}·{L.ep}·{L.etp} = {expert} (edp must be whole)")
+    # Tensor parallel.
+    a, g = model.num_attention_heads, model.kv_heads
+    if a % L.tp:
+        p.append(f"num_attention_heads ({a}) not divisible by tp ({L.tp})")
+    if model.mla is None and g % L.tp and L.tp % g:
+        # KV heads < TP: each KV head is replicated tp/g times (Megatron-LM), which needs tp % g == 0.
+        p.append(f"num_kv_heads ({g}) and tp ({L.tp}) must divide one another (KV heads are replicated when "
+                 "fewer than tp)")
+    if model.ffn_hidden_size % L.tp:
+        p.append(f"ffn_hidden_size ({model.ffn_hidden_size}) not divisible by tp ({L.tp})")
+    if L.sequence_parallel and L.tp == 1:
+        p.append("sequence_parallel needs tp > 1 (SP splits the activations TP would otherwise replicate)")
+    if L.sp and (training.seq_len // L.cp) % L.tp:
+        p.append(f"sequence parallel: seq_len/cp = {training.seq_len // L.cp} not divisible by tp ({L.tp})")
+    # Context parallel: load-balanced (zig-zag) ring attention splits each sequence in 2·cp chunks.
+    if L.cp > 1 and training.seq_len % (2 * L.cp):
+        p.append(f"seq_len ({training.seq_len}) % (2·cp) = {training.seq_len} % {2 * L.cp} != 0")
+    # Experts.
+    if not model.is_moe:
+        if L.ep > 1:
+            p.append(f"ep = {L.ep} but {model.name} is dense: expert parallel needs an MoE model")
+        if L.etp > 1:
+            p.append(f"etp = {L.etp} but {model.name} is dense: expert tensor parallel needs an MoE model")
+    else:
+        if model.moe.num_experts % L.ep:
+            p.append(f"num_experts ({model.moe.num_experts}) not divisible by ep ({L.ep})")
+        if model.moe.expert_ffn_hidden_size % L.etp:
+            p.append(f"expert_ffn_hidden_size ({model.moe.expert_ffn_hidden_size}) not divisible by etp ({L.etp})")
+    # Pipeline.
+    n = model.num_layers
+    if L.vpp > 1 and L.pp == 1:
+        p.append(f"vpp = {L.vpp} needs pp > 1")
+    if L.stage_layers is None:
+        if n % (L.pp * L.vpp):
+            p.append(f"num_layers ({n}) not divisible by pp·vpp = {L.pp}·{L.vpp} = {L.pp * L.vpp}; "
+                     "give stage_layers for an uneven split")
+    else:
+        s = L.stage_layers
+        if len(s) != L.pp:
+            p.append(f"stage_layers has {len(s)} entries, pp is {L.pp}")
+        if sum(s) != n:
+            p.append(f"stage_layers sum to {sum(s)}, num_layers is {n}")
+        bad = [x for x in s if x < L.vpp or x % L.vpp]
+        if bad:
+            p.append(f"each stage's layers must be a positive multiple of vpp ({L.vpp}); got {list(s)}")
+    # Batch.
+    B = training.global_batch
+    if dp:
+        if B % (dp * L.micro_batch):
+            p.append(f"global_batch ({B}) not divisible by dp·micro_batch = {dp}·{L.micro_batch} = "
+                     f"{dp * L.micro_batch}")
+        elif L.grad_accum is not None and dp * L.micro_batch * L.grad_accum != B:
+            p.append(f"dp·micro_batch·grad_accum = {dp}·{L.micro_batch}·{L.grad_accum} = "
+                     f"{dp * L.micro_batch * L.grad_accum} != global_batch ({B})")
+        elif L.vpp > 1 and (B // (dp * L.micro_batch)) % L.pp:
+            p.append(f"interleaved schedule: micro-batches per step ({B // (dp * L.micro_batch)}) must be a "
+                     f"multiple of pp ({L.pp})")
+    # Sharding.
+    if L.hsdp_shard is not None and dp and dp % L.hsdp_shard:
+        p.append(f"dp ({dp}) not divisible by hsdp_shard ({L.hsdp_shard})")
+    if "mla_up_proj" in L.recompute_modules and model.mla is None:
+        p.append("recompute module 'mla_up_proj' needs an MLA model")
+    if {"moe", "moe_act", "shared_experts"} & L.recompute_modules and not model.is_moe:
+        p.append(f"recompute modules {sorted({'moe', 'moe_act', 'shared_experts'} & L.recompute_modules)} "
+                 "need an MoE model")
+    # Topology.
+    if hardware is not None and not allow_cross_domain_tp:
+        dom = hardware.nvlink_domain_size
+        if L.tp > dom:
+            p.append(f"tp ({L.tp}) exceeds the NVLink domain ({dom} GPUs on {hardware.name})")
+        if L.ep * L.etp > dom:
+            p.append(f"ep·etp = {L.ep * L.etp} exceeds the NVLink domain ({dom} GPUs on {hardware.name})")
+    return p
+
+
+def resolve_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
+                   hardware: HardwareSpec | None = None, allow_cross_domain_tp: bool = True) -> Layout:
+    """Validate and fill in dp, grad_accum, sequence_parallel and stage_layers. Raises LayoutError."""
+    problems = check_layout(layout, model, training, gpus, hardware, allow_cross_domain_tp)
+    if problems:
+        raise LayoutError(problems)
+    dp = gpus // (layout.tp * layout.cp * layout.pp)
+    ga = training.global_batch // (dp * layout.micro_batch)
+    return layout.model_copy(update={
+        "dp": dp, "grad_accum": ga, "sequence_parallel": layout.sp,
+        "stage_layers": layout.layers_per_stage(model.num_layers)})

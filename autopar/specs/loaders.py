@@ -1,0 +1,128 @@
+"""Load specs from a zoo name, a YAML file, or a Hugging Face ``config.json``.
+
+Zoo files live in the repository's ``models/`` and ``hardware/`` folders; a wheel carries them under
+``autopar/_zoo/``. Every failure is an :class:`AutoparInputError` that names the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from autopar.errors import AutoparInputError
+from autopar.specs.hardware import HardwareSpec
+from autopar.specs.model import ModelSpec
+
+_PKG = Path(__file__).resolve().parents[1]
+_ZOO_DIRS = {kind: [_PKG / "_zoo" / kind, _PKG.parent / kind] for kind in ("models", "hardware")}
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def zoo_dir(kind: str) -> Path:
+    """The folder holding the zoo files of ``kind`` ('models' or 'hardware')."""
+    for d in _ZOO_DIRS[kind]:
+        if d.is_dir():
+            return d
+    raise AutoparInputError(f"the {kind} zoo folder is missing (looked in {', '.join(map(str, _ZOO_DIRS[kind]))})")
+
+
+def zoo_names(kind: str) -> list[str]:
+    return sorted(p.stem for p in zoo_dir(kind).glob("*.yaml"))
+
+
+def format_validation_error(err: ValidationError, where: str) -> str:
+    """One line per broken field: 'where: field a.b: message'."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (not a field of this spec; check the spelling)"
+        lines.append(f"{where}: field '{loc}': {msg}")
+    return "; ".join(lines)
+
+
+def build_spec(cls: type[T], data: Any, where: str) -> T:
+    if not isinstance(data, dict):
+        raise AutoparInputError(f"{where}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise AutoparInputError(format_validation_error(err, where)) from None
+
+
+def read_structured_file(path: Path) -> Any:
+    """Parse a YAML or JSON file; syntax errors become AutoparInputError with the line."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise AutoparInputError(f"cannot read {path}: {err.strerror}") from None
+    try:
+        if path.suffix == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as err:
+        raise AutoparInputError(f"{path}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise AutoparInputError(f"{path}: malformed YAML{at}: {getattr(err, 'problem', err)}") from None
+
+
+def _resolve(ref: str | Path, kind: str) -> Path:
+    path = Path(ref)
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+        if not path.exists():
+            raise AutoparInputError(f"{kind[:-1]} file not found: {path}")
+        if path.is_dir() and (path / "config.json").exists():
+            return path / "config.json"
+        return path
+    candidate = zoo_dir(kind) / f"{ref}.yaml"
+    if candidate.exists():
+        return candidate
+    names = zoo_names(kind)
+    raise AutoparInputError(f"unknown {kind[:-1]} '{ref}': not a file and not in the zoo ({', '.join(names)})")
+
+
+def load_model(ref: str | Path | ModelSpec, *, warn: Any = None) -> ModelSpec:
+    """A ModelSpec from a zoo name, a YAML file or a Hugging Face config.json (or a folder holding one).
+
+    For a Hugging Face config, keys that could not be mapped are reported through ``warn`` (a callable
+    taking a string; default: printed to stderr)."""
+    if isinstance(ref, ModelSpec):
+        return ref
+    path = _resolve(ref, "models")
+    data = read_structured_file(path)
+    if isinstance(data, dict) and ("model_type" in data or "architectures" in data):
+        from autopar.specs.hf_config import model_from_hf_config
+        spec, unmapped = model_from_hf_config(data, name=path.parent.name if path.name == "config.json"
+                                              else path.stem, where=str(path))
+        if unmapped:
+            import sys
+            (warn or (lambda m: print(m, file=sys.stderr)))(
+                f"note: {path}: keys not used by autopar's model: {', '.join(sorted(unmapped))}")
+        return spec
+    return build_spec(ModelSpec, data, str(path))
+
+
+def load_hardware(ref: str | Path | HardwareSpec) -> HardwareSpec:
+    """A HardwareSpec from a zoo name or a YAML file."""
+    if isinstance(ref, HardwareSpec):
+        return ref
+    path = _resolve(ref, "hardware")
+    return build_spec(HardwareSpec, read_structured_file(path), str(path))
+
+
+def dump_spec(spec: BaseModel, path: Path, header: str = "") -> None:
+    """Write a spec as YAML (round-trips through load_model / load_hardware). Never overwrites silently:
+    callers decide; this writes to ``path`` via a temporary file so a crash leaves the old file intact."""
+    data = spec.model_dump(mode="json", exclude_defaults=False)
+    text = (header + "\n" if header else "") + yaml.safe_dump(data, sort_keys=False)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

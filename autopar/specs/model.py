@@ -1,0 +1,303 @@
+"""ModelSpec: the architecture of a decoder-only transformer, dense or mixture-of-experts.
+
+Parameter counts are exact for the architecture described (every weight matrix, bias and norm). FLOP counts
+follow the usual convention of Kaplan et al. 2020 / Narayanan et al. 2021 (arXiv 2104.04473, eq. 3):
+a matmul of an (m x k) by a (k x n) matrix costs 2·m·k·n FLOPs, and training costs 3x the forward pass
+(backward = 2x forward), without recomputation.
+
+Causal attention is counted **once per unmasked score**: the QK^T and AV products of a token at position i
+touch i keys, so over a sequence of length s the average context is s/2 (FlashAttention's causal kernels skip
+the masked half). This is the same accounting as Megatron-Core's ``num_floating_point_operations`` after 2024
+and gives lower model TFLOP/s than the 2021 Megatron formula, which counts the full s x s matrix. With a
+sliding window w the average context is min(w, s/2).
+
+Symbols used below: h = hidden size, L = layers, a = attention heads, g = KV heads, d = head dim,
+f = dense FFN hidden, E = routed experts, k = routed experts per token (top-k), f_e = expert FFN hidden,
+V = vocabulary.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from autopar.specs._base import Spec
+
+
+class MoESpec(Spec):
+    """Mixture-of-experts settings of the MoE layers."""
+
+    num_experts: int = Field(gt=0, description="Routed experts per MoE layer (E).")
+    top_k: int = Field(gt=0, description="Routed experts each token is sent to (k).")
+    expert_ffn_hidden_size: int = Field(gt=0, description="FFN hidden size of one routed expert (f_e).")
+    num_shared_experts: int = Field(default=0, ge=0, description="Always-active shared experts per MoE layer.")
+    shared_expert_ffn_hidden_size: int | None = Field(
+        default=None, gt=0,
+        description="FFN hidden size of ONE shared expert; defaults to expert_ffn_hidden_size.")
+    first_dense_layers: int = Field(
+        default=0, ge=0, description="Leading layers with a dense MLP instead of MoE (DeepSeek-V3: 3).")
+    moe_layer_interval: int = Field(
+        default=1, gt=0,
+        description="After the leading dense layers, every n-th layer is MoE (Llama 4 Maverick: 2); others dense.")
+    expert_bias: bool = Field(default=False, description="Expert linear layers carry biases (GPT-OSS).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MoESpec":
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) > num_experts ({self.num_experts})")
+        return self
+
+    @property
+    def shared_ffn(self) -> int:
+        return self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size
+
+
+class MLASpec(Spec):
+    """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 sec. 2.1): low-rank Q and joint KV."""
+
+    q_lora_rank: int | None = Field(default=None, gt=0, description="Rank of the Q down-projection; None = full Q.")
+    kv_lora_rank: int = Field(gt=0, description="Rank of the joint KV compression (d_c).")
+    qk_nope_head_dim: int = Field(gt=0, description="Per-head Q/K dim without rotary embedding.")
+    qk_rope_head_dim: int = Field(gt=0, description="Per-head decoupled rotary Q/K dim.")
+    v_head_dim: int = Field(gt=0, description="Per-head value dim.")
+
+
+class ModelSpec(Spec):
+    """A decoder-only transformer. Field names follow Megatron-LM; every size is a count, not bytes."""
+
+    name: str = Field(description="Short identifier, e.g. 'llama3_70b'.")
+    source: str = Field(default="", description="Where the numbers come from (official config URL or paper).")
+    num_layers: int = Field(gt=0, description="Transformer blocks (L), MTP modules excluded.")
+    hidden_size: int = Field(gt=0, description="Model width (h).")
+    ffn_hidden_size: int = Field(gt=0, description="Hidden size of the dense MLP (f).")
+    num_attention_heads: int = Field(gt=0, description="Query heads (a).")
+    num_kv_heads: int | None = Field(default=None, gt=0, description="Key/value heads (g); None = a (MHA).")
+    head_dim: int | None = Field(default=None, gt=0, description="Per-head dim (d); None = h / a.")
+    vocab_size: int = Field(gt=0, description="Vocabulary size (V).")
+    tie_embeddings: bool = Field(default=False, description="LM head shares the input embedding matrix.")
+    gated_mlp: bool = Field(default=True, description="SwiGLU/GeGLU MLP with 3 matrices; False = 2-matrix MLP.")
+    norm: Literal["rmsnorm", "layernorm"] = Field(default="rmsnorm", description="Normalisation type.")
+    qkv_bias: bool = Field(default=False, description="Q/K/V projections carry biases (Qwen2, GPT-OSS).")
+    linear_bias: bool = Field(default=False, description="All dense linear layers carry biases (GPT-2/3).")
+    position_embedding: Literal["rope", "learned", "none"] = Field(
+        default="rope", description="Rotary (no parameters) or a learned absolute table.")
+    max_position_embeddings: int = Field(default=4096, gt=0, description="Rows of a learned position table.")
+    sliding_window: int | None = Field(default=None, gt=0, description="Sliding-window size of windowed layers.")
+    sliding_window_every: int = Field(
+        default=0, ge=0, description="Every n-th layer is global, the rest windowed (GPT-OSS: 2); 0 = all windowed.")
+    moe: MoESpec | None = Field(default=None, description="MoE settings; None = dense model.")
+    mla: MLASpec | None = Field(default=None, description="Multi-head latent attention; None = standard GQA.")
+    mtp_layers: int = Field(default=0, ge=0, description="Multi-token-prediction modules (DeepSeek-V3: 1).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        a, g = self.num_attention_heads, self.kv_heads
+        if a % g:
+            raise ValueError(f"num_attention_heads ({a}) must be a multiple of num_kv_heads ({g})")
+        if self.head_dim is None and self.mla is None and self.hidden_size % a:
+            raise ValueError(f"hidden_size ({self.hidden_size}) not divisible by num_attention_heads ({a}); "
+                             "set head_dim")
+        return self
+
+    # ---- shape helpers --------------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head Q·K dot-product width (MLA: nope + rope)."""
+        if self.mla:
+            return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim
+        return self.dim_per_head
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.mla.v_head_dim if self.mla else self.dim_per_head
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether 0-based layer i has an MoE block (rather than a dense MLP)."""
+        if self.moe is None or i < self.moe.first_dense_layers:
+            return False
+        return (i - self.moe.first_dense_layers + 1) % self.moe.moe_layer_interval == 0
+
+    @cached_property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    def is_windowed_layer(self, i: int) -> bool:
+        if self.sliding_window is None:
+            return False
+        return not (self.sliding_window_every and (i + 1) % self.sliding_window_every == 0)
+
+    # ---- parameter counts (exact) ---------------------------------------------------------------------
+    @property
+    def norm_params(self) -> int:
+        """One norm: RMSNorm has a scale (h), LayerNorm a scale and a bias (2h)."""
+        return self.hidden_size * (2 if self.norm == "layernorm" else 1)
+
+    @cached_property
+    def attention_params(self) -> int:
+        """Attention weights of one layer (norm excluded).
+
+        GQA: Q h·a·d, K and V h·g·d each, O a·d·h (+ biases). MLA (DeepSeek-V2 eq. 9-13): W_DQ h·r_q,
+        W_UQ r_q·a·(d_nope+d_rope), W_DKV h·(d_c+d_rope), W_UKV d_c·a·(d_nope+d_v), O a·d_v·h, plus the
+        RMSNorms on the two latents."""
+        h, a = self.hidden_size, self.num_attention_heads
+        if self.mla:
+            m = self.mla
+            q_dim = a * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+            q = (h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * q_dim) if m.q_lora_rank else h * q_dim
+            kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank \
+                + m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
+            return q + kv + a * m.v_head_dim * h
+        d, g = self.dim_per_head, self.kv_heads
+        qkv = h * (a + 2 * g) * d
+        if self.qkv_bias or self.linear_bias:
+            qkv += (a + 2 * g) * d
+        out = a * d * h + (h if self.linear_bias else 0)
+        return qkv + out
+
+    def mlp_params(self, ffn: int, bias: bool = False) -> int:
+        """One MLP of FFN width ``ffn``: gated = 3·h·ffn (gate, up, down), plain = 2·h·ffn."""
+        h = self.hidden_size
+        n_in = 2 if self.gated_mlp else 1
+        p = (n_in + 1) * h * ffn
+        if bias or self.linear_bias:
+            p += n_in * ffn + h
+        return p
+
+    @cached_property
+    def expert_params(self) -> int:
+        """One routed expert."""
+        assert self.moe is not None
+        return self.mlp_params(self.moe.expert_ffn_hidden_size, self.moe.expert_bias)
+
+    @cached_property
+    def moe_layer_dense_part_params(self) -> int:
+        """Parameters of an MoE block that are NOT routed experts: router (h·E) and shared experts."""
+        m = self.moe
+        if m is None:
+            return 0
+        return self.hidden_size * m.num_experts + m.num_shared_experts * self.mlp_params(m.shared_ffn)
+
+    @cached_property
+    def dense_layer_params(self) -> int:
+        """A layer with a dense MLP: attention + MLP + 2 norms."""
+        return self.attention_params + self.mlp_params(self.ffn_hidden_size) + 2 * self.norm_params
+
+    @cached_property
+    def moe_layer_nonexpert_params(self) -> int:
+        """An MoE layer without its routed experts: attention + router + shared experts + 2 norms."""
+        return self.attention_params + self.moe_layer_dense_part_params + 2 * self.norm_params
+
+    @cached_property
+    def moe_layer_expert_params(self) -> int:
+        """Routed experts of one MoE layer (E · expert)."""
+        return self.moe.num_experts * self.expert_params if self.moe else 0
+
+    @property
+    def embedding_params(self) -> int:
+        p = self.vocab_size * self.hidden_size
+        if self.position_embedding == "learned":
+            p += self.max_position_embeddings * self.hidden_size
+        return p
+
+    @property
+    def lm_head_params(self) -> int:
+        """Output projection (0 when tied to the embedding); the final norm is counted here."""
+        return (0 if self.tie_embeddings else self.vocab_size * self.hidden_size) + self.norm_params
+
+    @cached_property
+    def mtp_module_params(self) -> int:
+        """One DeepSeek-V3 MTP module (arXiv 2412.19437 sec. 2.2): 2 norms, a 2h x h projection and one
+        transformer block of the last layer's kind; embedding and head are shared with the main model."""
+        last = self.num_layers - 1
+        block = (self.moe_layer_nonexpert_params + self.moe_layer_expert_params) if self.is_moe_layer(last) \
+            else self.dense_layer_params
+        return 2 * self.norm_params + 2 * self.hidden_size * self.hidden_size + block
+
+    @cached_property
+    def total_params(self) -> int:
+        """All parameters of the main model (MTP modules excluded, as published figures count them)."""
+        p = self.embedding_params + self.lm_head_params
+        p += self.num_dense_layers * self.dense_layer_params
+        if self.num_moe_layers:
+            p += self.num_moe_layers * (self.moe_layer_nonexpert_params + self.moe_layer_expert_params)
+        return p
+
+    @cached_property
+    def active_params(self) -> int:
+        """Parameters a token passes through: routed experts counted k of E (embedding included)."""
+        if not self.moe:
+            return self.total_params
+        inactive = self.num_moe_layers * (self.moe.num_experts - self.moe.top_k) * self.expert_params
+        return self.total_params - inactive
+
+    @cached_property
+    def expert_params_total(self) -> int:
+        """All routed-expert parameters (sharded by EP·ETP; everything else is sharded by TP)."""
+        return self.num_moe_layers * self.moe_layer_expert_params
+
+    # ---- FLOPs -------------------------------------------------------------------------------------------
+    def _attention_context(self, i: int, seq_len: int) -> float:
+        """Average number of keys a query attends to in layer i (causal: s/2; windowed: min(w, s/2))."""
+        ctx = seq_len / 2
+        if self.is_windowed_layer(i):
+            ctx = min(float(self.sliding_window), ctx)
+        return ctx
+
+    def layer_forward_flops_per_token(self, i: int, seq_len: int) -> float:
+        """Forward FLOPs of layer i for one token: 2·(matmul params touched) + attention scores.
+
+        Attention scores: QK^T and AV cost 2·ctx·a·d_qk + 2·ctx·a·d_v per token (ctx: average keys attended).
+        The MoE router (2·h·E) and k routed + shared experts are counted; norms and softmax are ignored."""
+        a = self.num_attention_heads
+        f = 2.0 * self.attention_params
+        f += 2.0 * self._attention_context(i, seq_len) * a * (self.qk_head_dim + self.v_head_dim)
+        if self.is_moe_layer(i):
+            f += 2.0 * (self.moe_layer_dense_part_params + self.moe.top_k * self.expert_params)
+        else:
+            f += 2.0 * self.mlp_params(self.ffn_hidden_size)
+        return f
+
+    def head_forward_flops_per_token(self) -> float:
+        """LM head logits: 2·h·V per token."""
+        return 2.0 * self.hidden_size * self.vocab_size
+
+    def mtp_forward_flops_per_token(self, seq_len: int) -> float:
+        """MTP modules: projection 2·(2h·h), one block, and one more LM head each."""
+        if not self.mtp_layers:
+            return 0.0
+        per = 2.0 * 2 * self.hidden_size ** 2 + self.layer_forward_flops_per_token(self.num_layers - 1, seq_len) \
+            + self.head_forward_flops_per_token()
+        return self.mtp_layers * per
+
+    def forward_flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs per token of the whole model (MTP included)."""
+        layers = sum(self.layer_forward_flops_per_token(i, seq_len) for i in range(self.num_layers))
+        return layers + self.head_forward_flops_per_token() + self.mtp_forward_flops_per_token(seq_len)
+
+    def training_flops_per_token(self, seq_len: int) -> float:
+        """Model FLOPs per trained token: forward + backward (2x forward) = 3x forward, no recomputation.
+        This is the numerator of MFU (PaLM, Chowdhery et al. 2022, appendix B)."""
+        return 3.0 * self.forward_flops_per_token(seq_len)
+
+    def summary(self) -> str:
+        kind = f"MoE {self.moe.num_experts}x top-{self.moe.top_k}" if self.moe else "dense"
+        return (f"{self.name}: {self.total_params / 1e9:.1f}B total, {self.active_params / 1e9:.1f}B active, "
+                f"{self.num_layers} layers, h={self.hidden_size}, {kind}")

@@ -1,0 +1,54 @@
+"""TrainingSpec: what is being trained per step, and in which number formats."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from autopar.specs._base import Spec
+from autopar.specs.hardware import Precision
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
+
+
+class TrainingSpec(Spec):
+    """Sequence length, batch and precisions of one pre-training run.
+
+    Defaults follow Megatron-LM mixed precision with the Adam optimizer: bf16 weights (2 B), fp32 gradient
+    accumulation buffers (``--accumulate-allreduce-grads-in-fp32``, 4 B), fp32 master weights and two fp32
+    Adam moments (12 B): 18 B per parameter before sharding. The tutorial's "2+2+12" is the fp16-gradient
+    case (``grad_dtype: bf16``)."""
+
+    seq_len: int = Field(default=4096, gt=0, description="Tokens per sequence (s).")
+    global_batch: int = Field(default=1024, gt=0, description="Sequences per optimizer step (B).")
+    precision: Precision = Field(default="bf16", description="Math precision of the transformer GEMMs.")
+    weight_dtype: Literal["bf16", "fp16", "fp32"] = Field(default="bf16", description="Dtype of model weights.")
+    grad_dtype: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description="Dtype of gradient buffers.")
+    master_weights_dtype: Literal["fp32", "none"] = Field(
+        default="fp32", description="Optimizer's master copy of the weights; 'none' when weights are updated in place.")
+    optimizer_state_dtype: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32", description="Dtype of each Adam moment (2 moments).")
+    activation_dtype: Literal["bf16", "fp16", "fp32"] = Field(
+        default="bf16", description="Dtype activations are stored in (FP8 recipes still store most in bf16).")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch
+
+    @property
+    def weight_bytes(self) -> int:
+        return DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def grad_bytes(self) -> int:
+        return DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Optimizer bytes per parameter: master weights + 2 Adam moments."""
+        return DTYPE_BYTES[self.master_weights_dtype] + 2 * DTYPE_BYTES[self.optimizer_state_dtype]
+
+    @property
+    def activation_bytes(self) -> int:
+        return DTYPE_BYTES[self.activation_dtype]
