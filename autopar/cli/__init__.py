@@ -1,0 +1,1 @@
+"""The `autopar` command line: a thin layer over the library API."""
