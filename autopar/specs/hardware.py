@@ -78,6 +78,9 @@ class HardwareSpec(Spec):
     scaleout_latency_us: float = Field(default=8.0, ge=0, description="Per-step latency across the network, us.")
     reserve_gib: float = Field(default=3.0, ge=0,
                                description="HBM the framework keeps (CUDA context, allocator fragmentation), GiB.")
+    fragmentation: float = Field(default=0.05, ge=0, le=1,
+                                 description="Extra HBM lost to caching-allocator fragmentation, as a fraction of "
+                                             "the modelled memory (calibrated).")
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions (calibrated).")
     measured_busbw_gbps: MeasuredCollectives | None = Field(
         default=None, description="Measured collective bus bandwidths; used instead of the alpha-beta model.")

@@ -131,6 +131,26 @@ class Layout(Spec):
         return " ".join(parts)
 
 
+def balanced_stage_layers(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...] | None:
+    """Layers per stage when num_layers does not divide evenly by pp·vpp: the middle stages take
+    ceil(L/pp) layers and the remainder is split between the first and the last stage (Megatron-LM's
+    --decoder-first/last-pipeline-num-layers; Llama 3 405B drops one layer from each end, arXiv 2407.21783
+    sec. 3.3.2). With vpp > 1 a stage's virtual chunks may differ by one layer (Megatron-LM's
+    --pipeline-model-parallel-layout; a chunk may hold only the embedding or the loss, as with
+    --account-for-embedding/loss-in-pipeline-split). None when no such split exists."""
+    if num_layers % (pp * vpp) == 0:
+        return (num_layers // pp,) * pp
+    if pp < 3:
+        return None
+    per = -(-num_layers // pp)
+    rest = num_layers - per * (pp - 2)
+    first = rest // 2
+    last = rest - first
+    if first < 1 or last > per:
+        return None
+    return (first, *([per] * (pp - 2)), last)
+
+
 def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
                  hardware: HardwareSpec | None = None, allow_cross_domain_tp: bool = True) -> list[str]:
     """Every validity rule of a layout, in one place. Returns the list of broken rules (empty = valid).
@@ -196,9 +216,8 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus:
             p.append(f"stage_layers has {len(s)} entries, pp is {L.pp}")
         if sum(s) != n:
             p.append(f"stage_layers sum to {sum(s)}, num_layers is {n}")
-        bad = [x for x in s if x < L.vpp or x % L.vpp]
-        if bad:
-            p.append(f"each stage's layers must be a positive multiple of vpp ({L.vpp}); got {list(s)}")
+        if any(x < 1 for x in s):
+            p.append(f"every pipeline stage needs at least one layer; got {list(s)}")
     # Batch.
     B = training.global_batch
     if dp:

@@ -1,0 +1,68 @@
+"""Arguments shared by the commands: the problem (model, hardware, training, gpus) and layout degrees."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from autopar.defaults import DEFAULT_HARDWARE, DEFAULT_PRECISION, DEFAULT_SEQ_LEN, default_global_batch
+from autopar.errors import AutoparInputError
+from autopar.specs.hardware import PRECISIONS, HardwareSpec
+from autopar.specs.loaders import load_hardware, load_model
+from autopar.specs.model import ModelSpec
+from autopar.specs.training import TrainingSpec
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {v}")
+    return v
+
+
+def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True) -> None:
+    g = p.add_argument_group("problem")
+    g.add_argument("--model", required=True, help="zoo name (see `autopar zoo`), a model YAML, or a HF config.json")
+    g.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"zoo name or YAML (default: {DEFAULT_HARDWARE})")
+    g.add_argument("--gpus", type=positive_int, required=gpus_required, help="number of GPUs")
+    g.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN,
+                   help=f"sequence length (default: {DEFAULT_SEQ_LEN})")
+    g.add_argument("--global-batch", type=positive_int, default=None,
+                   help="sequences per step (default: by model size, GPT-3 Table 2.1 scaling: 0.5M-4M tokens)")
+    g.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
+                   help=f"GEMM precision (default: {DEFAULT_PRECISION})")
+    g.add_argument("--grad-dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="gradient buffer dtype (default: fp32, Megatron's --accumulate-allreduce-grads-in-fp32)")
+
+
+def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, TrainingSpec, list[str]]:
+    """Model, hardware and training from the parsed flags; notes on the defaults that were applied."""
+    model = load_model(args.model)
+    hw = load_hardware(args.hardware)
+    notes = []
+    gb = args.global_batch
+    if gb is None:
+        gb, why = default_global_batch(model, args.seq_len)
+        notes.append(why)
+    training = TrainingSpec(seq_len=args.seq_len, global_batch=gb, precision=args.precision,
+                            grad_dtype=args.grad_dtype,
+                            weight_dtype="fp16" if args.precision == "fp16" else "bf16")
+    hw.peak_tflops(training.precision)  # fails early, naming the precision, if the chip lacks it
+    return model, hw, training, notes
+
+
+def dump_json(obj: object) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False)
+
+
+def parse_int_list(text: str, name: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise AutoparInputError(f"{name}: expected comma-separated whole numbers, got '{text}'") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise AutoparInputError(f"{name}: values must be positive, got '{text}'")
+    return vals

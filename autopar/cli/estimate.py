@@ -1,0 +1,64 @@
+"""`autopar estimate`: memory and step time of one layout."""
+
+from __future__ import annotations
+
+import argparse
+
+from autopar.cli.common import add_problem_args, dump_json, load_problem, parse_int_list, positive_int
+from autopar.cli.render import console, print_estimate
+from autopar.cost import Estimator
+from autopar.specs.layout import Layout
+from autopar.specs.loaders import build_spec
+
+
+def add_layout_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("layout")
+    for name, helptext in (("tp", "tensor parallel"), ("pp", "pipeline stages"), ("vpp", "virtual stages per rank"),
+                           ("cp", "context parallel"), ("ep", "expert parallel"), ("etp", "expert tensor parallel")):
+        g.add_argument(f"--{name}", type=positive_int, default=1, help=f"{helptext} (default: 1)")
+    g.add_argument("--sp", dest="sp", action="store_true", default=None, help="sequence parallel (default: on iff TP>1)")
+    g.add_argument("--no-sp", dest="sp", action="store_false", help="turn sequence parallel off")
+    sh = g.add_mutually_exclusive_group()
+    sh.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=1,
+                    help="ZeRO stage over DP (default: 1 = Megatron distributed optimizer)")
+    sh.add_argument("--fsdp", action="store_true", help="FSDP (ZeRO-3) parameter sharding")
+    g.add_argument("--hsdp", type=positive_int, default=None, help="HSDP: shard over groups of N DP ranks")
+    g.add_argument("--mbs", type=positive_int, default=1, help="micro-batch size in sequences (default: 1)")
+    g.add_argument("--recompute", default="none",
+                   help="none | selective | full | comma list of modules (core_attn,layernorm,mlp,moe,moe_act,"
+                        "mla_up_proj,shared_experts) (default: none)")
+    g.add_argument("--stage-layers", default=None, help="layers per pipeline stage, e.g. 2,4,4,...,3 (uneven split)")
+
+
+def layout_from_args(args: argparse.Namespace) -> Layout:
+    stage = tuple(parse_int_list(args.stage_layers, "--stage-layers")) if args.stage_layers else None
+    return build_spec(Layout, dict(tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, etp=args.etp,
+                  sequence_parallel=args.sp, zero_stage=3 if args.fsdp else args.zero, fsdp=args.fsdp,
+                  hsdp_shard=args.hsdp, micro_batch=args.mbs, recompute=args.recompute, stage_layers=stage),
+                      "layout flags")
+
+
+def run(args: argparse.Namespace) -> int:
+    model, hw, training, notes = load_problem(args)
+    layout = layout_from_args(args)
+    est = Estimator(model, hw, training, args.gpus).estimate(layout)
+    if args.json:
+        d = est.to_dict()
+        d["notes"] = notes + d["notes"]
+        print(dump_json(d))
+        return 0
+    out = console()
+    for n in notes:
+        out.print(f"note: {n}")
+    print_estimate(est, model, hw, training, out)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("estimate", help="predict memory and step time of one layout",
+                       description="Predict per-GPU memory and step time of one parallel layout "
+                                   "(analytical cost model; see autopar/cost/).")
+    add_problem_args(p)
+    add_layout_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (the library's Estimate.to_dict())")
+    p.set_defaults(func=run)

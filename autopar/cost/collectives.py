@@ -1,0 +1,105 @@
+"""Time of one collective on a group of GPUs: alpha-beta model, hierarchical over NVLink domains, or the
+measured bus-bandwidth tables of the hardware file.
+
+Alpha-beta (Hockney 1994; ring algorithms as in Thakur, Rabenseifner & Gropp 2005, and the reference
+tutorial's "ring all-reduce cost"): an all-reduce of S bytes over n ranks on a ring takes
+``2(n-1)·alpha + 2(n-1)/n · S/beta``; all-gather and reduce-scatter (S = the full, gathered size) take half.
+
+Placement: ranks are numbered TP innermost (Megatron order tp, cp, dp, pp; the expert mesh etp, ep, edp
+inside each stage), so a group of n ranks whose consecutive members are ``stride`` apart has
+``k = min(n, D // stride)`` members in each NVLink domain of D GPUs (k = 1 when stride >= D), spanning
+``m = n / k`` domains. A hierarchical collective (NCCL's behaviour across nodes) runs the intra-domain part on
+NVLink and the inter-domain part on the k NICs of the domain in parallel:
+    all-reduce:  2(k-1)/k · S/B_nvl + 2(m-1)/m · S/(k·B_net)    + 2(k-1)·a_nvl + 2(m-1)·a_net
+    all-gather / reduce-scatter: half of the bandwidth and latency terms.
+    all-to-all:  each rank sends S·(k-1)/n over NVLink and S·(n-k)/n over the network, concurrently:
+                 max(S(k-1)/(n·B_nvl), S(n-k)/(n·B_net)) + (k-1)·a_nvl + (m-1)·a_net
+    send/recv:   S/B + a (NVLink when both ends share a domain).
+B_nvl = nvlink_gbps · efficiency.nvlink, B_net = scaleout_gbps · efficiency.scaleout (GB/s = 1e9 B/s).
+
+With a measured table (``measured_busbw_gbps``), time = S · factor(n) / busbw(n), where factor is the
+nccl-tests bus-bandwidth factor: 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and
+all-to-all, 1 for send/recv; busbw(n) is interpolated in log2(n) between measured group sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autopar.specs.hardware import HardwareSpec
+
+_FACTOR = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "send_recv": lambda n: 1.0,
+}
+
+
+def _interp_log2(table: dict[int, float], n: int) -> float:
+    keys = sorted(table)
+    if n <= keys[0]:
+        return table[keys[0]]
+    if n >= keys[-1]:
+        return table[keys[-1]]
+    for lo, hi in zip(keys, keys[1:]):
+        if lo <= n <= hi:
+            t = (math.log2(n) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+            return table[lo] + t * (table[hi] - table[lo])
+    return table[keys[-1]]  # pragma: no cover
+
+
+class Network:
+    """Collective-time oracle for one hardware spec. Results are cached per (op, n, stride)."""
+
+    def __init__(self, hw: HardwareSpec):
+        self.hw = hw
+        self.domain = hw.nvlink_domain_size
+        self.b_nvl = hw.nvlink_gbps * 1e9 * hw.efficiency.nvlink
+        self.b_net = hw.scaleout_gbps * 1e9 * hw.efficiency.scaleout
+        self.a_nvl = hw.nvlink_latency_us * 1e-6
+        self.a_net = hw.scaleout_latency_us * 1e-6
+        self.measured = hw.measured_busbw_gbps
+        self._coef: dict[tuple[str, int, int], tuple[float, float]] = {}
+
+    def placement(self, n: int, stride: int) -> tuple[int, int]:
+        """(k members per NVLink domain, m domains spanned) for a group of n ranks ``stride`` apart."""
+        k = 1 if stride >= self.domain else max(1, min(n, self.domain // stride))
+        return k, max(1, -(-n // k))
+
+    def coefficients(self, op: str, n: int, stride: int) -> tuple[float, float]:
+        """(seconds per byte, fixed seconds) so that time(S) = S·c + t0. Zero for n = 1."""
+        key = (op, n, stride)
+        hit = self._coef.get(key)
+        if hit is not None:
+            return hit
+        if n <= 1:
+            res = (0.0, 0.0)
+        else:
+            table = getattr(self.measured, op, None) if self.measured else None
+            if table:
+                res = (_FACTOR[op](n) / (_interp_log2(table, n) * 1e9), 0.0)
+            else:
+                res = self._alpha_beta(op, n, stride)
+        self._coef[key] = res
+        return res
+
+    def _alpha_beta(self, op: str, n: int, stride: int) -> tuple[float, float]:
+        k, m = self.placement(n, stride)
+        bn, bx, an, ax = self.b_nvl, self.b_net, self.a_nvl, self.a_net
+        if op == "send_recv":
+            return (1.0 / bn, an) if stride < self.domain else (1.0 / bx, ax)
+        if op == "all_to_all":
+            per_byte = max((k - 1) / (n * bn), (n - k) / (n * bx))
+            return per_byte, (k - 1) * an + (m - 1) * ax
+        per_byte = (k - 1) / (k * bn) + (m - 1) / (m * k * bx)
+        fixed = (k - 1) * an + (m - 1) * ax
+        if op == "all_reduce":
+            return 2.0 * per_byte, 2.0 * fixed
+        return per_byte, fixed  # all_gather, reduce_scatter
+
+    def time(self, op: str, nbytes: float, n: int, stride: int = 1) -> float:
+        """Seconds for one ``op`` of ``nbytes`` (all-gather/reduce-scatter: the full gathered size) on n ranks."""
+        c, t0 = self.coefficients(op, n, stride)
+        return nbytes * c + t0 if c or t0 else 0.0

@@ -1,0 +1,54 @@
+"""Compute time: the math of one micro-batch on one GPU of a pipeline stage.
+
+FLOPs per token come from :mod:`autopar.specs.model` (2 FLOPs per multiply-add; backward = 2x forward,
+Narayanan et al. 2021, arXiv 2104.04473 sec. 5.1). A stage's GPUs (tp·cp of them per data-parallel rank, and
+the same GPUs re-sliced as ep·etp for the experts) share the tokens of a micro-batch evenly, so per GPU:
+
+    F_mb = (b·s) / (tp·cp) · [3·F_fwd(stage) + F_recompute(stage)]
+
+where b is the micro-batch size, s the sequence length, F_fwd the forward FLOPs per token of the stage's
+layers (+ LM head and MTP on the last stage) and F_recompute the forward FLOPs run again by the recompute
+policy (full: the whole layer; selective: QK^T and AV; 'mlp'/'moe'/'shared_experts': those blocks).
+Routed experts assume balanced routing (the published MoE runs force it). Time = F_mb / (peak · eff_gemm),
+with the dense peak of the training precision (datasheet) and the achievable fraction ``efficiency.gemm``
+(calibrated, see autopar validate).
+"""
+
+from __future__ import annotations
+
+from autopar.cost.profile import ModelProfile
+from autopar.cost.stage import Stage
+from autopar.specs.layout import Layout
+
+
+def forward_flops_per_token(prof: ModelProfile, st: Stage) -> float:
+    f = st.sum(prof, "fwd_flops")
+    if st.is_last:
+        f += prof.head_fwd_flops + prof.mtp_fwd_flops
+    return f
+
+
+def recompute_flops_per_token(prof: ModelProfile, st: Stage, layout: Layout) -> float:
+    policy = layout.recompute
+    if policy == "none":
+        return 0.0
+    if policy == "full":
+        return st.sum(prof, "fwd_flops")
+    mods = layout.recompute_modules
+    f = 0.0
+    if "core_attn" in mods:
+        f += st.sum(prof, "attn_core_flops")
+    if "mlp" in mods:
+        f += st.sum(prof, "mlp_flops") - st.sum(prof, "moe_mlp_flops")
+    if "moe" in mods:
+        f += st.sum(prof, "moe_mlp_flops")
+    # layernorm, moe_act, mla_up_proj and shared_experts recomputation is memory-bound or small; counted as 0
+    # FLOPs here (an approximation: MLA up-projections are ~5% of a DeepSeek-V3 layer's forward FLOPs).
+    return f
+
+
+def microbatch_flops(prof: ModelProfile, st: Stage, layout: Layout, seq_len: int) -> tuple[float, float]:
+    """(forward FLOPs, total FLOPs incl. backward and recompute) per GPU for one micro-batch."""
+    tokens = layout.micro_batch * seq_len / (layout.tp * layout.cp)
+    fwd = forward_flops_per_token(prof, st) * tokens
+    return fwd, 3.0 * fwd + recompute_flops_per_token(prof, st, layout) * tokens

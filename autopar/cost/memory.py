@@ -1,0 +1,150 @@
+"""Per-GPU memory of one pipeline stage: weights, gradients, optimizer state, activations, buffers, reserve.
+
+Model states (ZeRO, Rajbhandari et al. 2020, arXiv 1910.02054 sec. 5): a GPU holds the parameters of its
+stage divided by TP (dense) or EP·ETP (routed experts), each in ``weight_dtype`` (2 B), with gradients in
+``grad_dtype`` and optimizer state (master weights + 2 Adam moments) in ``optimizer_bytes``. ZeRO stage z
+shards optimizer (z>=1), gradients (z>=2) and weights (z=3, FSDP) over the data-parallel group: dp·cp ranks
+for dense weights (CP ranks hold the same weights, Megatron-Core's dp-cp group) and edp ranks for experts.
+Megatron's distributed optimizer is z=1: its fp32 gradient buffer is not sharded.
+
+Activations per micro-batch: per-token elements from :class:`autopar.cost.profile.ModelProfile`, times
+b·s/cp tokens, divided by TP for tensor-split tensors and by TP again for norm tensors only with SP
+(Korthikanti et al. 2022, arXiv 2205.05198, sec. 4.2.2). Recompute policies drop what they recompute; full
+recompute keeps each layer's input plus one layer's working set (sec. 5).
+
+In-flight micro-batches (Narayanan et al. 2021 sec. 2.2): stage i of a 1F1B pipeline holds min(pp − i, M)
+micro-batches; with the interleaved schedule rank i holds min(2(pp − i − 1) + (v − 1)·pp + 1, v·M)
+model chunks of L_stage/v layers each (Megatron-LM's warm-up count), i.e. (1 + (pp−1)/(pp·v)) times the
+1F1B figure on rank 0 (Korthikanti et al. sec. 4.2.3).
+
+Logits: the last stage keeps one micro-batch's vocab-parallel logits, b·s/cp · V/tp elements in the
+activation dtype plus their fp32 softmax for the loss (Megatron's vocab-parallel cross entropy).
+
+Buffers: the SP/TP all-gathered input of one linear (b·s/cp·h), EP dispatch/combine buffers (2·b·s/(cp·tp)
+·k·h), FSDP's unsharded parameters of two layers (current + prefetch) and one layer's unsharded gradient,
+FP8 weight copies (1 B per local parameter, Transformer Engine) for FP8 recipes.
+
+Reserve: ``hardware.reserve_gib`` (CUDA context, NCCL, allocator) plus ``hardware.fragmentation`` of the
+rest (caching-allocator fragmentation).
+"""
+
+from __future__ import annotations
+
+from autopar.cost.profile import ModelProfile
+from autopar.cost.result import GIB, MemoryBreakdown
+from autopar.cost.stage import Stage
+from autopar.specs.hardware import HardwareSpec
+from autopar.specs.layout import Layout
+from autopar.specs.training import TrainingSpec
+
+_FP8 = ("fp8", "fp8_block", "mxfp8", "nvfp4")
+
+
+def stage_params(prof: ModelProfile, st: Stage, L: Layout) -> tuple[float, float]:
+    """(dense, expert) parameters this GPU holds before ZeRO sharding."""
+    tp = L.tp
+    dense = st.sum(prof, "dense_params") / tp
+    if tp > prof.kv_heads:  # KV heads fewer than TP: each rank keeps one whole KV head (replicated)
+        dense += st.sum(prof, "kv_params") * (1.0 / prof.kv_heads - 1.0 / tp)
+    if st.is_first:
+        dense += prof.embedding_params / tp
+    if st.is_last:
+        dense += prof.head_params / tp
+        if prof.model.tie_embeddings and st.pp > 1:
+            dense += prof.embedding_params / tp  # the last stage keeps its own copy of a tied embedding
+    expert = st.sum(prof, "expert_params") / (L.ep * L.etp)
+    if st.is_last and prof.mtp_params:
+        m = prof.model
+        mtp_expert = m.mtp_layers * (m.moe_layer_expert_params if m.is_moe_layer(m.num_layers - 1) else 0)
+        dense += (prof.mtp_params - mtp_expert) / tp
+        expert += mtp_expert / (L.ep * L.etp)
+    return dense, expert
+
+
+def shard_groups(L: Layout) -> tuple[int, int]:
+    """(dense, expert) ZeRO sharding group sizes."""
+    dense = L.dp * L.cp
+    expert = L.edp
+    if L.hsdp_shard:
+        dense = min(dense, L.hsdp_shard)
+        expert = min(expert, L.hsdp_shard)
+    return dense, expert
+
+
+def inflight_layer_microbatches(st: Stage, L: Layout) -> float:
+    """Micro-batches' worth of this stage's layer activations alive at the 1F1B peak."""
+    M = L.grad_accum
+    if L.vpp == 1:
+        return float(min(st.pp - st.index, M))
+    chunks = min(2 * (st.pp - st.index - 1) + (L.vpp - 1) * st.pp + 1, L.vpp * M)
+    return chunks / L.vpp
+
+
+def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout) -> tuple[float, float]:
+    """(stored elements per token of one micro-batch over the stage, working set of one layer) per GPU.
+
+    Tokens here are the b·s tokens of a micro-batch of one data-parallel rank; divided by tp·cp (or cp for
+    norm tensors without SP)."""
+    sp_div = L.tp * L.cp if L.sp else L.cp
+    tp_div = L.tp * L.cp
+    n = st.n_layers
+    norm_in = st.sum(prof, "act_norm_in")
+    norm_out = st.sum(prof, "act_norm_out")
+    qkv = st.sum(prof, "act_qkv")
+    attn_out = st.sum(prof, "act_attn_out")
+    mlp = st.sum(prof, "act_mlp")
+    shared = st.sum(prof, "act_shared")
+    moe = st.sum(prof, "act_moe_io") + st.sum(prof, "act_moe_inner")
+    full_layers = (norm_in + norm_out) / sp_div + (qkv + attn_out + mlp + shared + moe) / tp_div
+    working = full_layers / max(n, 1)
+    if L.recompute == "full":
+        # Only each layer's input (h per token) is kept; one layer is rebuilt at a time in backward.
+        return n * prof.hidden / sp_div, working
+    mods = L.recompute_modules
+    if "core_attn" in mods:
+        attn_out = 0.0
+    if "layernorm" in mods:
+        norm_out = 0.0
+    if "mlp" in mods:
+        mlp = 0.0
+    if "shared_experts" in mods:
+        shared = 0.0
+    if "moe" in mods:
+        moe = 0.0
+    elif "moe_act" in mods:
+        moe -= st.sum(prof, "act_moe_act")
+    if "mla_up_proj" in mods:
+        qkv -= st.sum(prof, "act_mla_up")
+    kept = (norm_in + norm_out) / sp_div + (qkv + attn_out + mlp + shared + moe) / tp_div
+    return kept, (working if mods else 0.0)
+
+
+def stage_memory(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec) -> MemoryBreakdown:
+    dense, expert = stage_params(prof, st, L)
+    sd, se = shard_groups(L)
+    z = L.zero_stage
+    w = tr.weight_bytes * (dense / (sd if z >= 3 else 1) + expert / (se if z >= 3 else 1))
+    g = tr.grad_bytes * (dense / (sd if z >= 2 else 1) + expert / (se if z >= 2 else 1))
+    o = tr.optimizer_bytes * (dense / (sd if z >= 1 else 1) + expert / (se if z >= 1 else 1))
+
+    mb_tokens = L.micro_batch * tr.seq_len
+    e = tr.activation_bytes
+    kept, working = activation_elems_per_token(prof, st, L)
+    act = mb_tokens * e * (kept * inflight_layer_microbatches(st, L) + working)
+    if st.is_last:
+        act += mb_tokens / (L.cp * L.tp) * prof.vocab * (e + 4) * (1 + prof.model.mtp_layers)
+        if prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight micro-batch
+            act += mb_tokens * e * (kept / max(st.n_layers, 1)) * prof.model.mtp_layers * min(st.pp, L.grad_accum)
+
+    h = prof.hidden
+    buf = mb_tokens / L.cp * h * e                      # gathered SP/TP input of one linear
+    if prof.is_moe and st.sum(prof, "moe_layers"):
+        buf += 2 * mb_tokens / (L.cp * L.tp) * prof.top_k * h * e
+    if z >= 3:
+        per_layer = (dense + expert) / max(st.n_layers, 1)
+        buf += per_layer * (2 * tr.weight_bytes + tr.grad_bytes)
+    if tr.precision in _FP8:
+        buf += (dense + expert) / (sd if z >= 3 else 1)  # 1-byte FP8 weight copies
+    modeled = w + g + o + act + buf
+    reserve = hw.reserve_gib * GIB + hw.fragmentation * modeled
+    return MemoryBreakdown(w / GIB, g / GIB, o / GIB, act / GIB, buf / GIB, reserve / GIB)

@@ -1,0 +1,111 @@
+"""Per-layer quantities of one model at one sequence length, with prefix sums so that any pipeline stage's
+totals cost O(1). Built once per (model, training) by :class:`autopar.cost.Estimator`.
+
+Everything here is per token (FLOPs, parameters, bytes of stored activations) and independent of the layout;
+the term modules divide by the parallel degrees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+from autopar.specs.model import ModelSpec
+from autopar.specs.training import TrainingSpec
+
+
+def _prefix(values: list[float]) -> list[float]:
+    return [0.0, *accumulate(values)]
+
+
+@dataclass(frozen=True)
+class LayerSums:
+    """Prefix sums over layers; ``between(k, a, b)`` sums quantity k over layers a..b-1."""
+
+    dense_params: list[float]      # weights sharded by TP (attention, dense MLP, router, shared experts, norms)
+    expert_params: list[float]     # routed-expert weights (sharded by EP·ETP)
+    kv_params: list[float]         # K and V projection weights (replicated when kv_heads < tp)
+    fwd_flops: list[float]         # forward FLOPs per token, whole layer (attention scores included)
+    attn_core_flops: list[float]   # forward FLOPs of QK^T and AV per token (what selective recompute redoes)
+    mlp_flops: list[float]         # forward FLOPs of dense MLP / routed+shared experts per token
+    moe_layers: list[float]        # 1 for MoE layers
+    moe_mlp_flops: list[float]     # forward FLOPs per token of routed + shared experts (MoE layers only)
+    # Stored activation elements per token, by tensor (see ModelProfile for the derivation):
+    act_norm_in: list[float]       # inputs of the two norms (2h); split by SP
+    act_norm_out: list[float]      # outputs of the two norms = inputs of QKV and MLP linears (2h); split by SP
+    act_qkv: list[float]           # Q, K, V (MLA: latents and up-projected Q, K, V); split by TP
+    act_attn_out: list[float]      # attention output (a·d_v); split by TP; dropped by selective recompute
+    act_mla_up: list[float]        # MLA up-projected Q, K, V (dropped by mla_up_proj recompute)
+    act_mlp: list[float]           # dense MLP internals (gated: 3f, plain: 2f); split by TP
+    act_shared: list[float]        # shared-expert internals; split by TP
+    act_moe_io: list[float]        # routed tokens' k copies in and out of the experts (2·k·h)
+    act_moe_inner: list[float]     # routed-expert internals (k·3f_e gated, k·2f_e plain)
+    act_moe_act: list[float]       # routed-expert activation-function outputs (k·f_e, dropped by moe_act)
+
+    def between(self, name: str, a: int, b: int) -> float:
+        arr = getattr(self, name)
+        return arr[b] - arr[a]
+
+
+class ModelProfile:
+    """Model-derived constants for the cost model (per token, per layer)."""
+
+    def __init__(self, model: ModelSpec, training: TrainingSpec):
+        self.model = model
+        self.training = training
+        m, s = model, training.seq_len
+        h, a, g = m.hidden_size, m.num_attention_heads, m.kv_heads
+        dq, dv = m.qk_head_dim, m.v_head_dim
+        cols: dict[str, list[float]] = {f: [] for f in LayerSums.__dataclass_fields__}
+        gated = 3 if m.gated_mlp else 2
+        for i in range(m.num_layers):
+            is_moe = m.is_moe_layer(i)
+            core_f = 2.0 * m._attention_context(i, s) * a * (dq + dv)
+            row = dict.fromkeys(cols, 0.0)
+            row["attn_core_flops"] = core_f
+            if is_moe:
+                mlp_f = 2.0 * (m.moe_layer_dense_part_params + m.moe.top_k * m.expert_params)
+                row.update(dense_params=m.moe_layer_nonexpert_params, expert_params=m.moe_layer_expert_params,
+                           moe_layers=1.0, moe_mlp_flops=mlp_f)
+            else:
+                mlp_f = 2.0 * m.mlp_params(m.ffn_hidden_size)
+                row["dense_params"] = m.dense_layer_params
+            row["kv_params"] = 0.0 if m.mla else 2.0 * h * g * m.dim_per_head
+            row["fwd_flops"] = 2.0 * m.attention_params + core_f + mlp_f
+            row["mlp_flops"] = mlp_f
+            # Stored activations (elements per token), derived tensor by tensor for a pre-norm block with
+            # FlashAttention (no s x s scores kept; Dao et al. 2022, arXiv 2205.14135) and no dropout. This
+            # refines Korthikanti et al. 2022 (arXiv 2205.05198) eq. 1-2 (34·s·b·h + 5·a·s²·b bytes per layer),
+            # which assumes GPT-3: MHA, a 4h GELU MLP, dropout masks and materialised attention scores.
+            row["act_norm_in"] = 2.0 * h
+            row["act_norm_out"] = 2.0 * h
+            if m.mla:
+                ml = m.mla
+                row["act_mla_up"] = a * (2 * dq + dv)
+                row["act_qkv"] = (ml.q_lora_rank or 0) + ml.kv_lora_rank + ml.qk_rope_head_dim + row["act_mla_up"]
+            else:
+                row["act_qkv"] = a * dq + 2 * g * dq
+            row["act_attn_out"] = a * dv
+            if is_moe:
+                mo = m.moe
+                row["act_shared"] = mo.num_shared_experts * mo.shared_ffn * gated
+                row["act_moe_io"] = 2.0 * mo.top_k * h
+                row["act_moe_inner"] = mo.top_k * mo.expert_ffn_hidden_size * gated
+                row["act_moe_act"] = mo.top_k * mo.expert_ffn_hidden_size if m.gated_mlp else 0.0
+            else:
+                row["act_mlp"] = m.ffn_hidden_size * gated
+            for k, v in row.items():
+                cols[k].append(float(v))
+        self.layers = LayerSums(**{k: _prefix(v) for k, v in cols.items()})
+        self.num_layers = m.num_layers
+        self.embedding_params = float(m.embedding_params)
+        self.head_params = float(m.lm_head_params)
+        self.head_fwd_flops = m.head_forward_flops_per_token()
+        self.mtp_params = float(m.mtp_layers * m.mtp_module_params)
+        self.mtp_fwd_flops = m.mtp_forward_flops_per_token(s)
+        self.model_flops_per_token = m.training_flops_per_token(s)
+        self.hidden = h
+        self.vocab = m.vocab_size
+        self.kv_heads = g
+        self.is_moe = m.is_moe
+        self.top_k = m.moe.top_k if m.moe else 0

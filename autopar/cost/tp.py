@@ -1,0 +1,32 @@
+"""Tensor-parallel (and sequence-parallel) communication of one micro-batch on one stage.
+
+Megatron-LM tensor parallelism (Shoeybi et al. 2019, arXiv 1909.08053 sec. 3; Narayanan et al. 2021 sec.
+3.2): each transformer layer does 2 all-reduces of the activations in the forward pass (after attention and
+after the MLP) and 2 in the backward pass. With sequence parallelism each all-reduce becomes an all-gather
+plus a reduce-scatter of the same total volume (Korthikanti et al. 2022 sec. 4.2.2), so the time is the same.
+MoE layers keep the attention's 2 but replace the MLP's with expert all-to-alls (autopar.cost.ep) — Megatron
+requires SP for MoE with TP, so routed tokens are already split across the TP group. Full recomputation
+repeats the forward collectives (+1 per block). The last stage adds 1 for the LM head's gathered input.
+
+    T_tp = n_ar · AR(b·(s/cp)·h·e bytes, tp ranks, stride 1),   exposed fraction 1 − tp_overlap.
+"""
+
+from __future__ import annotations
+
+from autopar.cost.collectives import Network
+from autopar.cost.profile import ModelProfile
+from autopar.cost.stage import Stage
+from autopar.specs.hardware import HardwareSpec
+from autopar.specs.layout import Layout
+from autopar.specs.training import TrainingSpec
+
+
+def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
+                           net: Network) -> float:
+    if L.tp == 1:
+        return 0.0
+    per_block = 3 if L.recompute == "full" else 2
+    n_moe = st.sum(prof, "moe_layers")
+    n_ar = per_block * (st.n_layers + (st.n_layers - n_moe)) + (1 if st.is_last else 0)
+    nbytes = L.micro_batch * (tr.seq_len / L.cp) * prof.hidden * tr.activation_bytes
+    return (1.0 - hw.efficiency.tp_overlap) * n_ar * net.time("all_reduce", nbytes, L.tp, 1)

@@ -1,0 +1,23 @@
+"""Defaults a user can rely on when they leave a setting out (stated in --help and in the output)."""
+
+from __future__ import annotations
+
+from autopar.specs.model import ModelSpec
+
+DEFAULT_HARDWARE = "h100_sxm"
+DEFAULT_SEQ_LEN = 4096
+DEFAULT_PRECISION = "bf16"
+
+
+def default_global_batch(model: ModelSpec, seq_len: int) -> tuple[int, str]:
+    """A global batch (sequences) sensible for the model, and the reason.
+
+    Tokens per step follow the scaling of GPT-3's batch sizes (Brown et al. 2020, arXiv 2005.14165 Table 2.1:
+    0.5M tokens at 125M parameters up to 3.2M at 175B), by *active* parameters, rounded to a power of two:
+    < 1B: 2^19 (0.5M), < 5B: 2^20 (1M), < 50B: 2^21 (2M), else 2^22 (4M) tokens; then divided by the
+    sequence length (at least 1 sequence)."""
+    n = model.active_params
+    tokens = 2 ** 19 if n < 1e9 else 2 ** 20 if n < 5e9 else 2 ** 21 if n < 50e9 else 2 ** 22
+    gb = max(1, tokens // seq_len)
+    return gb, (f"default global batch: {gb} sequences x {seq_len} = {gb * seq_len / 1e6:.1f}M tokens "
+                f"({model.active_params / 1e9:.0f}B active params; GPT-3 Table 2.1 batch scaling)")

@@ -1,0 +1,211 @@
+"""Predicted vs measured throughput on published training runs (``data/published_runs.csv``).
+
+Each row gives a model, a system, a layout and a **measured** throughput. The comparison is on
+tokens/s/GPU, taken from the row in this order:
+  1. ``tokens_per_s_per_gpu`` when the source prints it;
+  2. else ``global_batch · seq_len / (step_time_s · gpus)`` when the source prints the step time;
+  3. else the source's model TFLOP/s/GPU divided by **that source's own FLOP accounting** per token:
+     - Megatron-LM 2021 (rows ``mlm21-``): Narayanan et al. 2021, arXiv 2104.04473, eq. 3, which counts
+       activation recomputation: F/token = 96·l·h²·(1 + s/(6h) + V/(16·l·h));
+     - Megatron-Core (rows ``mcore08-``, ``moezoo-``): ``num_floating_point_operations`` of
+       megatron/training/training.py: F/token = 12·l·h²·[(1 + g/a + s/h)·(a·d/h) + (f/h)·k·γ + f_sh/h·γ
+       + V/(2·l·h)], γ = 3/2 for gated MLPs, 1 otherwise (full s×s attention, no recomputation);
+     - anything else (Llama 3 405B): autopar's own model FLOPs (an approximation, flagged in the output).
+Row fields the source leaves empty are filled with stated defaults (micro-batch 1, no recompute,
+non-interleaved pipeline, SP on when TP > 1 except in 2021 Megatron-LM which predates SP, ZeRO-1 except
+Megatron-LM 2021's plain DDP) and each filled field is listed with the row.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autopar.cost import Estimator
+from autopar.errors import AutoparInputError
+from autopar.specs.hardware import HardwareSpec
+from autopar.specs.layout import Layout, balanced_stage_layers, resolve_layout
+from autopar.specs.loaders import load_hardware, load_model
+from autopar.specs.model import ModelSpec
+from autopar.specs.training import TrainingSpec
+
+DEFAULT_CSV = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"
+
+
+@dataclass
+class Case:
+    """One published run turned into autopar inputs."""
+
+    row_id: str
+    model: ModelSpec
+    hardware: HardwareSpec
+    training: TrainingSpec
+    layout: Layout
+    gpus: int
+    measured_tokens: float
+    measured_from: str
+    assumptions: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RowResult:
+    case: Case
+    predicted_tokens: float
+    error: float            # (predicted − measured) / measured
+    fits: bool
+    memory_gib: float
+    hbm_gib: float
+    bottleneck: str
+
+
+@dataclass
+class Report:
+    rows: list[RowResult]
+    skipped: list[tuple[str, str]]
+
+    @property
+    def mape(self) -> float:
+        return sum(abs(r.error) for r in self.rows) / len(self.rows) if self.rows else math.nan
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((abs(r.error) for r in self.rows), default=math.nan)
+
+    @property
+    def predicted_oom(self) -> list[str]:
+        return [r.case.row_id for r in self.rows if not r.fits]
+
+
+def _int(v: str, default: int | None = None) -> int | None:
+    v = (v or "").strip()
+    return int(float(v)) if v else default
+
+
+def _float(v: str) -> float | None:
+    v = (v or "").strip()
+    return float(v) if v else None
+
+
+def megatron2021_flops_per_token(m: ModelSpec, s: int) -> float:
+    """Narayanan et al. 2021 eq. 3 divided by B·s (includes the recomputed forward pass)."""
+    l, h, V = m.num_layers, m.hidden_size, m.vocab_size
+    return 96.0 * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+def megatron_core_flops_per_token(m: ModelSpec, s: int) -> float:
+    """Megatron-Core's num_floating_point_operations divided by B·s (GQA, gated MLP, MoE top-k)."""
+    l, h, a, g = m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_heads
+    gamma = 1.5 if m.gated_mlp else 1.0
+    attn = (1 + g / a + s / h) * (a * m.dim_per_head / h)
+    if m.moe:
+        n_moe = m.num_moe_layers
+        mlp = ((l - n_moe) * m.ffn_hidden_size / h + n_moe * (m.moe.expert_ffn_hidden_size / h * m.moe.top_k
+               + m.moe.num_shared_experts * m.moe.shared_ffn / h)) * gamma / l
+    else:
+        mlp = m.ffn_hidden_size / h * gamma
+    return 12.0 * l * h * h * (attn + mlp + m.vocab_size / (2 * l * h))
+
+
+def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] | None = None) -> Case:
+    rid = row["id"]
+    src = rid.split("-")[0]
+    notes: list[str] = []
+    model = load_model(row["model"])
+    hw = (hardware_override or {}).get(row["system"]) or load_hardware(row["system"])
+    gpus = int(row["gpus"])
+    seq = int(row["seq_len"])
+    gb = int(row["global_batch"])
+    prec = row["precision"].strip() or "bf16"
+    if not row["precision"].strip():
+        notes.append("precision n/f: bf16")
+    training = TrainingSpec(seq_len=seq, global_batch=gb, precision=prec,
+                            weight_dtype="fp16" if prec == "fp16" else "bf16")
+    tp, pp = _int(row["tp"], 1), _int(row["pp"], 1)
+    vpp = _int(row["vpp"])
+    if vpp is None:
+        vpp = 1
+        if pp > 1:
+            notes.append("vpp n/f: 1")
+    cp, ep, etp = _int(row["cp"], 1), _int(row["ep"], 1), _int(row["etp"], 1)
+    mbs = _int(row["micro_batch"])
+    if mbs is None:
+        mbs = 1
+        notes.append("micro_batch n/f: 1")
+    fsdp = _int(row["fsdp"])
+    if fsdp == 1:
+        zero = 2 if "not resharded" in row.get("notes", "") else 3
+    elif src == "mlm21":
+        zero = 0          # 2021 Megatron-LM: plain DDP, no distributed optimizer
+    else:
+        zero = 1
+        if fsdp is None:
+            notes.append("sharding n/f: distributed optimizer (ZeRO-1)")
+    sp_cell = row["sequence_parallel"].strip()
+    sp = None if not sp_cell else sp_cell in ("1", "true", "True")
+    if src == "mlm21":
+        sp = False
+    rc = row["recompute"].strip() or "none"
+    if not row["recompute"].strip():
+        notes.append("recompute n/f: none")
+    stage = None
+    if model.num_layers % (pp * vpp):
+        stage = balanced_stage_layers(model.num_layers, pp, vpp)
+        notes.append(f"uneven pipeline: {stage[0]}/{stage[1]}../{stage[-1]} layers" if stage else "")
+    layout = Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch=mbs, zero_stage=zero,
+                    sequence_parallel=sp, recompute=rc, stage_layers=stage)
+    layout = resolve_layout(layout, model, training, gpus)
+
+    tokens = _float(row["tokens_per_s_per_gpu"])
+    step = _float(row["step_time_s"])
+    tflops = _float(row["model_tflops_per_gpu"])
+    if tokens:
+        how = "tokens/s"
+    elif step:
+        tokens, how = gb * seq / (step * gpus), "step time"
+    elif tflops:
+        if src == "mlm21":
+            f, how = megatron2021_flops_per_token(model, seq), "TFLOP/s ÷ Megatron-2021 eq.3"
+        elif src in ("mcore08", "moezoo"):
+            f, how = megatron_core_flops_per_token(model, seq), "TFLOP/s ÷ Megatron-Core formula"
+        else:
+            f, how = model.training_flops_per_token(seq), "TFLOP/s ÷ autopar FLOPs (approx.)"
+        tokens = tflops * 1e12 / f
+    else:
+        raise AutoparInputError(f"{rid}: no measured throughput (tokens/s, step time or TFLOP/s)")
+    return Case(rid, model, hw, training, layout, gpus, tokens, how, [n for n in notes if n])
+
+
+def load_cases(path: Path = DEFAULT_CSV, hardware_override: dict[str, HardwareSpec] | None = None
+               ) -> tuple[list[Case], list[tuple[str, str]]]:
+    if not Path(path).exists():
+        raise AutoparInputError(f"validation file not found: {path}")
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    need = {"id", "model", "system", "gpus", "seq_len", "global_batch", "tp", "pp"}
+    missing = need - set(rows[0] if rows else ())
+    if missing:
+        raise AutoparInputError(f"{path}: missing columns {', '.join(sorted(missing))}")
+    cases, skipped = [], []
+    for row in rows:
+        try:
+            cases.append(row_to_case(row, hardware_override))
+        except AutoparInputError as err:
+            skipped.append((row["id"], str(err)))
+    return cases, skipped
+
+
+def evaluate(cases: list[Case], hardware_override: dict[str, HardwareSpec] | None = None) -> list[RowResult]:
+    out = []
+    for c in cases:
+        hw = (hardware_override or {}).get(c.hardware.name, c.hardware)
+        est = Estimator(c.model, hw, c.training, c.gpus).estimate(c.layout, resolved=True)
+        out.append(RowResult(c, est.tokens_per_s_per_gpu, est.tokens_per_s_per_gpu / c.measured_tokens - 1,
+                             est.fits, est.memory_gib.total, est.hbm_gib, est.bottleneck))
+    return out
+
+
+def validate(path: Path = DEFAULT_CSV, hardware_override: dict[str, HardwareSpec] | None = None) -> Report:
+    cases, skipped = load_cases(path, hardware_override)
+    return Report(evaluate(cases, hardware_override), skipped)
