@@ -1,0 +1,1 @@
+"""Tests of autopar.specs: the hardware zoo, bad input files and the layout rules."""

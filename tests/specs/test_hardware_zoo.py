@@ -1,0 +1,146 @@
+"""The hardware zoo (``hardware/*.yaml``): every file loads, its numbers are consistent, and it round-trips."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.errors import AutoparInputError
+from autopar.specs.hardware import PRECISIONS, HardwareSpec, MeasuredCollectives
+from autopar.specs.loaders import dump_spec, load_hardware, zoo_dir, zoo_names
+
+# File stem -> HBM capacity in GB (1e9 B) as the datasheet prints it. hbm_gib must be that converted to GiB.
+EXPECTED_GB = {
+    "a100_80gb": 80,
+    "h100_sxm": 80,
+    "h200": 141,
+    "b200": 180,
+    "b300": 270,
+    "gb200_nvl72": 186,
+    "gb300_nvl72": 279,
+    "mi300x": 192,
+}
+ZOO = sorted(zoo_names("hardware"))
+BLACKWELL = ("b200", "b300", "gb200_nvl72", "gb300_nvl72")
+
+
+@pytest.fixture(scope="module", params=ZOO)
+def hw(request) -> HardwareSpec:
+    return load_hardware(request.param)
+
+
+def test_zoo_has_the_expected_chips():
+    assert set(EXPECTED_GB) <= set(ZOO)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_file_starts_with_a_datasheet_comment(name):
+    text = (zoo_dir("hardware") / f"{name}.yaml").read_text()
+    first = text.splitlines()[0]
+    assert first.startswith("# "), f"{name}.yaml must open with a comment naming its source"
+    assert "datasheet" in text.lower() or "data sheet" in text.lower()
+
+
+def test_loads_with_its_own_name(hw):
+    assert isinstance(hw, HardwareSpec)
+    assert hw.source, f"{hw.name}: source is empty"
+    assert (zoo_dir("hardware") / f"{hw.name}.yaml").exists(), "name must equal the file stem"
+
+
+def test_peaks_are_ordered(hw):
+    assert hw.peak_tflops_fp16 == hw.peak_tflops_bf16
+    if hw.peak_tflops_fp8 is not None:
+        assert hw.peak_tflops_fp8 >= hw.peak_tflops_bf16
+        assert hw.peak_tflops("fp8_block") == hw.peak_tflops_fp8
+    if hw.peak_tflops_mxfp8 is not None:
+        assert hw.peak_tflops_fp8 is not None, "MXFP8 tensor cores imply FP8 ones"
+        assert hw.peak_tflops_mxfp8 >= hw.peak_tflops_bf16
+    if hw.peak_tflops_nvfp4 is not None:
+        assert hw.peak_tflops_fp8 is not None
+        assert hw.peak_tflops_nvfp4 >= hw.peak_tflops_fp8
+
+
+def test_bandwidths_and_topology_are_sensible(hw):
+    assert hw.nvlink_gbps > hw.scaleout_gbps, "the scale-up domain must be faster than the network"
+    assert hw.nvlink_domain_size >= hw.gpus_per_node
+    assert hw.nvlink_domain_size % hw.gpus_per_node == 0
+    assert 1.0 < hw.hbm_tbps < 20.0
+    assert hw.efficiency == HardwareSpec.model_fields["efficiency"].default_factory()
+    assert hw.measured_busbw_gbps is None
+
+
+@pytest.mark.parametrize("name,gb", sorted(EXPECTED_GB.items()))
+def test_hbm_gib_is_the_datasheet_gb_in_gib(name, gb):
+    assert load_hardware(name).hbm_gib == pytest.approx(gb * 1e9 / 2**30, abs=0.01)
+
+
+@pytest.mark.parametrize("name", [n for n in BLACKWELL if n in ZOO])
+def test_blackwell_has_fp8_mxfp8_and_nvfp4(name):
+    h = load_hardware(name)
+    assert h.peak_tflops("mxfp8") == h.peak_tflops("fp8") == 2 * h.peak_tflops("bf16")
+    assert h.peak_tflops("nvfp4") >= 2 * h.peak_tflops("fp8")
+
+
+def test_nvl72_is_one_72_gpu_domain_of_4_gpu_trays():
+    for name in ("gb200_nvl72", "gb300_nvl72"):
+        h = load_hardware(name)
+        assert (h.nvlink_domain_size, h.gpus_per_node) == (72, 4)
+
+
+def test_datasheet_spot_checks():
+    a100 = load_hardware("a100_80gb")
+    assert (a100.peak_tflops_bf16, a100.nvlink_gbps, a100.scaleout_gbps) == (312, 300, 25)
+    mi = load_hardware("mi300x")
+    assert (mi.peak_tflops_bf16, mi.peak_tflops_fp8, mi.hbm_tbps) == (1307.4, 2614.9, 5.3)
+    assert mi.peak_tflops_mxfp8 is None and mi.peak_tflops_nvfp4 is None
+    h200 = load_hardware("h200")
+    h100 = load_hardware("h100_sxm")
+    assert h200.peak_tflops_bf16 == h100.peak_tflops_bf16  # same GH100 die, more HBM
+    assert h200.hbm_gib > h100.hbm_gib and h200.hbm_tbps > h100.hbm_tbps
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp8_block", "mxfp8", "nvfp4"])
+def test_a100_has_no_fp8_tensor_cores(precision):
+    with pytest.raises(AutoparInputError, match=rf"a100_80gb.*no {precision}"):
+        load_hardware("a100_80gb").peak_tflops(precision)
+
+
+@pytest.mark.parametrize("name", ["h100_sxm", "h200", "mi300x"])
+def test_no_block_scaled_formats_before_blackwell(name):
+    h = load_hardware(name)
+    assert h.peak_tflops("fp8") > 0
+    for precision in ("mxfp8", "nvfp4"):
+        with pytest.raises(AutoparInputError, match=f"peak_tflops_{precision}"):
+            h.peak_tflops(precision)
+
+
+def test_every_training_precision_resolves_or_raises_input_error(hw):
+    for precision in PRECISIONS:
+        try:
+            assert hw.peak_tflops(precision) > 0
+        except AutoparInputError as err:
+            assert precision.replace("_block", "") in str(err)
+
+
+def test_round_trip_through_dump_spec(hw, tmp_path):
+    path = tmp_path / f"{hw.name}.yaml"
+    dump_spec(hw, path, header="# round-trip copy")
+    assert path.read_text().startswith("# round-trip copy\n")
+    assert load_hardware(path) == hw
+    assert not list(tmp_path.glob("*.tmp")), "dump_spec must not leave its temporary file behind"
+
+
+def test_round_trip_keeps_measured_collectives_and_efficiency(tmp_path):
+    base = load_hardware("h100_sxm")
+    spec = base.model_copy(update={
+        "measured_busbw_gbps": MeasuredCollectives(all_reduce={2: 23.1, 4: 46.3, 8: 80.1}, all_to_all={8: 41.5},
+                                                   message_mib=128),
+        "efficiency": base.efficiency.model_copy(update={"nvlink": 0.62, "gemm": {"bf16": 0.55}}),
+    })
+    path = tmp_path / "calibrated.yaml"
+    dump_spec(spec, path)
+    back = load_hardware(path)
+    assert back == spec
+    assert back.measured_busbw_gbps.all_reduce == {2: 23.1, 4: 46.3, 8: 80.1}  # int keys survive YAML
+    # Dumping over an existing file replaces it.
+    dump_spec(base, path)
+    assert load_hardware(path) == base
