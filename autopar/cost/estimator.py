@@ -50,45 +50,73 @@ class Estimator:
     def resolve(self, layout: Layout, allow_cross_domain_tp: bool = True) -> Layout:
         return resolve_layout(layout, self.model, self.training, self.gpus, self.hardware, allow_cross_domain_tp)
 
+    def stages(self, stage_layers: tuple[int, ...]) -> list[Stage]:
+        """The distinct stages of a split: among stages holding identical layers, only the lowest index is
+        kept — it holds the most in-flight micro-batches, so it is the fullest and no slower than the others."""
+        hit = self._stages.get(stage_layers)
+        if hit is None:
+            seen, hit = set(), []
+            lay = self.profile.layers
+            for st in split_stages(stage_layers):
+                sig = (st.is_first, st.is_last) + tuple(
+                    round(lay.between(k, st.first, st.last), 3) for k in lay.__dataclass_fields__)
+                if sig not in seen:
+                    seen.add(sig)
+                    hit.append(st)
+            self._stages[stage_layers] = hit
+        return hit
+
+    def stage_times(self, L: Layout, st: Stage) -> tuple[float, float, float, float, float]:
+        """(compute, tp, cp, ep, forward-only compute) seconds of one micro-batch on stage ``st``."""
+        prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
+        fwd_f, tot_f = _compute.microbatch_flops(prof, st, L, tr.seq_len)
+        return (tot_f / self.flops_per_s, tp_time_per_microbatch(prof, st, L, tr, hw, net),
+                cp_time_per_microbatch(prof, st, L, tr, hw, net, self.flops_per_s),
+                ep_time_per_microbatch(prof, st, L, tr, hw, net), fwd_f / self.flops_per_s)
+
+    def stage_tail(self, L: Layout, st: Stage) -> tuple[float, float]:
+        """(exposed DP/FSDP communication, optimizer) seconds per step of stage ``st``.
+
+        The communication hides behind the gradient math of a micro-batch (forward t_f, backward 2·t_f);
+        recomputation is not counted as hiding time (a conservative simplification)."""
+        prof, tr, hw = self.profile, self.training, self.hardware
+        dense, expert = stage_params(prof, st, L)
+        tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
+        t_fwd = _compute.forward_flops_per_token(prof, st) * tokens / self.flops_per_s
+        dp_exposed, _ = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd)
+        sd, se = shard_groups(L)
+        p_local = dense / (sd if L.zero_stage >= 1 else 1) + expert / (se if L.zero_stage >= 1 else 1)
+        return dp_exposed, optimizer_time(p_local, tr, hw)
+
     def estimate(self, layout: Layout, *, resolved: bool = False) -> Estimate:
         """Predict one layout. ``resolved=True`` skips validation (the caller resolved it already)."""
         L = layout if resolved else self.resolve(layout)
-        prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
-        stages = self._stages.get(L.stage_layers)
-        if stages is None:
-            stages = self._stages[L.stage_layers] = split_stages(L.stage_layers)
-
+        prof, tr, hw = self.profile, self.training, self.hardware
         worst_mem: MemoryBreakdown | None = None
         worst_stage = 0
-        slow = None  # (t_mb, compute, tp, cp, ep, fwd_time, bwd_time) of the slowest stage
-        tail = 0.0
-        tail_terms = (0.0, 0.0)
-        for st in stages:
+        slow = None  # (t_mb, compute, tp, cp, ep) of the slowest stage
+        tail, tail_terms = -1.0, (0.0, 0.0)
+        for st in self.stages(L.stage_layers):
             mem = stage_memory(prof, st, L, tr, hw)
             if worst_mem is None or mem.total > worst_mem.total:
                 worst_mem, worst_stage = mem, st.index
-            fwd_f, tot_f = _compute.microbatch_flops(prof, st, L, tr.seq_len)
-            t_comp = tot_f / self.flops_per_s
-            t_tp = tp_time_per_microbatch(prof, st, L, tr, hw, net)
-            t_cp = cp_time_per_microbatch(prof, st, L, tr, hw, net, self.flops_per_s)
-            t_ep = ep_time_per_microbatch(prof, st, L, tr, hw, net)
+            t_comp, t_tp, t_cp, t_ep, _ = self.stage_times(L, st)
             t_mb = t_comp + t_tp + t_cp + t_ep
-            t_fwd = fwd_f / self.flops_per_s
             if slow is None or t_mb > slow[0]:
-                slow = (t_mb, t_comp, t_tp, t_cp, t_ep, t_fwd, t_comp - t_fwd)
-            dense, expert = stage_params(prof, st, L)
-            dp_exposed, _ = dp_time_per_step(dense, expert, L, tr, hw, net, t_fwd, t_comp - t_fwd)
-            sd, se = shard_groups(L)
-            p_local = dense / (sd if L.zero_stage >= 1 else 1) + expert / (se if L.zero_stage >= 1 else 1)
-            t_opt = optimizer_time(p_local, tr, hw)
-            if dp_exposed + t_opt > tail:
-                tail, tail_terms = dp_exposed + t_opt, (dp_exposed, t_opt)
+                slow = (t_mb, t_comp, t_tp, t_cp, t_ep)
+            dp_t, opt_t = self.stage_tail(L, st)
+            if dp_t + opt_t > tail:
+                tail, tail_terms = dp_t + opt_t, (dp_t, opt_t)
+        return self.assemble(L, worst_mem, worst_stage, slow, tail_terms)
 
+    def assemble(self, L: Layout, worst_mem: MemoryBreakdown, worst_stage: int,
+                 slow: tuple[float, float, float, float, float], tail_terms: tuple[float, float]) -> Estimate:
+        prof, tr, hw = self.profile, self.training, self.hardware
         M = L.grad_accum
-        t_mb, t_comp, t_tp, t_cp, t_ep, _, _ = slow
+        t_mb, t_comp, t_tp, t_cp, t_ep = slow
         times = TimeBreakdown(
             compute=M * t_comp, tp=M * t_tp, cp=M * t_cp, ep=M * t_ep, dp=tail_terms[0],
-            pp_bubble=bubble_time(L, t_mb), pp_p2p=p2p_time(L, tr, prof.hidden, hw, net),
+            pp_bubble=bubble_time(L, t_mb), pp_p2p=p2p_time(L, tr, prof.hidden, hw, self.net),
             optimizer=tail_terms[1])
         step = times.total
         tok = tr.global_batch * tr.seq_len / (step * self.gpus)
