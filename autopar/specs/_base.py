@@ -8,4 +8,4 @@ from pydantic import BaseModel, ConfigDict
 class Spec(BaseModel):
     """Base class of all autopar input specs (MaxText-style: ``extra="forbid"``, so a typo is an error)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)

@@ -94,11 +94,13 @@ class HardwareSpec(Spec):
 
     def peak_tflops(self, precision: str) -> float:
         """Dense peak for a training precision. fp8_block runs on the FP8 tensor cores."""
+        from autopar.errors import AutoparInputError
+        if precision not in PRECISIONS:
+            raise AutoparInputError(f"unknown precision '{precision}' (choose {', '.join(PRECISIONS)})")
         value = {"bf16": self.peak_tflops_bf16, "fp16": self.peak_tflops_fp16, "fp8": self.peak_tflops_fp8,
                  "fp8_block": self.peak_tflops_fp8, "mxfp8": self.peak_tflops_mxfp8,
                  "nvfp4": self.peak_tflops_nvfp4}[precision]
         if value is None:
-            from autopar.errors import AutoparInputError
             raise AutoparInputError(f"hardware '{self.name}' has no {precision} tensor cores "
                                     f"(peak_tflops_{precision.replace('_block', '')} is not set)")
         return value

@@ -182,8 +182,10 @@ def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus:
         # KV heads < TP: each KV head is replicated tp/g times (Megatron-LM), which needs tp % g == 0.
         p.append(f"num_kv_heads ({g}) and tp ({L.tp}) must divide one another (KV heads are replicated when "
                  "fewer than tp)")
-    if model.ffn_hidden_size % L.tp:
+    if model.num_dense_layers and model.ffn_hidden_size % L.tp:
         p.append(f"ffn_hidden_size ({model.ffn_hidden_size}) not divisible by tp ({L.tp})")
+    if model.moe and model.moe.num_shared_experts and model.moe.shared_ffn % L.tp:
+        p.append(f"shared expert FFN ({model.moe.shared_ffn}) not divisible by tp ({L.tp})")
     if L.sequence_parallel and L.tp == 1:
         p.append("sequence_parallel needs tp > 1 (SP splits the activations TP would otherwise replicate)")
     if L.sp and (training.seq_len // L.cp) % L.tp:

@@ -62,10 +62,12 @@ def read_structured_file(path: Path) -> Any:
         text = path.read_text()
     except OSError as err:
         raise AutoparInputError(f"cannot read {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise AutoparInputError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     try:
         if path.suffix == ".json":
             return json.loads(text)
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except json.JSONDecodeError as err:
         raise AutoparInputError(f"{path}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
     except yaml.YAMLError as err:
@@ -74,11 +76,29 @@ def read_structured_file(path: Path) -> Any:
         raise AutoparInputError(f"{path}: malformed YAML{at}: {getattr(err, 'problem', err)}") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key written twice in one mapping (YAML would silently keep the last)."""
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key}'", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_LABEL = {"models": "model", "hardware": "hardware"}
+
+
 def _resolve(ref: str | Path, kind: str) -> Path:
     path = Path(ref)
+    label = _LABEL[kind]
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         if not path.exists():
-            raise AutoparInputError(f"{kind[:-1]} file not found: {path}")
+            raise AutoparInputError(f"{label} file not found: {path}")
         if path.is_dir() and (path / "config.json").exists():
             return path / "config.json"
         return path
@@ -86,7 +106,7 @@ def _resolve(ref: str | Path, kind: str) -> Path:
     if candidate.exists():
         return candidate
     names = zoo_names(kind)
-    raise AutoparInputError(f"unknown {kind[:-1]} '{ref}': not a file and not in the zoo ({', '.join(names)})")
+    raise AutoparInputError(f"unknown {label} '{ref}': not a file and not in the zoo ({', '.join(names)})")
 
 
 def load_model(ref: str | Path | ModelSpec, *, warn: Any = None) -> ModelSpec:

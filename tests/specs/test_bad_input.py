@@ -189,8 +189,6 @@ def test_missing_file(tmp_path, name):
         load_hardware(str(path))
 
 
-@pytest.mark.xfail(strict=True, reason="loaders._resolve builds the label with kind[:-1], which turns 'hardware' "
-                                       "into 'hardwar'; remove this marker once it uses a proper singular")
 def test_hardware_messages_say_hardware(tmp_path):
     with pytest.raises(AutoparInputError, match="unknown hardware 'h100'"):
         load_hardware("h100")
@@ -217,9 +215,6 @@ def test_errors_are_value_errors_for_library_callers(tmp_path):
         load_hardware("no_such_gpu")
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeDecodeError,
-                   reason="loaders.read_structured_file catches OSError only; a file that is not UTF-8 escapes "
-                          "as a raw UnicodeDecodeError instead of an AutoparInputError naming the file")
 @pytest.mark.parametrize("encoding", ["latin-1", "utf-16"])
 def test_file_that_is_not_utf8(tmp_path, encoding):
     path = tmp_path / "model.yaml"

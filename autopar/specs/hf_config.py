@@ -1,0 +1,407 @@
+"""Map a Hugging Face ``config.json`` to a :class:`ModelSpec`.
+
+``model_from_hf_config(data, name, where)`` returns the spec and the set of config keys it did not use that
+could change what autopar computes (for example ``quantization_config``, a vision tower, or Llama 4's
+``attention_chunk_size``). Keys that cannot matter (token ids, dropout, initialisation, norm epsilons, RoPE
+settings, routing hyper-parameters without weights) are listed with the reason in :data:`IGNORED_KEYS`.
+
+Supported ``model_type`` values (the config classes of Hugging Face ``transformers`` and the ``modeling_*.py``
+shipped with the checkpoints; key names as in those classes):
+
+=====================================  ==========================================================================
+``llama``                              Llama 2 / 3 / 3.1 (gated SiLU MLP, RMSNorm, optional GQA)
+``mistral``, ``mixtral``               Mistral (sliding window on every layer), Mixtral (top-k experts, no shared)
+``qwen2``, ``qwen2_moe``               Qwen2 / 2.5 (Q/K/V biases always on), Qwen2-MoE (one gated shared expert)
+``qwen3``, ``qwen3_moe``               Qwen3 dense / MoE (``head_dim`` explicit, ``decoder_sparse_step``)
+``olmoe``                              OLMoE (64 experts, top-8, no shared expert)
+``deepseek_v2``, ``deepseek_v3``,      MLA attention, shared experts, ``first_k_dense_replace`` leading dense
+``kimi_k2``                            layers, ``num_nextn_predict_layers`` MTP modules (Moonlight and Kimi K2
+                                       use the DeepSeek-V3 code)
+``glm4_moe``                           GLM-4.5 / 4.5-Air (Q/K/V biases, shared expert, leading dense layers, MTP)
+``gpt_oss``                            GPT-OSS (attention and expert biases, alternating sliding window)
+``llama4``, ``llama4_text``            Llama 4 (``text_config``; MoE every ``interleave_moe_layer_step``-th
+                                       layer, dense layers of width ``intermediate_size_mlp``, 1 shared expert)
+=====================================  ==========================================================================
+
+Weights that exist in these checkpoints but are not modelled by ModelSpec, all under 0.01 % of the total:
+Q/K-norm scales (Qwen3, OLMoE, GLM-4.5: 2·d or (a+g)·d per layer), router and expert-score-correction biases
+(E per MoE layer), GPT-OSS attention sinks (a per layer), the Qwen2-MoE shared-expert gate (h per layer), and
+the output-projection bias of a Llama config with ``attention_bias`` but no ``mlp_bias`` (h per layer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autopar.errors import AutoparInputError
+from autopar.specs.loaders import build_spec
+from autopar.specs.model import ModelSpec
+
+# Keys that never change parameter counts, FLOPs or memory as autopar models them. Each group says why.
+IGNORED_KEYS: dict[str, str] = {}
+
+
+def _ignore(reason: str, *keys: str) -> None:
+    for key in keys:
+        IGNORED_KEYS[key] = reason
+
+
+_ignore("bookkeeping of the checkpoint or of transformers",
+        "architectures", "auto_map", "_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache",
+        "return_dict", "output_hidden_states", "output_attentions", "torchscript", "pruned_heads",
+        "tie_encoder_decoder", "is_encoder_decoder", "is_decoder", "chunk_size_feed_forward", "id2label",
+        "label2id", "problem_type", "tokenizer_class", "prefix", "finetuning_task", "task_specific_params",
+        "cross_attention_hidden_size", "add_cross_attention", "_attn_implementation_autoset",
+        "_attn_implementation", "pretraining_tp", "for_llm_compressor")
+_ignore("special token ids",
+        "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+        "boi_token_index", "eoi_token_index", "image_token_index")
+_ignore("generation defaults (inference only)",
+        "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+        "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+        "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+        "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+        "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+        "suppress_tokens", "begin_suppress_tokens")
+_ignore("initialisation and regularisation (no effect on shapes)",
+        "initializer_range", "attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop",
+        "router_aux_loss_coef", "aux_loss_alpha", "seq_aux", "output_router_logits", "router_z_loss_coef",
+        "router_jitter_noise")
+_ignore("normalisation epsilon", "rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon")
+_ignore("position encoding without weights (RoPE variants, NoPE layers)",
+        "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "rope_interleave",
+        "no_rope_layers", "no_rope_layer_interval", "initial_context_length")
+_ignore("activation function: the MLP shape (gated or not) is fixed by the architecture family",
+        "hidden_act")
+_ignore("routing rule or activation clamp, no weights",
+        "norm_topk_prob", "n_group", "topk_group", "topk_method", "scoring_func", "routed_scaling_factor",
+        "ep_size", "swiglu_limit", "clip_qkv")
+_ignore("attention scaling without weights (Llama 4 temperature tuning, L2 Q/K norm)",
+        "attn_temperature_tuning", "floor_scale", "attn_scale")
+_ignore("Q/K RMSNorm scales: 2·d weights per layer, below 0.01 % of any supported model",
+        "use_qk_norm")
+
+_REQUIRED = object()
+_KINDS = {int: "an integer", bool: "true or false", list: "a list", dict: "a mapping", str: "a string"}
+
+
+class _Reader:
+    """Reads keys from one config mapping, checks their types, and remembers which keys were used."""
+
+    def __init__(self, data: dict, where: str, family: str, prefix: str = ""):
+        self.data, self.where, self.family, self.prefix = data, where, family, prefix
+        self.used: set[str] = set()
+
+    def get(self, key: str, default: Any = _REQUIRED, kind: type = int, nullable: bool = False) -> Any:
+        self.used.add(key)
+        if key not in self.data:
+            if default is _REQUIRED:
+                raise AutoparInputError(
+                    f"{self.where}: required key '{self.prefix}{key}' is missing "
+                    f"(needed for model_type '{self.family}')")
+            return default
+        value = self.data[key]
+        if value is None:
+            if nullable:
+                return None
+            if default is not _REQUIRED:
+                return default
+            raise AutoparInputError(f"{self.where}: key '{self.prefix}{key}' is null; expected {_KINDS[kind]}")
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is int and isinstance(value, float) and value.is_integer():
+            value, ok = int(value), True
+        if not ok:
+            raise AutoparInputError(
+                f"{self.where}: key '{self.prefix}{key}' must be {_KINDS[kind]}, got {value!r}")
+        return value
+
+    def mark(self, *keys: str) -> None:
+        """Declare keys as consumed (their meaning is fixed by the family or checked elsewhere)."""
+        self.used.update(keys)
+
+    def unmapped(self) -> set[str]:
+        return {f"{self.prefix}{k}" for k in self.data if k not in self.used and k not in IGNORED_KEYS}
+
+    def fail(self, message: str) -> AutoparInputError:
+        return AutoparInputError(f"{self.where}: {message}")
+
+
+# ---- shared pieces ------------------------------------------------------------------------------------------
+def _base(r: _Reader, kv_required: bool, head_dim_required: bool = False) -> dict[str, Any]:
+    """Fields every decoder-only config has: depth, width, heads, vocabulary, tying."""
+    h = r.get("hidden_size")
+    a = r.get("num_attention_heads")
+    kv = r.get("num_key_value_heads") if kv_required else r.get("num_key_value_heads", None, nullable=True)
+    head_dim = r.get("head_dim") if head_dim_required else r.get("head_dim", None, nullable=True)
+    if head_dim is not None and h % a == 0 and head_dim == h // a:
+        head_dim = None  # the default; keeps specs from different sources identical
+    fields: dict[str, Any] = dict(
+        num_layers=r.get("num_hidden_layers"), hidden_size=h, num_attention_heads=a,
+        num_kv_heads=None if kv in (None, a) else kv, head_dim=head_dim,
+        vocab_size=r.get("vocab_size"), tie_embeddings=r.get("tie_word_embeddings", False, kind=bool),
+        gated_mlp=True, norm="rmsnorm", position_embedding="rope")
+    max_pos = r.get("max_position_embeddings", None, nullable=True)
+    if max_pos is not None:
+        fields["max_position_embeddings"] = max_pos
+    return fields
+
+
+def _moe_from_lists(r: _Reader, num_layers: int, moe_layers: list[int], what: str) -> tuple[int, int]:
+    """(first_dense_layers, moe_layer_interval) reproducing exactly the 0-based MoE layer list ``moe_layers``
+    under ModelSpec.is_moe_layer: layer i is MoE iff i >= first_dense and (i - first_dense + 1) % interval == 0."""
+    if not moe_layers:
+        raise r.fail(f"{what}: no layer is an MoE layer; a dense model should not carry expert keys")
+    first = moe_layers[0]
+    for interval in range(1, first + 2):
+        first_dense = first - interval + 1
+        expected = [i for i in range(num_layers) if i >= first_dense and (i - first_dense + 1) % interval == 0]
+        if expected == list(moe_layers):
+            return first_dense, interval
+    raise r.fail(f"{what}: MoE layers {list(moe_layers)} of {num_layers} do not follow the pattern autopar "
+                 "models (k leading dense layers, then every n-th layer MoE)")
+
+
+def _window(r: _Reader, num_layers: int, all_layers_key: bool) -> dict[str, Any]:
+    """Sliding-window fields from ``layer_types`` or ``sliding_window`` (+ Qwen's ``use_sliding_window``)."""
+    types = r.get("layer_types", None, kind=list, nullable=True)
+    window = r.get("sliding_window", None, nullable=True)
+    use = r.get("use_sliding_window", None, kind=bool, nullable=True)
+    max_window_layers = r.get("max_window_layers", None, nullable=True)
+    if types is not None:
+        if len(types) != num_layers:
+            raise r.fail(f"layer_types has {len(types)} entries but num_hidden_layers is {num_layers}")
+        windowed = [t == "sliding_attention" for t in types]
+        unknown = sorted({t for t in types if t not in ("sliding_attention", "full_attention")})
+        if unknown:
+            raise r.fail(f"layer_types: unsupported attention type(s) {unknown} "
+                         "(autopar models 'full_attention' and 'sliding_attention')")
+    elif use is not None:  # Qwen2/Qwen3: layers from max_window_layers on use the window, if enabled
+        if not use:
+            return {}
+        start = max_window_layers or 0
+        windowed = [i >= start for i in range(num_layers)]
+    elif window is not None and all_layers_key:
+        windowed = [True] * num_layers
+    else:
+        return {}
+    if not any(windowed):
+        return {}
+    if window is None:
+        raise r.fail("some layers use sliding-window attention but 'sliding_window' is not set")
+    if all(windowed):
+        return dict(sliding_window=window, sliding_window_every=0)
+    for every in range(2, num_layers + 1):
+        if windowed == [(i + 1) % every != 0 for i in range(num_layers)]:
+            return dict(sliding_window=window, sliding_window_every=every)
+    raise r.fail("the pattern of sliding-window layers is not 'every n-th layer global'; autopar cannot model it")
+
+
+def _mla(r: _Reader) -> dict[str, Any]:
+    return dict(q_lora_rank=r.get("q_lora_rank", None, nullable=True), kv_lora_rank=r.get("kv_lora_rank"),
+                qk_nope_head_dim=r.get("qk_nope_head_dim"), qk_rope_head_dim=r.get("qk_rope_head_dim"),
+                v_head_dim=r.get("v_head_dim"))
+
+
+# ---- families -------------------------------------------------------------------------------------------------
+def _llama_like(r: _Reader, kv_required: bool, head_dim_required: bool = False) -> dict[str, Any]:
+    f = _base(r, kv_required, head_dim_required)
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    attn_bias = r.get("attention_bias", False, kind=bool)
+    mlp_bias = r.get("mlp_bias", False, kind=bool)
+    if attn_bias and mlp_bias:
+        f["linear_bias"] = True
+    elif attn_bias:
+        f["qkv_bias"] = True
+    elif mlp_bias:
+        r.used.discard("mlp_bias")  # MLP-only biases are not representable: report the key
+    return f
+
+
+def _llama(r: _Reader) -> dict[str, Any]:
+    return _llama_like(r, kv_required=False)
+
+
+def _mistral(r: _Reader) -> dict[str, Any]:
+    f = _llama_like(r, kv_required=True)
+    f.update(_window(r, f["num_layers"], all_layers_key=True))
+    return f
+
+
+def _mixtral(r: _Reader) -> dict[str, Any]:
+    f = _mistral(r)
+    f["moe"] = dict(num_experts=r.get("num_local_experts"), top_k=r.get("num_experts_per_tok"),
+                    expert_ffn_hidden_size=f["ffn_hidden_size"])
+    return f
+
+
+def _qwen_moe(r: _Reader, f: dict[str, Any]) -> dict[str, Any]:
+    """Qwen2-MoE / Qwen3-MoE layer pattern: layer i is MoE unless listed in mlp_only_layers, and only if
+    (i + 1) % decoder_sparse_step == 0."""
+    n = f["num_layers"]
+    step = r.get("decoder_sparse_step", 1)
+    mlp_only = set(r.get("mlp_only_layers", [], kind=list))
+    moe_layers = [i for i in range(n) if i not in mlp_only and (i + 1) % step == 0]
+    first_dense, interval = _moe_from_lists(r, n, moe_layers, "decoder_sparse_step / mlp_only_layers")
+    return dict(num_experts=r.get("num_experts"), top_k=r.get("num_experts_per_tok"),
+                expert_ffn_hidden_size=r.get("moe_intermediate_size"),
+                first_dense_layers=first_dense, moe_layer_interval=interval)
+
+
+def _qwen2(r: _Reader) -> dict[str, Any]:
+    f = _llama_like(r, kv_required=True)
+    f["qkv_bias"] = True  # Qwen2 attention: q_proj, k_proj, v_proj always have biases (o_proj has none)
+    f.update(_window(r, f["num_layers"], all_layers_key=False))
+    return f
+
+
+def _qwen2_moe(r: _Reader) -> dict[str, Any]:
+    f = _qwen2(r)
+    moe = _qwen_moe(r, f)
+    shared = r.get("shared_expert_intermediate_size", 0)
+    if shared:
+        moe.update(num_shared_experts=1, shared_expert_ffn_hidden_size=shared)
+    f["moe"] = moe
+    return f
+
+
+def _qwen3(r: _Reader) -> dict[str, Any]:
+    f = _llama_like(r, kv_required=True, head_dim_required=True)
+    f.update(_window(r, f["num_layers"], all_layers_key=False))
+    return f
+
+
+def _qwen3_moe(r: _Reader) -> dict[str, Any]:
+    f = _qwen3(r)
+    f["moe"] = _qwen_moe(r, f)
+    return f
+
+
+def _olmoe(r: _Reader) -> dict[str, Any]:
+    f = _llama_like(r, kv_required=False)
+    f["moe"] = dict(num_experts=r.get("num_experts"), top_k=r.get("num_experts_per_tok"),
+                    expert_ffn_hidden_size=f["ffn_hidden_size"])
+    return f
+
+
+def _deepseek_moe(r: _Reader, f: dict[str, Any], what: str) -> dict[str, Any] | None:
+    """DeepSeek-style MoE keys (also GLM-4.5): layer i is MoE iff i >= first_k_dense_replace (and, for
+    DeepSeek, i % moe_layer_freq == 0; only moe_layer_freq = 1 is supported)."""
+    experts = r.get("n_routed_experts", None, nullable=True)
+    if experts is None:
+        return None
+    if "moe_layer_freq" in r.data:
+        freq = r.get("moe_layer_freq")
+        if freq != 1:
+            raise r.fail(f"moe_layer_freq = {freq} is not supported for {what} (only 1: every layer after "
+                         "first_k_dense_replace is MoE)")
+    return dict(num_experts=experts, top_k=r.get("num_experts_per_tok"),
+                expert_ffn_hidden_size=r.get("moe_intermediate_size"),
+                num_shared_experts=r.get("n_shared_experts", 0, nullable=False),
+                first_dense_layers=r.get("first_k_dense_replace", 0))
+
+
+def _deepseek(r: _Reader) -> dict[str, Any]:
+    f = _base(r, kv_required=False)
+    r.mark("num_key_value_heads")  # MLA: K and V come from the shared latent; the key repeats the head count
+    f["num_kv_heads"] = None
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    if r.get("attention_bias", False, kind=bool):
+        r.used.discard("attention_bias")  # MLA with biases is not modelled: report the key
+    f["mla"] = _mla(r)
+    moe = _deepseek_moe(r, f, r.family)
+    if moe is not None:
+        f["moe"] = moe
+    f["mtp_layers"] = r.get("num_nextn_predict_layers", 0)
+    return f
+
+
+def _glm4_moe(r: _Reader) -> dict[str, Any]:
+    f = _base(r, kv_required=True, head_dim_required=True)
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    f["qkv_bias"] = r.get("attention_bias", False, kind=bool)  # Glm4MoeAttention: bias on q/k/v, not on o_proj
+    moe = _deepseek_moe(r, f, "glm4_moe")
+    if moe is not None:
+        f["moe"] = moe
+    f["mtp_layers"] = r.get("num_nextn_predict_layers", 0)
+    return f
+
+
+def _gpt_oss(r: _Reader) -> dict[str, Any]:
+    f = _base(r, kv_required=True, head_dim_required=True)
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    # attention_bias: q/k/v and o projections carry biases; experts always do (gpt_oss/torch/model.py).
+    f["linear_bias"] = r.get("attention_bias", False, kind=bool)
+    top_k = r.get("num_experts_per_tok", None, nullable=True)
+    alias = r.get("experts_per_token", None, nullable=True)
+    if top_k is None and alias is None:
+        raise r.fail("required key 'num_experts_per_tok' (or 'experts_per_token') is missing "
+                     "(needed for model_type 'gpt_oss')")
+    if top_k is not None and alias is not None and top_k != alias:
+        raise r.fail(f"num_experts_per_tok ({top_k}) and experts_per_token ({alias}) disagree")
+    f["moe"] = dict(num_experts=r.get("num_local_experts"), top_k=top_k if top_k is not None else alias,
+                    expert_ffn_hidden_size=f["ffn_hidden_size"], expert_bias=True)
+    f.update(_window(r, f["num_layers"], all_layers_key=False))
+    return f
+
+
+def _llama4_text(r: _Reader) -> dict[str, Any]:
+    f = _base(r, kv_required=True, head_dim_required=True)
+    f["ffn_hidden_size"] = r.get("intermediate_size_mlp")  # dense layers
+    if r.get("attention_bias", False, kind=bool):
+        f["qkv_bias"] = True
+    n = f["num_layers"]
+    step = r.get("interleave_moe_layer_step", 1)
+    moe_layers = r.get("moe_layers", None, kind=list, nullable=True)
+    if moe_layers is None:  # transformers' Llama4TextConfig default
+        moe_layers = list(range(step - 1, n, step))
+    first_dense, interval = _moe_from_lists(r, n, sorted(moe_layers), "interleave_moe_layer_step / moe_layers")
+    expert = r.get("intermediate_size")
+    # Llama4TextMoe always has one shared expert of the routed experts' width.
+    f["moe"] = dict(num_experts=r.get("num_local_experts"), top_k=r.get("num_experts_per_tok"),
+                    expert_ffn_hidden_size=expert, num_shared_experts=1,
+                    first_dense_layers=first_dense, moe_layer_interval=interval)
+    return f
+
+
+_FAMILIES = {
+    "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
+    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "olmoe": _olmoe, "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek, "kimi_k2": _deepseek, "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss,
+    "llama4_text": _llama4_text,
+}
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted([*_FAMILIES, "llama4"]))
+
+
+def model_from_hf_config(data: dict, name: str, where: str) -> tuple[ModelSpec, set[str]]:
+    """A ModelSpec from a parsed Hugging Face ``config.json`` and the keys it did not use that could matter.
+
+    ``where`` names the file in every error. Raises :class:`AutoparInputError` for an unsupported or missing
+    ``model_type``, a missing required key, a value of the wrong type, a layer pattern autopar cannot model,
+    and (through :func:`build_spec`) values the ModelSpec rejects."""
+    if not isinstance(data, dict):
+        raise AutoparInputError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    model_type = data.get("model_type")
+    if model_type is None:
+        arch = data.get("architectures")
+        hint = f" (architectures: {arch})" if arch else ""
+        raise AutoparInputError(f"{where}: required key 'model_type' is missing{hint}; "
+                                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise AutoparInputError(f"{where}: unsupported model_type {model_type!r}; "
+                                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    top = _Reader(data, where, model_type)
+    top.mark("model_type")
+    if model_type == "llama4":  # multimodal wrapper: the language model is text_config
+        text = dict(top.get("text_config", kind=dict))
+        if "tie_word_embeddings" in data:  # Llama4Config may carry it at the top level
+            top.mark("tie_word_embeddings")
+            text.setdefault("tie_word_embeddings", data["tie_word_embeddings"])
+        r = _Reader(text, where, "llama4_text", prefix="text_config.")
+        r.mark("model_type")
+        fields = _llama4_text(r)
+        unmapped = top.unmapped() | r.unmapped()
+    else:
+        fields = _FAMILIES[model_type](top)
+        unmapped = top.unmapped()
+    fields = dict(name=name, source=f"Hugging Face config.json (model_type {model_type}): {where}", **fields)
+    return build_spec(ModelSpec, fields, where), unmapped
