@@ -120,8 +120,8 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
     prec = row["precision"].strip() or "bf16"
     if not row["precision"].strip():
         notes.append("precision n/f: bf16")
-    training = TrainingSpec(seq_len=seq, global_batch=gb, precision=prec,
-                            weight_dtype="fp16" if prec == "fp16" else "bf16")
+    half = "fp16" if prec == "fp16" else "bf16"
+    training = TrainingSpec(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half, grad_dtype=half)
     tp, pp = _int(row["tp"], 1), _int(row["pp"], 1)
     vpp = _int(row["vpp"])
     if vpp is None:

@@ -34,8 +34,9 @@ def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True) -> 
                    help="sequences per step (default: by model size, GPT-3 Table 2.1 scaling: 0.5M-4M tokens)")
     g.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
                    help=f"GEMM precision (default: {DEFAULT_PRECISION})")
-    g.add_argument("--grad-dtype", choices=("fp32", "bf16"), default="fp32",
-                   help="gradient buffer dtype (default: fp32, Megatron's --accumulate-allreduce-grads-in-fp32)")
+    g.add_argument("--grad-dtype", choices=("bf16", "fp32"), default="bf16",
+                   help="gradient buffer dtype (default: bf16 as Megatron-Core; fp32 = "
+                        "--accumulate-allreduce-grads-in-fp32)")
 
 
 def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, TrainingSpec, list[str]]:
@@ -48,7 +49,8 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
         gb, why = default_global_batch(model, args.seq_len)
         notes.append(why)
     training = TrainingSpec(seq_len=args.seq_len, global_batch=gb, precision=args.precision,
-                            grad_dtype=args.grad_dtype,
+                            grad_dtype="fp16" if args.precision == "fp16" and args.grad_dtype == "bf16"
+                            else args.grad_dtype,
                             weight_dtype="fp16" if args.precision == "fp16" else "bf16")
     hw.peak_tflops(training.precision)  # fails early, naming the precision, if the chip lacks it
     return model, hw, training, notes

@@ -15,16 +15,16 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
 class TrainingSpec(Spec):
     """Sequence length, batch and precisions of one pre-training run.
 
-    Defaults follow Megatron-LM mixed precision with the Adam optimizer: bf16 weights (2 B), fp32 gradient
-    accumulation buffers (``--accumulate-allreduce-grads-in-fp32``, 4 B), fp32 master weights and two fp32
-    Adam moments (12 B): 18 B per parameter before sharding. The tutorial's "2+2+12" is the fp16-gradient
-    case (``grad_dtype: bf16``)."""
+    Defaults follow Megatron-LM mixed precision with the Adam optimizer: bf16 weights (2 B), gradient buffers
+    in the parameter dtype (2 B; Megatron-Core's default ``grad_reduce_in_fp32=False``), fp32 master weights
+    and two fp32 Adam moments (12 B): the tutorial's 2+2+12 = 16 B per parameter before sharding
+    (Rajbhandari et al. 2020 sec. 3.1). ``grad_dtype: fp32`` models --accumulate-allreduce-grads-in-fp32."""
 
     seq_len: int = Field(default=4096, gt=0, description="Tokens per sequence (s).")
     global_batch: int = Field(default=1024, gt=0, description="Sequences per optimizer step (B).")
     precision: Precision = Field(default="bf16", description="Math precision of the transformer GEMMs.")
     weight_dtype: Literal["bf16", "fp16", "fp32"] = Field(default="bf16", description="Dtype of model weights.")
-    grad_dtype: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description="Dtype of gradient buffers.")
+    grad_dtype: Literal["fp32", "bf16", "fp16"] = Field(default="bf16", description="Dtype of gradient buffers.")
     master_weights_dtype: Literal["fp32", "none"] = Field(
         default="fp32", description="Optimizer's master copy of the weights; 'none' when weights are updated in place.")
     optimizer_state_dtype: Literal["fp32", "bf16", "fp16"] = Field(
