@@ -153,100 +153,126 @@ def balanced_stage_layers(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, 
 
 def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
                  hardware: HardwareSpec | None = None, allow_cross_domain_tp: bool = True) -> list[str]:
+    """Every broken validity rule of a layout, as messages showing the numbers (empty = valid)."""
+    return [msg for _, msg in check_layout_groups(layout, model, training, gpus, hardware, allow_cross_domain_tp)]
+
+
+def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
+                        hardware: HardwareSpec | None = None,
+                        allow_cross_domain_tp: bool = True) -> list[tuple[str, str]]:
     """Every validity rule of a layout, in one place. Returns the list of broken rules (empty = valid).
 
     ``hardware`` enables the topology rules (TP and EP·ETP inside one NVLink domain) unless
     ``allow_cross_domain_tp``: estimate accepts cross-domain TP (it is slow, not wrong); solve forbids it."""
     L = layout
-    p: list[str] = []
+    p: list[tuple[str, str]] = []
+    group = "world size"
+
+    def add(msg: str) -> None:
+        p.append((group, msg))
+
     if gpus <= 0:
-        return [f"gpus must be positive (got {gpus})"]
+        return [(group, f"gpus must be positive (got {gpus})")]
     # World size and the two meshes.
     dense = L.tp * L.cp * L.pp
     if gpus % dense:
-        p.append(f"gpus ({gpus}) not divisible by tp·cp·pp = {L.tp}·{L.cp}·{L.pp} = {dense}")
+        add(f"gpus ({gpus}) not divisible by tp·cp·pp = {L.tp}·{L.cp}·{L.pp} = {dense}")
     dp = L.dp if L.dp is not None else (gpus // dense if gpus % dense == 0 else None)
     if L.dp is not None and L.dp * dense != gpus:
-        p.append(f"dp·tp·cp·pp = {L.dp}·{L.tp}·{L.cp}·{L.pp} = {L.dp * dense} != gpus ({gpus})")
+        add(f"dp·tp·cp·pp = {L.dp}·{L.tp}·{L.cp}·{L.pp} = {L.dp * dense} != gpus ({gpus})")
+    group = "min_gpus"
     if L.min_gpus() > gpus:
-        p.append(f"min_gpus = pp·max(tp·cp, ep·etp) = {L.pp}·max({L.tp * L.cp}, {L.ep * L.etp}) = "
+        add(f"min_gpus = pp·max(tp·cp, ep·etp) = {L.pp}·max({L.tp * L.cp}, {L.ep * L.etp}) = "
                  f"{L.min_gpus()} > gpus ({gpus})")
+    group = "world size"
     expert = L.pp * L.ep * L.etp
     if gpus % expert:
-        p.append(f"gpus ({gpus}) not divisible by pp·ep·etp = {L.pp}·{L.ep}·{L.etp} = {expert} (edp must be whole)")
+        add(f"gpus ({gpus}) not divisible by pp·ep·etp = {L.pp}·{L.ep}·{L.etp} = {expert} (edp must be whole)")
+    group = "tensor parallel"
     # Tensor parallel.
     a, g = model.num_attention_heads, model.kv_heads
     if a % L.tp:
-        p.append(f"num_attention_heads ({a}) not divisible by tp ({L.tp})")
+        add(f"num_attention_heads ({a}) not divisible by tp ({L.tp})")
     if model.mla is None and g % L.tp and L.tp % g:
         # KV heads < TP: each KV head is replicated tp/g times (Megatron-LM), which needs tp % g == 0.
-        p.append(f"num_kv_heads ({g}) and tp ({L.tp}) must divide one another (KV heads are replicated when "
+        add(f"num_kv_heads ({g}) and tp ({L.tp}) must divide one another (KV heads are replicated when "
                  "fewer than tp)")
     if model.num_dense_layers and model.ffn_hidden_size % L.tp:
-        p.append(f"ffn_hidden_size ({model.ffn_hidden_size}) not divisible by tp ({L.tp})")
+        add(f"ffn_hidden_size ({model.ffn_hidden_size}) not divisible by tp ({L.tp})")
     if model.moe and model.moe.num_shared_experts and model.moe.shared_ffn % L.tp:
-        p.append(f"shared expert FFN ({model.moe.shared_ffn}) not divisible by tp ({L.tp})")
+        add(f"shared expert FFN ({model.moe.shared_ffn}) not divisible by tp ({L.tp})")
+    group = "sequence parallel"
     if L.sequence_parallel and L.tp == 1:
-        p.append("sequence_parallel needs tp > 1 (SP splits the activations TP would otherwise replicate)")
+        add("sequence_parallel needs tp > 1 (SP splits the activations TP would otherwise replicate)")
     if L.sp and (training.seq_len // L.cp) % L.tp:
-        p.append(f"sequence parallel: seq_len/cp = {training.seq_len // L.cp} not divisible by tp ({L.tp})")
+        add(f"sequence parallel: seq_len/cp = {training.seq_len // L.cp} not divisible by tp ({L.tp})")
+    group = "context parallel"
     # Context parallel: load-balanced (zig-zag) ring attention splits each sequence in 2·cp chunks.
     if L.cp > 1 and training.seq_len % (2 * L.cp):
-        p.append(f"seq_len ({training.seq_len}) % (2·cp) = {training.seq_len} % {2 * L.cp} != 0")
+        add(f"seq_len ({training.seq_len}) % (2·cp) = {training.seq_len} % {2 * L.cp} != 0")
+    group = "experts"
     # Experts.
     if not model.is_moe:
         if L.ep > 1:
-            p.append(f"ep = {L.ep} but {model.name} is dense: expert parallel needs an MoE model")
+            add(f"ep = {L.ep} but {model.name} is dense: expert parallel needs an MoE model")
         if L.etp > 1:
-            p.append(f"etp = {L.etp} but {model.name} is dense: expert tensor parallel needs an MoE model")
+            add(f"etp = {L.etp} but {model.name} is dense: expert tensor parallel needs an MoE model")
     else:
         if model.moe.num_experts % L.ep:
-            p.append(f"num_experts ({model.moe.num_experts}) not divisible by ep ({L.ep})")
+            add(f"num_experts ({model.moe.num_experts}) not divisible by ep ({L.ep})")
         if model.moe.expert_ffn_hidden_size % L.etp:
-            p.append(f"expert_ffn_hidden_size ({model.moe.expert_ffn_hidden_size}) not divisible by etp ({L.etp})")
+            add(f"expert_ffn_hidden_size ({model.moe.expert_ffn_hidden_size}) not divisible by etp ({L.etp})")
+    group = "pipeline layers"
     # Pipeline.
     n = model.num_layers
     if L.vpp > 1 and L.pp == 1:
-        p.append(f"vpp = {L.vpp} needs pp > 1")
+        group = "interleaving"
+        add(f"vpp = {L.vpp} needs pp > 1")
+    group = "pipeline layers"
     if L.stage_layers is None:
         if n % (L.pp * L.vpp):
-            p.append(f"num_layers ({n}) not divisible by pp·vpp = {L.pp}·{L.vpp} = {L.pp * L.vpp}; "
+            add(f"num_layers ({n}) not divisible by pp·vpp = {L.pp}·{L.vpp} = {L.pp * L.vpp}; "
                      "give stage_layers for an uneven split")
     else:
         s = L.stage_layers
         if len(s) != L.pp:
-            p.append(f"stage_layers has {len(s)} entries, pp is {L.pp}")
+            add(f"stage_layers has {len(s)} entries, pp is {L.pp}")
         if sum(s) != n:
-            p.append(f"stage_layers sum to {sum(s)}, num_layers is {n}")
+            add(f"stage_layers sum to {sum(s)}, num_layers is {n}")
         if any(x < 1 for x in s):
-            p.append(f"every pipeline stage needs at least one layer; got {list(s)}")
+            add(f"every pipeline stage needs at least one layer; got {list(s)}")
+    group = "batch"
     # Batch.
     B = training.global_batch
     if dp:
         if B % (dp * L.micro_batch):
-            p.append(f"global_batch ({B}) not divisible by dp·micro_batch = {dp}·{L.micro_batch} = "
+            add(f"global_batch ({B}) not divisible by dp·micro_batch = {dp}·{L.micro_batch} = "
                      f"{dp * L.micro_batch}")
         elif L.grad_accum is not None and dp * L.micro_batch * L.grad_accum != B:
-            p.append(f"dp·micro_batch·grad_accum = {dp}·{L.micro_batch}·{L.grad_accum} = "
+            add(f"dp·micro_batch·grad_accum = {dp}·{L.micro_batch}·{L.grad_accum} = "
                      f"{dp * L.micro_batch * L.grad_accum} != global_batch ({B})")
         elif L.vpp > 1 and (B // (dp * L.micro_batch)) % L.pp:
-            p.append(f"interleaved schedule: micro-batches per step ({B // (dp * L.micro_batch)}) must be a "
+            group = "interleaving"
+            add(f"interleaved schedule: micro-batches per step ({B // (dp * L.micro_batch)}) must be a "
                      f"multiple of pp ({L.pp})")
+    group = "sharding"
     # Sharding.
     if L.hsdp_shard is not None and dp and dp % L.hsdp_shard:
-        p.append(f"dp ({dp}) not divisible by hsdp_shard ({L.hsdp_shard})")
+        add(f"dp ({dp}) not divisible by hsdp_shard ({L.hsdp_shard})")
+    group = "recompute"
     if "mla_up_proj" in L.recompute_modules and model.mla is None:
-        p.append("recompute module 'mla_up_proj' needs an MLA model")
+        add("recompute module 'mla_up_proj' needs an MLA model")
     if {"moe", "moe_act", "shared_experts"} & L.recompute_modules and not model.is_moe:
-        p.append(f"recompute modules {sorted({'moe', 'moe_act', 'shared_experts'} & L.recompute_modules)} "
+        add(f"recompute modules {sorted({'moe', 'moe_act', 'shared_experts'} & L.recompute_modules)} "
                  "need an MoE model")
+    group = "topology"
     # Topology.
     if hardware is not None and not allow_cross_domain_tp:
         dom = hardware.nvlink_domain_size
         if L.tp > dom:
-            p.append(f"tp ({L.tp}) exceeds the NVLink domain ({dom} GPUs on {hardware.name})")
+            add(f"tp ({L.tp}) exceeds the NVLink domain ({dom} GPUs on {hardware.name})")
         if L.ep * L.etp > dom:
-            p.append(f"ep·etp = {L.ep * L.etp} exceeds the NVLink domain ({dom} GPUs on {hardware.name})")
+            add(f"ep·etp = {L.ep * L.etp} exceeds the NVLink domain ({dom} GPUs on {hardware.name})")
     return p
 
 
