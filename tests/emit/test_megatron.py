@@ -1,0 +1,173 @@
+"""Megatron-LM arguments emitted for resolved layouts (flag names as in megatron/training/arguments.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from autopar.emit.megatron import format_megatron, megatron_args, pipeline_layout_string, precision_args
+from autopar.errors import AutoparInputError
+from autopar.specs.layout import Layout, resolve_layout
+from autopar.specs.model import ModelSpec
+from autopar.specs.training import TrainingSpec
+
+from .conftest import DSV3, LLAMA3_8B, LLAMA3_70B, TRAIN
+
+
+def values(args: list[str], flag: str) -> list[str]:
+    """The tokens following ``flag`` up to the next flag ([] when the flag is a switch, KeyError when absent)."""
+    i = args.index(flag)
+    out = []
+    for token in args[i + 1:]:
+        if token.startswith("--"):
+            break
+        out.append(token)
+    return out
+
+
+def unroll(layout_text: str) -> list[str]:
+    """Megatron's parse of --pipeline-model-parallel-layout: unroll x*n, split the stages at '|'."""
+    return re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), layout_text).split("|")
+
+
+def value(args: list[str], flag: str) -> str:
+    v = values(args, flag)
+    assert len(v) == 1, (flag, v)
+    return v[0]
+
+
+def test_deepseek_v3_tp2_pp16_ep64(dsv3_layout):
+    args = megatron_args(dsv3_layout, DSV3, TRAIN)
+    assert value(args, "--tensor-model-parallel-size") == "2"
+    assert value(args, "--pipeline-model-parallel-size") == "16"
+    assert value(args, "--context-parallel-size") == "1"
+    assert value(args, "--expert-model-parallel-size") == "64"
+    assert value(args, "--expert-tensor-parallel-size") == "1"  # Megatron's default would be TP
+    assert dsv3_layout.stage_layers == (3,) + (4,) * 14 + (2,)
+    assert value(args, "--decoder-first-pipeline-num-layers") == "3"
+    assert value(args, "--decoder-last-pipeline-num-layers") == "2"
+    assert "--pipeline-model-parallel-layout" not in args
+    assert "--num-layers-per-virtual-pipeline-stage" not in args
+    assert "--sequence-parallel" in args and "--use-distributed-optimizer" in args
+    assert value(args, "--micro-batch-size") == "1"
+    assert value(args, "--global-batch-size") == "1024"
+    assert value(args, "--seq-length") == "4096"
+    assert value(args, "--recompute-granularity") == "selective"
+    assert "--recompute-method" not in args  # Megatron rejects a method with selective granularity
+    assert "--bf16" in args
+
+
+def test_interleaved_even_pipeline(llama70_layout):
+    args = megatron_args(llama70_layout, LLAMA3_70B, TRAIN)
+    assert value(args, "--num-layers-per-virtual-pipeline-stage") == "10"  # 80 / (4·2)
+    assert "--decoder-first-pipeline-num-layers" not in args
+    assert "--expert-model-parallel-size" not in args  # dense model: no expert flags
+
+
+def _resolved(model: ModelSpec, gpus: int, training: TrainingSpec = TRAIN, **kw) -> Layout:
+    return resolve_layout(Layout(**kw), model, training, gpus)
+
+
+def test_general_uneven_split_uses_the_layout_string():
+    model = ModelSpec(name="twelve", num_layers=12, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=8,
+                      vocab_size=32000, mtp_layers=1)
+    layout = _resolved(model, 8, tp=2, pp=4, vpp=2, stage_layers=(2, 4, 4, 2))
+    args = megatron_args(layout, model, TRAIN)
+    text = value(args, "--pipeline-model-parallel-layout")
+    assert text == "Et|t*2|t*2|t|t|t*2|t*2|tmL"
+    # Unrolled, the layout holds every layer once, pp·vpp stages, embedding first, MTP then loss last.
+    stages = unroll(text)
+    assert len(stages) == 8 and sum(s.count("t") for s in stages) == 12
+    assert "--num-layers-per-virtual-pipeline-stage" not in args
+
+
+def test_layout_string_single_virtual_stage():
+    layout = _resolved(LLAMA3_8B, 8, pp=4, stage_layers=(7, 9, 9, 7))
+    assert pipeline_layout_string(layout, LLAMA3_8B) == "Et*7|t*9|t*9|t*7L"
+    # only the first and last differ: Megatron's first/last flags are used instead of the layout string
+    args = megatron_args(layout, LLAMA3_8B, TRAIN)
+    assert value(args, "--decoder-first-pipeline-num-layers") == "7"
+    layout = _resolved(LLAMA3_8B, 8, pp=4, stage_layers=(8, 7, 9, 8))
+    assert value(megatron_args(layout, LLAMA3_8B, TRAIN), "--pipeline-model-parallel-layout") == "Et*8|t*7|t*9|t*8L"
+
+
+@pytest.mark.parametrize("recompute,expected", [
+    ("none", None),
+    ("selective", ["--recompute-granularity", "selective"]),
+    ("full", ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]),
+    ("mlp,core_attn,layernorm", ["--recompute-granularity", "selective", "--recompute-modules", "core_attn",
+                                 "layernorm", "mlp"]),
+])
+def test_recompute_flags(recompute, expected):
+    args = megatron_args(_resolved(LLAMA3_8B, 8, tp=2, recompute=recompute), LLAMA3_8B, TRAIN)
+    if expected is None:
+        assert not any(a.startswith("--recompute") for a in args)
+    else:
+        i = args.index("--recompute-granularity")
+        assert args[i:i + len(expected)] == expected
+
+
+def test_sharding_flags():
+    ddp = megatron_args(_resolved(LLAMA3_8B, 8, tp=2, zero_stage=0), LLAMA3_8B, TRAIN)
+    assert "--use-distributed-optimizer" not in ddp and "--use-megatron-fsdp" not in ddp
+    z2 = megatron_args(_resolved(LLAMA3_8B, 8, tp=2, zero_stage=2), LLAMA3_8B, TRAIN)
+    assert "--use-distributed-optimizer" in z2
+    fsdp = megatron_args(_resolved(LLAMA3_8B, 8, tp=2, fsdp=True), LLAMA3_8B, TRAIN)
+    assert "--use-megatron-fsdp" in fsdp and value(fsdp, "--data-parallel-sharding-strategy") == "optim_grads_params"
+    assert value(fsdp, "--ckpt-format") == "fsdp_dtensor" and "--use-distributed-optimizer" in fsdp
+    hsdp = megatron_args(_resolved(LLAMA3_8B, 16, tp=2, hsdp_shard=2), LLAMA3_8B, TRAIN)
+    assert value(hsdp, "--num-distributed-optimizer-instances") == "4"  # dp 8 / shard 2
+    torch = megatron_args(_resolved(LLAMA3_8B, 8, tp=2, fsdp=True), LLAMA3_8B, TRAIN, fsdp_impl="torch")
+    assert "--use-torch-fsdp2" in torch and "--use-megatron-fsdp" not in torch
+    with pytest.raises(AutoparInputError, match="--use-torch-fsdp2"):
+        megatron_args(_resolved(LLAMA3_8B, 8, pp=2, fsdp=True), LLAMA3_8B, TRAIN, fsdp_impl="torch")
+
+
+@pytest.mark.parametrize("precision,expected", [
+    ("bf16", ["--bf16"]),
+    ("fp16", ["--fp16"]),
+    ("fp8", ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed"]),
+    ("fp8_block", ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "blockwise"]),
+    ("mxfp8", ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"]),
+    ("nvfp4", ["--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]),
+])
+def test_precision_flags(precision, expected):
+    assert precision_args(precision) == expected
+    training = TrainingSpec(seq_len=4096, global_batch=1024, precision=precision)
+    args = megatron_args(_resolved(LLAMA3_8B, 8, tp=2), LLAMA3_8B, training)
+    assert args[-len(expected):] == expected
+
+
+def test_no_sequence_parallel_flag_when_off():
+    args = megatron_args(_resolved(LLAMA3_8B, 8, tp=2, sequence_parallel=False), LLAMA3_8B, TRAIN)
+    assert "--sequence-parallel" not in args
+
+
+def test_unresolved_layout_is_refused():
+    with pytest.raises(AutoparInputError, match="resolve_layout"):
+        megatron_args(Layout(tp=2), LLAMA3_8B, TRAIN)
+
+
+def test_format_is_shell_ready(dsv3_layout):
+    """The formatted text, pasted into a shell command line, gives back exactly the argument list."""
+    model = ModelSpec(name="twelve", num_layers=12, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=8,
+                      vocab_size=32000, mtp_layers=1)
+    for args in (megatron_args(dsv3_layout, DSV3, TRAIN),
+                 megatron_args(_resolved(model, 8, tp=2, pp=4, vpp=2, stage_layers=(2, 4, 4, 2)), model, TRAIN)):
+        text = format_megatron(args)
+        assert text.count("\n") == sum(a.startswith("--") for a in args)
+        out = subprocess.run(["bash", "-c", "printf '%s\\n' " + text], capture_output=True, text=True, check=True)
+        assert out.stdout.splitlines() == args
+
+
+def test_stages_not_divisible_by_vpp_use_the_layout_string(dsv3_layout):
+    """DeepSeek-V3's 3/4x14/2 stages interleaved twice: chunks differ by one layer, the embedding chunk lighter."""
+    layout = dsv3_layout.model_copy(update={"vpp": 2})
+    text = value(megatron_args(layout, DSV3, TRAIN), "--pipeline-model-parallel-layout")
+    stages = unroll(text)
+    assert len(stages) == 32 and stages[0] == "Et" and stages[16] == "tt" and stages[-1] == "tmL"
+    assert sum(s.count("t") for s in stages) == 61
+    # per pipeline rank (virtual stages i and 16 + i), the layers add up to the rank's stage_layers
+    assert [stages[i].count("t") + stages[16 + i].count("t") for i in range(16)] == list(dsv3_layout.stage_layers)
