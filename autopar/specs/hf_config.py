@@ -161,9 +161,11 @@ def _moe_from_lists(r: _Reader, num_layers: int, moe_layers: list[int], what: st
                  "models (k leading dense layers, then every n-th layer MoE)")
 
 
-def _window(r: _Reader, num_layers: int, all_layers_key: bool) -> dict[str, Any]:
-    """Sliding-window fields from ``layer_types`` or ``sliding_window`` (+ Qwen's ``use_sliding_window``)."""
-    types = r.get("layer_types", None, kind=list, nullable=True)
+def _window(r: _Reader, num_layers: int, all_layers_key: bool,
+            default_types: list[str] | None = None) -> dict[str, Any]:
+    """Sliding-window fields from ``layer_types`` (or the family's default list of it), else ``sliding_window`` on
+    every layer (``all_layers_key``: Mistral) or Qwen's ``use_sliding_window`` / ``max_window_layers``."""
+    types = r.get("layer_types", default_types, kind=list, nullable=True)
     window = r.get("sliding_window", None, nullable=True)
     use = r.get("use_sliding_window", None, kind=bool, nullable=True)
     max_window_layers = r.get("max_window_layers", None, nullable=True)
@@ -340,7 +342,9 @@ def _gpt_oss(r: _Reader) -> dict[str, Any]:
         raise r.fail(f"num_experts_per_tok ({top_k}) and experts_per_token ({alias}) disagree")
     f["moe"] = dict(num_experts=r.get("num_local_experts"), top_k=top_k if top_k is not None else alias,
                     expert_ffn_hidden_size=f["ffn_hidden_size"], expert_bias=True)
-    f.update(_window(r, f["num_layers"], all_layers_key=False))
+    # Without layer_types: the window on even layers (openai/gpt-oss gpt_oss/torch/model.py: layer_idx % 2 == 0).
+    default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(f["num_layers"])]
+    f.update(_window(r, f["num_layers"], all_layers_key=False, default_types=default))
     return f
 
 
