@@ -1,0 +1,102 @@
+"""`autopar solve`: the fastest layouts that fit, ranked, next to the rules-of-thumb baseline."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.table import Table
+
+from autopar.cli.common import add_problem_args, dump_json, load_problem, parse_int_list, positive_int
+from autopar.cli.render import APPROX_NOTE, console, header, print_estimate
+from autopar.search import SearchOptions, solve
+
+
+def options_from_args(args: argparse.Namespace) -> SearchOptions:
+    pins = {k: parse_int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None
+            for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")}
+    if args.no_cp:
+        pins["cp"] = [1]
+    zero = [3] if args.fsdp else ([int(x) for x in parse_int_list(args.zero, "--zero")] if args.zero else None)
+    rc = [x.strip() for x in args.recompute.split(";")] if args.recompute else None
+    return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp, allow_cross_domain=args.allow_cross_domain,
+                         top_k=args.top_k, time_limit_s=args.time_limit, sequence_parallel=False if args.no_sp else None)
+
+
+def run(args: argparse.Namespace) -> int:
+    model, hw, training, notes = load_problem(args)
+    opts = options_from_args(args)
+    err = console(stderr=True)
+    res = solve(model, hw, training, args.gpus, opts, method=args.search,
+                progress=None if args.json else (lambda m: err.print(f"[dim]… {m}[/dim]")))
+    res.notes = notes + res.notes
+    if args.json:
+        print(dump_json(res.to_dict()))
+        return 0 if res.plans else 1
+    out = console()
+    for n in notes:
+        out.print(f"note: {n}")
+    out.print(header(model, hw, training, args.gpus))
+    out.print(f"search: {res.method}, status {res.status}, gap {res.gap:.2%}, {res.solve_s:.2f} s, "
+              f"space {res.space_size:,} layouts over {res.meshes} meshes")
+    if not res.plans:
+        out.print("[red bold]No layout fits.[/red bold]")
+        for line in res.explanation:
+            out.print(line)
+        return 1
+    t = Table(title="Fastest layouts that fit (predicted)", title_justify="left")
+    for col in ("#", "TP", "PP", "VPP", "CP", "EP", "ETP", "DP", "SP", "ZeRO", "MBS", "GA", "recompute",
+                "W", "G", "O", "Act", "Tot GiB", "comp s", "TP s", "CP s", "EP s", "DP s", "bubble s", "step s",
+                "tok/s/GPU", "MFU", "bottleneck"):
+        t.add_column(col, justify="right" if col not in ("recompute", "bottleneck") else "left")
+    for p in res.plans:
+        L, e, m, ts = p.layout, p.estimate, p.estimate.memory_gib, p.estimate.time_s
+        t.add_row(str(p.rank), str(L.tp), str(L.pp), str(L.vpp), str(L.cp), str(L.ep), str(L.etp), str(L.dp),
+                  "y" if L.sp else "n", "FSDP" if L.zero_stage == 3 else str(L.zero_stage), str(L.micro_batch),
+                  str(L.grad_accum), L.recompute, f"{m.weights:.1f}", f"{m.grads:.1f}", f"{m.optimizer:.1f}",
+                  f"{m.activations:.1f}", f"{m.total:.1f}", f"{ts.compute:.2f}", f"{ts.tp:.2f}", f"{ts.cp:.2f}",
+                  f"{ts.ep:.2f}", f"{ts.dp:.2f}", f"{ts.pp_bubble:.2f}", f"{e.step_time_s:.3f}",
+                  f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.mfu:.1%}", e.bottleneck)
+    out.print(t)
+    best = res.plans[0]
+    if res.heuristic:
+        h = res.heuristic.estimate
+        verdict = "fits" if h.fits else f"[red]does not fit ({h.memory_gib.total:.1f} GiB)[/red]"
+        out.print(f"Rules-of-thumb starting point: {res.heuristic.layout.short()} — {h.step_time_s:.3f} s/step, "
+                  f"{verdict}; autopar's best is predicted {h.step_time_s / best.estimate.step_time_s:.2f}x as fast.")
+        for r in res.heuristic_reasons:
+            out.print(f"  [dim]rule: {r}[/dim]")
+    out.print("\n[bold]Best layout in detail[/bold]")
+    print_estimate(best.estimate, model, hw, training, out)
+    if args.emit:
+        from autopar.emit import emit
+        out.print(f"\n[bold]{args.emit} settings[/bold]")
+        print(emit(args.emit, best.layout, model, training, args.gpus))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("solve", help="find the fastest layouts that fit (CP-SAT)",
+                       description="Find the fastest parallel layouts that fit in HBM with an OR-Tools CP-SAT model "
+                                   "over the analytical cost model. Defaults: hardware h100_sxm, seq 4096, bf16, "
+                                   "global batch by model size. " + APPROX_NOTE)
+    add_problem_args(p)
+    g = p.add_argument_group("pins and ranges (comma lists)")
+    for ax in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
+        g.add_argument(f"--{ax}", default=None, help=f"allowed {ax} values, e.g. --{ax} 2,4")
+    g.add_argument("--zero", default=None, help="allowed ZeRO stages, e.g. 1,3")
+    g.add_argument("--fsdp", action="store_true", help="only FSDP (ZeRO-3) layouts")
+    g.add_argument("--recompute", default=None, help="allowed policies separated by ';' (default: none;selective;full)")
+    g.add_argument("--max-tp", type=positive_int, default=None, help="largest TP to consider")
+    g.add_argument("--no-cp", action="store_true", help="no context parallelism")
+    g.add_argument("--no-sp", action="store_true", help="no sequence parallelism")
+    g.add_argument("--allow-cross-domain", action="store_true",
+                   help="let TP and EP·ETP span NVLink domains (default: forbidden)")
+    p.add_argument("--search", choices=("cpsat", "exhaustive", "heuristic"), default="cpsat",
+                   help="cpsat (default), exhaustive (reference enumeration), heuristic (rules of thumb)")
+    p.add_argument("--top-k", type=positive_int, default=5, help="layouts to list (default: 5)")
+    p.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT time limit in seconds (default: 60)")
+    p.add_argument("--emit", choices=("megatron", "torchtitan", "env"), default=None,
+                   help="print launcher settings for the best layout")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run)

@@ -1,0 +1,146 @@
+"""Search for the fastest layouts that fit: CP-SAT (default), exhaustive (reference) and heuristic (baseline)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autopar.cost import Estimate, Estimator
+from autopar.errors import AutoparInputError
+from autopar.search.cpsat import LayoutModel, build_tables
+from autopar.search.exhaustive import exhaustive_search
+from autopar.search.plan import Plan
+from autopar.search.space import SearchOptions, build_space
+from autopar.specs.hardware import HardwareSpec
+from autopar.specs.loaders import load_hardware, load_model
+from autopar.specs.model import ModelSpec
+from autopar.specs.training import TrainingSpec
+
+__all__ = ["Plan", "SearchOptions", "SolveResult", "solve"]
+
+
+@dataclass
+class SolveResult:
+    """What a search found. ``plans`` are ranked by predicted step time (best first)."""
+
+    plans: list[Plan]
+    status: str                 # OPTIMAL | FEASIBLE | INFEASIBLE | EXHAUSTIVE | HEURISTIC
+    gap: float
+    solve_s: float
+    space_size: int
+    meshes: int
+    method: str
+    heuristic: Plan | None = None
+    heuristic_reasons: list[str] = field(default_factory=list)
+    explanation: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "gap": self.gap, "solve_s": self.solve_s, "space_size": self.space_size,
+                "meshes": self.meshes, "method": self.method, "plans": [p.to_dict() for p in self.plans],
+                "heuristic": self.heuristic.to_dict() if self.heuristic else None,
+                "heuristic_reasons": self.heuristic_reasons, "explanation": self.explanation, "notes": self.notes}
+
+
+def _heuristic(model, hardware, training, gpus, est: Estimator) -> tuple[Plan | None, list[str]]:
+    try:
+        from autopar.search.heuristic import heuristic_layout_with_reasons
+        layout, reasons = heuristic_layout_with_reasons(model, hardware, training, gpus)
+    except (AutoparInputError, ImportError) as err:
+        return None, [f"no heuristic layout: {err}"]
+    return Plan(0, est.estimate(layout, resolved=True), "heuristic"), reasons
+
+
+def explain_infeasible(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec, gpus: int,
+                       options: SearchOptions, blamed: list[str], first_problem: dict[str, str]) -> list[str]:
+    """Name the binding groups with numbers, the smallest memory reachable and the smallest GPU count that fits."""
+    lines = []
+    if blamed:
+        lines.append("binding constraint groups: " + ", ".join(blamed))
+    for g in blamed:
+        if g in first_problem:
+            lines.append(f"  {g}: e.g. {first_problem[g]}")
+    if "hbm capacity" in blamed or not blamed:
+        space = build_space(model, hardware, training, gpus, options)
+        est = Estimator(model, hardware, training, gpus)
+        tables = build_tables(space, est)
+        if tables.meshes:
+            res = LayoutModel(space, tables, drop=("hbm capacity",), objective="memory").solve(1, 10.0)
+            if res.solutions:
+                a = res.solutions[0].assignment
+                L = space.layout(a[0], space.mbs[a[1]], space.recompute[a[2]], space.vpp[a[3]], space.zero[a[4]])
+                e = est.estimate(L, resolved=True)
+                lines.append(f"at seq {training.seq_len} the smallest per-GPU memory reachable on {gpus} "
+                             f"{hardware.name} is {e.memory_gib.total:.1f} GiB ({L.short()}), "
+                             f"HBM is {hardware.hbm_gib:.1f} GiB")
+    for factor in (2, 4, 8, 16, 32, 64):
+        n = gpus * factor
+        try:
+            res = solve(model, hardware, training, n, SearchOptions(**{**options.__dict__, "top_k": 1,
+                                                                         "time_limit_s": 5.0}),
+                        explain=False, with_heuristic=False)
+        except AutoparInputError:
+            continue
+        if res.plans:
+            lines.append(f"the smallest GPU count (doubling from {gpus}) that fits is {n}: "
+                         f"{res.plans[0].layout.short()}")
+            break
+    else:
+        lines.append(f"nothing fits up to {gpus * 64} GPUs")
+    return lines
+
+
+def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, training: TrainingSpec, gpus: int,
+          options: SearchOptions | None = None, *, method: str = "cpsat", explain: bool = True,
+          with_heuristic: bool = True, progress=None) -> SolveResult:
+    """The fastest layouts that fit, ranked. Every plan is re-scored with the exact float ``estimate``."""
+    model, hardware = load_model(model), load_hardware(hardware)
+    options = options or SearchOptions()
+    if method not in ("cpsat", "exhaustive", "heuristic"):
+        raise AutoparInputError(f"unknown search method '{method}' (choose cpsat, exhaustive or heuristic)")
+    t0 = time.perf_counter()
+    est = Estimator(model, hardware, training, gpus)
+    space = build_space(model, hardware, training, gpus, options)
+    if not space.meshes:
+        pins = ", ".join(f"{k}={v}" for k, v in options.pinned().items()) or "none"
+        raise AutoparInputError(f"no (tp, cp, pp, ep, etp) factorises {gpus} GPUs with the pins given ({pins}): "
+                                "each degree must divide the GPU count")
+    heur, reasons = _heuristic(model, hardware, training, gpus, est) if with_heuristic else (None, [])
+    explanation: list[str] = []
+    if method == "heuristic":
+        plans = [heur] if heur else []
+        status, gap = "HEURISTIC", 0.0
+    elif method == "exhaustive":
+        found, _ = exhaustive_search(space, est, options.top_k)
+        plans = [Plan(i + 1, e, "exhaustive") for i, e in enumerate(found)]
+        status, gap = "EXHAUSTIVE", 0.0
+    else:
+        if progress:
+            progress(f"building cost tables for {len(space.meshes)} meshes x {space.size // max(len(space.meshes), 1)} "
+                     "knob settings")
+        tables = build_tables(space, est)
+        res = None
+        if tables.meshes:
+            if progress:
+                progress(f"solving CP-SAT over {len(tables.meshes)} valid meshes")
+            res = LayoutModel(space, tables).solve(options.top_k, options.time_limit_s, options.workers)
+        plans = []
+        for sol in res.solutions if res else []:
+            a = sol.assignment
+            L = space.layout(a[0], space.mbs[a[1]], space.recompute[a[2]], space.vpp[a[3]], space.zero[a[4]])
+            plans.append(Plan(0, est.estimate(L, resolved=True), "cpsat", objective_s=sol.objective_s))
+        plans.sort(key=lambda p: (p.estimate.step_time_s, p.layout.short()))
+        for i, p in enumerate(plans):
+            p.rank = i + 1
+        status = res.status if res else "INFEASIBLE"
+        gap = res.gap if res else 0.0
+        if not plans and explain:
+            blamed = res.blamed_groups if res else sorted(tables.first_problem)
+            explanation = explain_infeasible(model, hardware, training, gpus, options, blamed, tables.first_problem)
+    return SolveResult(plans, status, gap, time.perf_counter() - t0, space.size, len(space.meshes), method,
+                       heur, reasons, explanation)
+
+
+def estimate_plan(e: Estimate) -> Plan:
+    return Plan(1, e, "estimate")
