@@ -1,0 +1,49 @@
+"""The command line as a user meets it: exit codes, one-line errors, the JSON contract."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "autopar.cli.main", *args], capture_output=True, text=True)
+
+
+def test_estimate_json_contract():
+    r = run("estimate", "--model", "llama3_70b", "--gpus", "64", "--tp", "4", "--pp", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert set(d["memory_gib"]) == {"weights", "grads", "optimizer", "activations", "buffers", "reserve", "total"}
+    assert set(d["time_s"]) == {"compute", "tp", "cp", "ep", "dp", "pp_bubble", "pp_p2p", "optimizer"}
+    assert d["step_time_s"] == pytest.approx(sum(d["time_s"].values()))
+    assert d["layout"]["dp"] == 4 and d["layout"]["edp"] == 16
+    assert {"fits", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "bottleneck"} <= set(d)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["estimate", "--model", "no_such_model", "--gpus", "8"], "unknown model 'no_such_model'"),
+    (["estimate", "--model", "llama3_70b", "--gpus", "64", "--tp", "3"], "not divisible by tp (3)"),
+    (["estimate", "--model", "llama3_70b", "--gpus", "64", "--ep", "2"], "expert parallel needs an MoE model"),
+    (["estimate", "--model", "deepseek_v3", "--gpus", "256", "--tp", "2", "--pp", "16", "--ep", "64"],
+     "min_gpus = pp·max(tp·cp, ep·etp) = 16·max(2, 64) = 1024 > gpus (256)"),
+    (["estimate", "--model", "llama3_70b", "--gpus", "0"], "must be positive"),
+    (["estimate", "--model", "llama3_70b", "--gpus", "8", "--recompute", "bogus"], "unknown recompute module"),
+    (["estimate", "--model", "llama3_70b", "--gpus", "8", "--precision", "nvfp4"], "no nvfp4 tensor cores"),
+    (["solve", "--model", "llama3_70b", "--gpus", "64", "--tp", "3"], "factorises 64 GPUs"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle):
+    r = run(*args)
+    assert r.returncode == 2
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_solve_small_problem_prints_a_ranked_table():
+    r = run("solve", "--model", "llama3_8b", "--gpus", "8", "--top-k", "2", "--mbs", "1,2", "--vpp", "1",
+            "--zero", "1,3", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["status"] == "OPTIMAL" and len(d["plans"]) == 2
+    assert d["plans"][0]["estimate"]["step_time_s"] <= d["plans"][1]["estimate"]["step_time_s"]
