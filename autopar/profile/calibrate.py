@@ -215,7 +215,8 @@ class FitReport:
         lines.append(f"  {'constant':<14}{'before':>9}{'after':>9}{'+/- sd':>9}")
         for name, (b, a) in self.constants.items():
             sd = self.sd.get(name, float("nan"))
-            lines.append(f"  {name:<14}{b:>9.3f}{a:>9.3f}{sd:>9.3f}")
+            sd_text = f"{sd:>9.3f}" if sd < 10 else f"{'>10':>9}"
+            lines.append(f"  {name:<14}{b:>9.3f}{a:>9.3f}{sd_text}")
         if self.not_identifiable:
             lines.append("  not identifiable from these layouts (kept): "
                          + ", ".join(f"{k}={v:g}" for k, v in self.not_identifiable.items()))

@@ -47,7 +47,7 @@ class ComparisonRow:
     training: TrainingSpec
     gpus: int
     predicted_step_s: float | None = None
-    predicted_mem_gib: float | None = None
+    predicted_mem_gib: float | None = None  # per-GPU memory without the reserve (what the runner can see)
     measured_step_s: float | None = None
     measured_mem_gib: float | None = None  # the fullest rank
     ok: bool = False
@@ -139,29 +139,17 @@ def load_layouts_file(path: Path) -> list[Layout]:
 
 def layouts_from_solve(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec, gpus: int,
                        k: int) -> list[Layout]:
-    """The solver's top ``k`` layouts. Needs the search package (``autopar.solve``)."""
+    """The solver's top ``k`` layouts (``autopar.solve`` with ``SearchOptions(top_k=k)``), best first."""
     import importlib.util
     if importlib.util.find_spec("autopar.search") is None:
         raise AutoparInputError("--from-solve needs the search (autopar.search), which is not installed here; "
                                 "give --layouts instead")
-    try:
-        import autopar
-        solve = getattr(autopar, "solve")
-    except (ImportError, AttributeError):
-        try:
-            from autopar.search import solve  # type: ignore[no-redef]
-        except ImportError as err:
-            raise AutoparInputError(f"--from-solve: autopar.solve is not available ({err}); give --layouts") from None
-    result = solve(model, hardware, training, gpus, top_k=k)
-    items = getattr(result, "top", None) or getattr(result, "candidates", None) or result
-    out = []
-    for it in list(items)[:k]:
-        lay = it if isinstance(it, Layout) else getattr(it, "layout", None)
-        if lay is None:
-            raise AutoparInputError(f"--from-solve: cannot read a layout from solve()'s result {type(it).__name__}")
-        out.append(lay)
+    from autopar.search import SearchOptions, solve
+    result = solve(model, hardware, training, gpus, SearchOptions(top_k=k), with_heuristic=False)
+    out = [p.layout for p in result.plans[:k]]
     if not out:
-        raise AutoparInputError("--from-solve: the solver returned no layout")
+        raise AutoparInputError(f"--from-solve: the solver found no layout of {model.name} that fits {gpus} "
+                                f"GPUs of {hardware.name}")
     return out
 
 
@@ -180,17 +168,22 @@ def _default_estimator() -> Callable[..., Any]:
 
 
 def compare_layouts(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec, layouts: Sequence[Layout], *,
-                    world: int, steps: int, timeout_s: float, estimator: Callable[..., Any] | None = None,
-                    runner: Callable[..., Any] | None = None,
+                    world: int, steps: int, timeout_s: float, repeats: int = 1,
+                    estimator: Callable[..., Any] | None = None, runner: Callable[..., Any] | None = None,
                     progress: Callable[[str], None] | None = None) -> list[ComparisonRow]:
     """Predict and run each layout on ``world`` processes; one row per layout, in the given order.
 
     Every layout is validated before anything runs (AutoparInputError listing the broken rules). A run that
-    fails (out of memory, timeout, crash) gives a row with ``ok=False`` and its failure; the others go on."""
+    fails (out of memory, timeout, crash) gives a row with ``ok=False`` and its failure; the others go on.
+    ``repeats`` > 1 runs the whole list that many times, alternating the order (forward, backward, ...), and
+    keeps each layout's fastest run: on a shared machine, load that comes and goes then hits every layout
+    alike instead of whichever happened to run during it."""
     if world < 1:
         raise AutoparInputError(f"world must be at least 1 (got {world})")
     if steps < 1:
         raise AutoparInputError(f"steps must be at least 1 (got {steps})")
+    if repeats < 1:
+        raise AutoparInputError(f"repeats must be at least 1 (got {repeats})")
     if not layouts:
         raise AutoparInputError("no layouts to compare")
     say = progress or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -204,24 +197,44 @@ def compare_layouts(model: ModelSpec, hardware: HardwareSpec, training: Training
     est = estimator or _default_estimator()
     run = runner or _default_runner()
     rows = []
-    for i, lay in enumerate(resolved):
+    for lay in resolved:
         row = ComparisonRow(label=lay.short(), layout=lay, model=model, training=training, gpus=world)
         e = est(model, hardware, training, lay, world)
-        row.estimate, row.predicted_step_s, row.predicted_mem_gib = e, e.step_time_s, e.memory_gib.total
-        say(f"[{i + 1}/{len(resolved)}] {row.label}: predicted {e.step_time_s:.4g} s; running {steps} steps ...")
-        res = run(model, lay, training, world=world, steps=steps, timeout_s=timeout_s)
-        row.run, row.ok, row.failure = res, bool(res.ok), res.failure or ""
-        if res.ok:
-            row.measured_step_s = float(res.step_time_s)
-            mems = [m for m in (res.peak_mem_gib or []) if m is not None]
-            row.measured_mem_gib = float(max(mems)) if mems else None
-            applied = getattr(res, "applied", None)
-            if applied:
-                row.notes.append(f"applied: {applied}")
-            say(f"    measured {row.measured_step_s:.4g} s ({row.step_err:+.0%})")
-        else:
-            say(f"    failed: {row.failure}")
+        # Memory is compared without the reserve: the runner measures what the training allocates (CUDA
+        # max_memory_allocated; on CPU the peak-RSS growth after process-group init), not the context.
+        row.estimate, row.predicted_step_s = e, e.step_time_s
+        row.predicted_mem_gib = e.memory_gib.total - e.memory_gib.reserve
         rows.append(row)
+    n = len(rows)
+    for rep in range(repeats):
+        order = range(n) if rep % 2 == 0 else range(n - 1, -1, -1)
+        for i in order:
+            row = rows[i]
+            tag = f"[{i + 1}/{n}" + (f", round {rep + 1}/{repeats}]" if repeats > 1 else "]")
+            say(f"{tag} {row.label}: predicted {row.predicted_step_s:.4g} s; running {steps} steps ...")
+            res = run(model, row.layout, training, world=world, steps=steps, timeout_s=timeout_s)
+            if not res.ok:
+                say(f"    failed: {res.failure}")
+                if row.run is None:
+                    row.run, row.failure = res, res.failure or "failed"
+                continue
+            t = float(res.step_time_s)
+            say(f"    measured {t:.4g} s ({row.predicted_step_s / t - 1:+.0%})")
+            if row.measured_step_s is None or t < row.measured_step_s:
+                mems = [m for m in (res.peak_mem_gib or []) if m is not None]
+                row.run, row.ok, row.failure = res, True, ""
+                row.measured_step_s = t
+                row.measured_mem_gib = float(max(mems)) if mems else None
+    for row in rows:
+        applied = getattr(row.run, "applied", None)
+        if row.ok and applied:
+            row.notes.append(f"applied: {applied}")
+    dtypes = {str(r.run.applied.get("dtype")) for r in rows if r.ok and isinstance(getattr(r.run, "applied", None), dict)}
+    if "fp32" in dtypes and (training.weight_dtype, training.activation_dtype) != ("fp32", "fp32"):
+        say("note: the runs computed in fp32 (the CPU runner) but the training spec stores "
+            f"{training.weight_dtype} weights and {training.activation_dtype} activations: predicted memory and "
+            "communication bytes follow the spec (set weight_dtype/activation_dtype fp32 and "
+            "master_weights_dtype none to match the runs)")
     return rows
 
 
@@ -235,7 +248,8 @@ def _fmt(v: float | None, spec: str) -> str:
 
 def format_comparison(rows: Sequence[ComparisonRow], predicted_after: Sequence[float] | None = None,
                       loo: Sequence[float] | None = None) -> str:
-    """The predicted-vs-measured table; with a fit, the calibrated prediction and its error as extra columns."""
+    """The predicted-vs-measured table; with a fit, the calibrated prediction and its error as extra columns.
+    Memory: the fullest rank, predicted without the hardware's reserve (the runner measures allocations)."""
     w = max([len(r.label) for r in rows] + [6])
     head = (f"{'#':>2} {'layout':<{w}} {'pred s':>9} {'meas s':>9} {'err':>7} {'pred GiB':>9} {'meas GiB':>9} "
             f"{'err':>7}")
@@ -308,6 +322,8 @@ def register_compare(subparsers: Any) -> argparse.ArgumentParser:
                      help="the solver's top K layouts (needs the search)")
     p.add_argument("--steps", type=int, default=4, help="training steps per layout (default 4)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per layout run (default 600)")
+    p.add_argument("--repeats", type=int, default=1, help="run the list this many times in alternating order and "
+                   "keep each layout's fastest run (for shared machines; default 1)")
     p.add_argument("--out", type=Path, default=None, help="write the calibrated hardware file here (never "
                    "overwritten without --force)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
@@ -352,7 +368,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             raise AutoparInputError(f"--from-solve K needs K >= 1 (got {args.from_solve})")
         layouts = layouts_from_solve(model, hardware, training, args.world, args.from_solve)
     rows = compare_layouts(model, hardware, training, layouts, world=args.world, steps=args.steps,
-                           timeout_s=args.timeout)
+                           timeout_s=args.timeout, repeats=args.repeats)
     ok = [r for r in rows if r.ok and r.measured_step_s]
     report = None
     after = loo = None

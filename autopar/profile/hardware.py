@@ -169,14 +169,25 @@ def _precisions_for(device: str) -> list[str]:
 
 
 def measure_gemm(shapes: list[GemmShape], precisions: list[str] | None = None, *, device: str | None = None,
-                 min_time_s: float = 0.15, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 min_time_s: float = 0.15, threads: int | None = None,
+                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Time each shape in each precision on one device; returns per-shape and per-precision TFLOP/s.
 
-    A precision is first probed with a 256^3 GEMM; one running under 5 GFLOP/s (fp16 on most CPUs, which
-    emulate it) is reported at the probe only. On CPU the shapes are cut to a FLOP budget (see
-    ``_fit_to_budget``); cut shapes carry a '*' in their label."""
+    Each precision is first probed with a 256^3 GEMM; one running under 5% of the fastest probe (fp16 on most
+    CPUs, which emulate it) is reported at the probe only. On CPU the shapes are cut to a FLOP budget (see
+    ``_fit_to_budget``); cut shapes carry a '*' in their label. ``threads``: CPU threads to use (default:
+    torch's current setting)."""
     import torch
     dev = device or _device()
+    if threads is not None and dev == "cpu":
+        saved = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            out = measure_gemm(shapes, precisions, device=dev, min_time_s=min_time_s, progress=progress)
+        finally:
+            torch.set_num_threads(saved)
+        out["threads"] = threads
+        return out
     say = progress or (lambda _m: None)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     precisions = precisions or _precisions_for(dev)
@@ -186,38 +197,42 @@ def measure_gemm(shapes: list[GemmShape], precisions: list[str] | None = None, *
             torch.cuda.synchronize()
 
     def time_one(m: int, k: int, n: int, dtype: Any) -> float:
+        """Seconds of the fastest repetition: a peak, not a typical time (on a shared machine the median
+        would also count other people's work)."""
         a = torch.randn(m, k, device=dev).to(dtype)
         b = torch.randn(k, n, device=dev).to(dtype)
         a @ b  # warm-up (kernel selection, page faults)
         sync()
-        reps, start = 0, time.perf_counter()
+        times: list[float] = []
+        start = time.perf_counter()
         while True:
+            t = time.perf_counter()
             a @ b
-            reps += 1
             sync()
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_time_s or reps >= 50:
-                return elapsed / reps
+            times.append(time.perf_counter() - t)
+            if time.perf_counter() - start >= min_time_s or len(times) >= 50:
+                return min(times)
 
     if dev == "cpu":
         max_flops, max_weight = 4e10, 64e6
     else:
         max_flops, max_weight = 1e15, 4e9
     out: dict[str, Any] = {"device": dev, "shapes": [], "tflops": {}, "probe_only": []}
+    probes: dict[str, float] = {}
     for prec in precisions:
-        dtype = dtypes[prec]
         try:
-            t = time_one(256, 256, 256, dtype)
+            probes[prec] = 2.0 * 256 ** 3 / time_one(256, 256, 256, dtypes[prec]) / 1e12
         except RuntimeError as err:  # dtype not supported by this device's matmul
             say(f"gemm {prec}: not supported ({str(err).splitlines()[0][:80]})")
-            continue
-        probe = 2.0 * 256 ** 3 / t / 1e12
-        if probe < 5e-3:
+    best = max(probes.values(), default=0.0)
+    for prec, probe in probes.items():
+        dtype = dtypes[prec]
+        if probe < 0.05 * best:  # emulated (fp16 on most CPUs): full shapes would take minutes
             out["tflops"][prec] = probe
             out["probe_only"].append(prec)
             out["shapes"].append({"precision": prec, "label": "probe256", "m": 256, "k": 256, "n": 256,
-                                  "seconds": t, "tflops": probe})
-            say(f"gemm {prec}: {probe * 1e3:.2f} GFLOP/s at 256^3 (too slow on this device: probe only)")
+                                  "seconds": 2.0 * 256 ** 3 / probe / 1e12, "tflops": probe})
+            say(f"gemm {prec}: {probe * 1e3:.2f} GFLOP/s at 256^3 (under 5% of the fastest precision: probe only)")
             continue
         total_flops = total_time = 0.0
         for shape in shapes:
@@ -233,10 +248,17 @@ def measure_gemm(shapes: list[GemmShape], precisions: list[str] | None = None, *
     return out
 
 
-def measure_copy_bandwidth(*, device: str | None = None, mib: int = 256) -> float:
+def measure_copy_bandwidth(*, device: str | None = None, mib: int = 256, threads: int | None = None) -> float:
     """Best-of-5 bandwidth of copying a ``mib`` MiB buffer, TB/s, counting bytes read plus written."""
     import torch
     dev = device or _device()
+    if threads is not None and dev == "cpu":
+        saved = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return measure_copy_bandwidth(device=dev, mib=mib)
+        finally:
+            torch.set_num_threads(saved)
     if dev == "cuda":
         mib = 4 * mib
     n = mib * MIB // 4
@@ -518,15 +540,17 @@ TABLE_HEADER = f"{'op':<15}{'n':>4}{'size MiB':>11}{'time us':>13}{'algbw GB/s':
 
 def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[float], ops: list[str],
                      model: ModelSpec | None, timeout_s: float, tokens: int = 4096, name: str | None = None,
-                     gemm: bool = True, min_time_s: float = 0.1,
+                     gemm: bool = True, min_time_s: float = 0.1, cpu_math: str = "fp32",
                      out: Callable[[str], None] | None = None,
                      progress: Callable[[str], None] | None = None) -> tuple[HardwareSpec, dict]:
     """Measure this machine and return (hardware spec, raw measurements).
 
-    ``base`` None: a description of this machine built from the measurements (each process is one "GPU":
-    peak_tflops_* = measured GEMM TFLOP/s with efficiency.gemm 1.0, hbm_gib = MemTotal / world, hbm_tbps =
-    measured copy bandwidth / world, nvlink and scale-out bandwidth = measured all-reduce bus bandwidth with
-    efficiency 1.0, latency from a 4 KiB all-reduce, reserve_gib = resident memory of an idle worker).
+    ``base`` None: a description of this machine built from the measurements, each process playing one GPU:
+    peak_tflops_* = measured GEMM TFLOP/s with efficiency.gemm 1.0 (on CPU: the ``cpu_math`` rate, fp32 by
+    default, because autopar's CPU runner computes in fp32 whatever the training precision; measured with
+    the process's share of the cores), hbm_gib = MemTotal / world, hbm_tbps = copy bandwidth of one process,
+    nvlink and scale-out bandwidth = measured all-reduce bus bandwidth with efficiency 1.0, latency from a
+    4 KiB all-reduce, reserve_gib = resident memory of an idle worker.
     ``base`` given: a copy with ``measured_busbw_gbps`` replaced; its datasheet numbers and efficiencies are
     kept (GEMM figures are in the raw dict). ``out`` receives the table rows, ``progress`` status lines."""
     if world < 1:
@@ -540,6 +564,8 @@ def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[f
         raise AutoparInputError(f"timeout must be positive (got {timeout_s})")
     if tokens <= 0:
         raise AutoparInputError(f"tokens must be positive (got {tokens})")
+    if cpu_math not in ("fp32", "bf16", "fp16"):
+        raise AutoparInputError(f"cpu_math must be fp32, bf16 or fp16 (got '{cpu_math}')")
     say = progress or (lambda m: print(m, file=sys.stderr, flush=True))
     emit = out or (lambda m: print(m, flush=True))
     sizes = sorted(set(float(s) for s in sizes_mib))
@@ -551,10 +577,17 @@ def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[f
     raw["device"] = device
     if gemm:
         shapes = gemm_shapes(model, tokens)
-        say(f"GEMM on {device} ({'model ' + model.name + f', {tokens} tokens' if model else 'square shapes'})")
-        raw["gemm"] = measure_gemm(shapes, device=device, progress=say)
-        raw["copy_tbps"] = measure_copy_bandwidth(device=device)
-        say(f"copy bandwidth: {raw['copy_tbps'] * 1e3:.1f} GB/s (read + write)")
+        # On CPU each process plays one GPU: measure with its share of the cores, as the runner's workers
+        # (one thread each when world >= cores) compute.
+        threads = max(1, (os.cpu_count() or 1) // world) if device == "cpu" else None
+        say(f"GEMM on {device} ({'model ' + model.name + f', {tokens} tokens' if model else 'square shapes'}"
+            + (f", {threads} thread(s) per process" if threads else "") + ")")
+        raw["gemm"] = measure_gemm(shapes, device=device, threads=threads, progress=say)
+        copy = measure_copy_bandwidth(device=device, threads=threads)
+        if device == "cpu" and world > (os.cpu_count() or 1):
+            copy *= (os.cpu_count() or 1) / world  # more processes than cores share them
+        raw["copy_tbps"] = copy
+        say(f"copy bandwidth per process: {copy * 1e3:.1f} GB/s (read + write)")
 
     groups = group_sizes(world)
     if not groups:
@@ -588,17 +621,29 @@ def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[f
             say(f"note: measured on CPU but the base '{base.name}' is an accelerator; its datasheet numbers are "
                 "kept and the bandwidth table describes this CPU")
         return HardwareSpec.model_validate(spec.model_dump()), raw
-    return _describe_machine(raw, world, table, name), raw
+    return _describe_machine(raw, world, table, name, cpu_math), raw
 
 
-def _describe_machine(raw: dict, world: int, table: MeasuredCollectives | None, name: str | None) -> HardwareSpec:
+def _describe_machine(raw: dict, world: int, table: MeasuredCollectives | None, name: str | None,
+                      cpu_math: str = "fp32") -> HardwareSpec:
     """A HardwareSpec for this machine where every process plays one GPU (see :func:`profile_hardware`)."""
     tf = dict(raw.get("gemm", {}).get("tflops", {}))
     if not tf:
         raise ProfileError("a description of this machine needs the GEMM measurement (no --base given)")
-    fallback = max(tf.values())
-    bf16 = tf.get("bf16", fallback)
-    fp16 = tf.get("fp16", fallback)
+    probe = raw["gemm"].get("probe_only") or []
+    measured = ", ".join(f"{p} {v * 1e3:,.1f}" for p, v in tf.items())
+    if raw["device"] == "cpu":
+        # autopar's CPU runner (autopar.profile.worker) computes in `cpu_math` whatever training.precision
+        # says, so the peak a training spec's precision looks up must be that rate.
+        if cpu_math not in tf:
+            raise ProfileError(f"--cpu-math {cpu_math} was not measured (measured: {', '.join(tf)})")
+        bf16 = fp16 = tf[cpu_math]
+        peaks = (f"peak_tflops_bf16 and peak_tflops_fp16 both hold the measured {cpu_math} rate, the math "
+                 f"autopar's CPU runner executes whatever training.precision says (efficiency.gemm 1.0)")
+    else:
+        fallback = max(tf.values())
+        bf16, fp16 = tf.get("bf16", fallback), tf.get("fp16", fallback)
+        peaks = "peak_tflops_* hold these measured figures (efficiency.gemm 1.0)"
     recs = raw["records"]
     lat = [r for r in recs if r["kind"] == "latency"]
     alpha_us = min((r["alpha_us"] for r in lat), default=10.0)
@@ -606,20 +651,17 @@ def _describe_machine(raw: dict, world: int, table: MeasuredCollectives | None, 
     ar = table.all_reduce if table else {}
     link = ar[max(ar)] if ar else 1.0  # bus GB/s of the largest all-reduce group at the largest message
     gemm_eff = dict(Efficiency().gemm)
-    gemm_eff.update({p: 1.0 for p in tf})
-    measured = ", ".join(f"{p} {v * 1e3:,.1f}" for p, v in tf.items())
-    probe = raw["gemm"].get("probe_only") or []
+    gemm_eff.update({p: 1.0 for p in (*tf, "bf16", "fp16")})
     source = (f"measured by 'autopar profile hardware' on {raw['cpu']} ({os.cpu_count()} cores, {world} processes, "
               f"{raw['device']}) {time.strftime('%Y-%m-%d')}: GEMM GFLOP/s {measured}"
-              + (f" ({', '.join(probe)} at a 256^3 probe only)" if probe else "")
-              + "; peak_tflops_* hold these measured figures (efficiency.gemm 1.0)")
+              + (f" ({', '.join(probe)} at a 256^3 probe only)" if probe else "") + "; " + peaks)
     return HardwareSpec(
         name=name or f"{raw['device']}_{'gloo' if raw['device'] == 'cpu' else 'nccl'}_{world}p",
         source=source,
         peak_tflops_bf16=max(bf16, 1e-6),
         peak_tflops_fp16=max(fp16, 1e-6),
         hbm_gib=round(_meminfo_total_gib() / world, 3),
-        hbm_tbps=max(raw.get("copy_tbps", 0.01) / world, 1e-6),
+        hbm_tbps=max(raw.get("copy_tbps", 0.01), 1e-6),
         gpus_per_node=world,
         nvlink_domain_size=world,
         nvlink_gbps=round(link, 3),
@@ -696,6 +738,9 @@ def register_hardware(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="model zoo name or file: measure GEMMs at its shapes")
     p.add_argument("--tokens", type=int, default=4096, help="GEMM rows for --model: micro-batch x seq_len (default 4096)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement group (default 300)")
+    p.add_argument("--cpu-math", choices=("fp32", "bf16"), default="fp32",
+                   help="CPU only: the measured rate to store as peak_tflops_bf16/fp16 (default fp32: autopar's CPU "
+                        "runner computes in fp32)")
     p.add_argument("--results-from", type=Path, default=None,
                    help="merge collective records (JSON lines) written by a torchrun multi-node worker run")
     p.set_defaults(func=_cmd_hardware)
@@ -709,13 +754,16 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
         raise AutoparInputError(f"{out} exists; pass --force to overwrite it (or choose another --out)")
     if args.world < 1:
         raise AutoparInputError(f"--world must be at least 1 (got {args.world})")
+    if args.results_from is not None and not args.results_from.is_file():
+        raise AutoparInputError(f"--results-from: file not found: {args.results_from}")
     base = load_hardware(args.base) if args.base else None
     model = load_model(args.model) if args.model else None
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     sizes = parse_float_list(args.sizes, "--sizes")
     try:
         spec, raw = profile_hardware(base, world=args.world, sizes_mib=sizes, ops=ops, model=model,
-                                     timeout_s=args.timeout, tokens=args.tokens, name=args.name)
+                                     timeout_s=args.timeout, tokens=args.tokens, name=args.name,
+                                     cpu_math=args.cpu_math)
     except ProfileError as err:
         print(f"autopar: profile failed: {err}", file=sys.stderr)
         return 1

@@ -14,7 +14,7 @@ import pytest
 
 from autopar.errors import AutoparInputError
 from autopar.profile.calibrate import fit_efficiency, kendall_tau, leave_one_out, with_constants
-from autopar.profile.compare import (ComparisonRow, compare_layouts, format_comparison, parse_layouts,
+from autopar.profile.compare import (compare_layouts, format_comparison, parse_layouts,
                                      register_compare)
 from autopar.specs.layout import Layout
 from autopar.specs.loaders import load_hardware
@@ -195,6 +195,30 @@ def test_compare_with_a_fake_runner_builds_rows_and_table():
     with pytest.raises(AutoparInputError, match="layout 1"):
         compare_layouts(model, hw, tr, [Layout(tp=3)], world=2, steps=2, timeout_s=30, runner=runner,
                         progress=lambda m: None)
+
+
+def test_repeats_alternate_the_order_and_keep_the_fastest_run():
+    model, tr = _tiny()
+    hw = load_hardware("h100_sxm")
+    seen = []
+
+    def runner(model, layout, training, *, world, steps, timeout_s):
+        seen.append(layout.micro_batch)
+        t = {1: [0.9, 0.6], 2: [0.5, 0.8]}[layout.micro_batch][sum(m == layout.micro_batch for m in seen) - 1]
+        return SimpleNamespace(ok=True, failure=None, step_time_s=t, tokens_per_s=1.0, peak_mem_gib=[t],
+                               losses=[], applied={}, wall_s=1.0)
+
+    rows = compare_layouts(model, hw, tr, [Layout(micro_batch=1), Layout(micro_batch=2)], world=2, steps=2,
+                           timeout_s=30, repeats=2, runner=runner, progress=lambda m: None)
+    assert seen == [1, 2, 2, 1]
+    assert [r.measured_step_s for r in rows] == [0.6, 0.5] and rows[0].measured_mem_gib == 0.6
+
+
+def test_layouts_from_solve_are_the_solvers_top_k():
+    from autopar.profile.compare import layouts_from_solve
+    model, tr = _tiny()
+    lays = layouts_from_solve(model, load_hardware("h100_sxm"), tr, 2, 3)
+    assert 1 <= len(lays) <= 3 and all(lay.world == 2 for lay in lays)
 
 
 def test_compare_cli_refuses_to_overwrite(tmp_path):

@@ -90,7 +90,9 @@ def test_real_two_process_gloo_measurement_writes_a_loadable_file(tmp_path):
     assert table.all_gather[2] > 0 and not table.all_to_all
     assert spec.gpus_per_node == spec.nvlink_domain_size == 2
     assert "fp32" in raw["gemm"]["tflops"] and spec.efficiency.gemm["fp32"] == 1.0
-    assert spec.peak_tflops_bf16 > 0 and spec.hbm_gib > 0
+    # The CPU runner computes in fp32: that is the rate a bf16 training spec must look up on this "GPU".
+    assert spec.peak_tflops_bf16 == spec.peak_tflops_fp16 == pytest.approx(raw["gemm"]["tflops"]["fp32"])
+    assert spec.hbm_gib > 0 and spec.hbm_tbps > 0 and spec.reserve_gib > 0
     path = tmp_path / "cpu.yaml"
     write_new_file(spec, path, hwmod.file_header(spec, raw), force=False)
     again = load_hardware(path)
