@@ -1,0 +1,147 @@
+"""`autopar profile`: train one layout for real for a few steps and measure it.
+
+    autopar profile run  --model llama3_8b --gpus 4 --tp 2 --pp 2 --layers 4 --hidden 256 --heads 8 ...
+    autopar profile spec --model llama3_8b --gpus 4 --tp 2 ... -o spec.json   # for a hand-run torchrun
+
+``autopar profile hardware`` and ``autopar profile compare`` are registered here too; they live in
+autopar/profile/hardware.py and autopar/profile/compare.py.
+
+torch is never imported here: the run happens in torchrun's worker processes (autopar.profile.worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from autopar.cli.common import dump_json, positive_int
+from autopar.cli.estimate import add_layout_args, layout_from_args
+from autopar.errors import AutoparInputError
+from autopar.profile._scale import scale_model
+from autopar.specs.layout import resolve_layout
+from autopar.specs.loaders import load_model
+from autopar.specs.model import ModelSpec
+from autopar.specs.training import TrainingSpec
+
+DEFAULT_SEQ_LEN = 256   # small on purpose: profiling runs are meant to fit the machine at hand
+SCALE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "experts", "vocab")
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("problem")
+    g.add_argument("--model", required=True, help="zoo name (see `autopar zoo`), a model YAML, or a HF config.json")
+    g.add_argument("--gpus", type=positive_int, required=True,
+                   help="ranks to launch (GPUs with NCCL, processes with gloo on the CPU)")
+    g.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN,
+                   help=f"sequence length (default: {DEFAULT_SEQ_LEN})")
+    g.add_argument("--global-batch", type=positive_int, default=None,
+                   help="sequences per step (default: dp·mbs·pp, the smallest batch that fills the pipeline)")
+    s = p.add_argument_group("scale the model down (same architecture; divisibility is checked against the layout)")
+    for name in SCALE_FLAGS:
+        s.add_argument(f"--{name.replace('_', '-')}", type=positive_int, default=None)
+    add_layout_args(p)
+    r = p.add_argument_group("run")
+    r.add_argument("--steps", type=positive_int, default=4, help="training steps, warm-up included (default: 4)")
+    r.add_argument("--warmup", type=int, default=1, help="steps left out of the timing (default: 1)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data (default: 0)")
+    r.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is killed (default: 600)")
+    r.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto = NCCL when CUDA is available, else gloo on the CPU")
+
+
+def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]:
+    model = load_model(args.model)
+    scale = {k: getattr(args, k) for k in SCALE_FLAGS if getattr(args, k) is not None}
+    if scale:
+        model = scale_model(model, **scale)
+    layout = layout_from_args(args)
+    gb = args.global_batch
+    if gb is None:
+        gb = max(1, args.gpus // (layout.tp * layout.cp * layout.pp)) * layout.micro_batch * layout.pp
+    training = TrainingSpec(seq_len=args.seq_len, global_batch=gb)
+    resolve_layout(layout, model, training, args.gpus)      # invalid layouts fail here, with the arithmetic
+    if args.warmup < 0 or args.steps <= args.warmup:
+        raise AutoparInputError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    return model, layout, training
+
+
+def run(args: argparse.Namespace) -> int:
+    from autopar.profile.launch import run_layout
+    model, layout, training = _problem(args)
+    resolved = resolve_layout(layout, model, training, args.gpus)
+    print(f"autopar profile: {model.summary()}; {resolved.short()}; {args.gpus} ranks, "
+          f"{training.global_batch} x {training.seq_len} tokens/step, {args.steps} steps", file=sys.stderr)
+    res = run_layout(model, layout, training, world=args.gpus, steps=args.steps, warmup=args.warmup,
+                     timeout_s=args.timeout, seed=args.seed, backend=args.backend,
+                     workdir=Path(args.workdir) if args.workdir else None,
+                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json:
+        print(dump_json(dict(res.to_dict(), model=model.model_dump(mode="json"), layout=resolved.short(),
+                             global_batch=training.global_batch, seq_len=training.seq_len)))
+        return 0 if res.ok else 1
+    if not res.ok:
+        print(f"run failed: {res.failure}" + (f" (log: {res.log_path})" if res.log_path else ""))
+        return 1
+    a = res.applied
+    print(f"model     {model.summary()}")
+    print(f"layout    {resolved.short()}")
+    print("applied   " + " ".join(f"{k}={a[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp")) +
+          f"  sp={a['sp']}  schedule={a['schedule']}  backend={a['backend']} ({a['dtype']})")
+    print(f"          data parallel: {a['data_parallel']}; recompute: {', '.join(a['recompute']) or 'none'}")
+    print(f"step      {res.step_time_s:.4f} s (median of {args.steps - args.warmup} after {args.warmup} warm-up)"
+          f"   {res.tokens_per_s:,.0f} tokens/s")
+    print(f"memory    peak GiB per rank: {' '.join(f'{m:.3f}' for m in res.peak_mem_gib)}  ({a['memory']})")
+    print(f"loss      {' '.join(f'{x:.4f}' for x in res.losses)}")
+    for n in res.notes:
+        print(f"note      {n}")
+    return 0
+
+
+def spec(args: argparse.Namespace) -> int:
+    from autopar.profile.launch import worker_spec
+    model, layout, training = _problem(args)
+    resolved = resolve_layout(layout, model, training, args.gpus)
+    out = Path(args.out)
+    out.write_text(json.dumps(worker_spec(model, resolved, training, steps=args.steps, warmup=args.warmup,
+                                          seed=args.seed, backend=args.backend, timeout_s=args.timeout), indent=1))
+    print(f"wrote {out}; run it with:\n  torchrun --nproc-per-node {args.gpus} -m autopar.profile.worker --spec {out}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="train one layout for a few real steps and measure it",
+                       description="Real training runs with torch.distributed (torchrun): TP/SP, PP (1F1B, "
+                                   "interleaved), CP (ring attention), EP/ETP, FSDP/ZeRO, recompute.")
+    psub = p.add_subparsers(dest="profile_command", metavar="SUBCOMMAND")
+    r = psub.add_parser("run", help="launch torchrun with the layout's world size and report the measurements",
+                        description="Build the model (optionally scaled down), apply the layout, train "
+                                    "--steps steps on synthetic data and report the median step time, tokens/s, "
+                                    "peak memory per rank, the loss per step and the layout actually applied.")
+    _add_run_args(r)
+    r.add_argument("--workdir", default=None, help="keep the spec, per-rank results and the log here")
+    r.add_argument("--json", action="store_true", help="print one JSON object (RunResult.to_dict() and the inputs)")
+    r.set_defaults(func=run)
+    s = psub.add_parser("spec", help="write the worker's JSON spec for a hand-launched torchrun",
+                        description="Write the run spec and print the torchrun command that runs it.")
+    _add_run_args(s)
+    s.add_argument("-o", "--out", default="spec.json", help="file to write (default: spec.json)")
+    s.set_defaults(func=spec)
+
+    # Measurement subcommands that live in autopar.profile.hardware / .compare (another module's owners).
+    for module, fn in (("autopar.profile.hardware", "register_hardware"),
+                       ("autopar.profile.compare", "register_compare")):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name == module:
+                continue
+            raise
+        getattr(mod, fn)(psub)
+
+    def _usage(args: argparse.Namespace) -> int:
+        p.print_help()
+        return 2
+    p.set_defaults(func=_usage)

@@ -1,0 +1,268 @@
+"""Per-rank entry point of a profiling run: build the model, apply the layout, train a few steps, report.
+
+Launch by hand with torch's launcher (one process per GPU, or per CPU "rank" with gloo)::
+
+    torchrun --nproc-per-node N -m autopar.profile.worker --spec spec.json
+
+``N`` must equal the layout's world size (pp·dp·cp·tp). ``spec.json`` holds::
+
+    {"model": {...ModelSpec...}, "layout": {...resolved Layout...}, "training": {...TrainingSpec...},
+     "steps": 4, "warmup": 1, "seed": 0, "backend": "auto", "result_dir": "out/"}
+
+``autopar profile spec --model ... --gpus N [layout flags] -o spec.json`` writes one and prints the command.
+Each rank writes ``rank<R>.json`` (and ``rank<R>.pid``) into ``result_dir`` (default: the spec's folder);
+``autopar.profile.launch`` reads them. ``python -m autopar.profile.worker --spec spec.json`` without torchrun
+runs a world of one.
+
+Order of application on each (virtual) pipeline stage, as torchtitan: build + deterministic init ->
+context parallel -> expert parallel -> tensor/sequence parallel -> recompute -> FSDP / ZeRO.
+
+Numbers: fp32 on the CPU (gloo). On CUDA (NCCL) the forward runs under bf16 autocast (fp16 for
+precision fp16) with fp32 weights and AdamW state. Peak memory per rank: CUDA
+``torch.cuda.max_memory_allocated``; CPU the growth of the process's peak RSS
+(``resource.getrusage(RUSAGE_SELF).ru_maxrss``) from just after process-group init to the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+LR = 3e-3                 # AdamW learning rate (fixed; betas (0.9, 0.95), weight decay 0.1)
+FAULT_ENV = "AUTOPAR_PROFILE_FAULT"   # test-only: "crash:<rank>", "hang:<rank>" or "oom:<rank>"
+# Test-only: "sgd" trains with plain SGD (lr SGD_LR). Adam is blind to a constant gradient scale (sum instead of
+# mean over replicas), SGD is not, so the loss-equivalence tests run some layouts with it.
+OPTIMIZER_ENV = "AUTOPAR_PROFILE_OPTIMIZER"
+SGD_LR = 0.5
+
+
+def _rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20     # KiB on Linux
+
+
+def _inject_fault(rank: int) -> None:
+    """Test-only hook: make one rank crash, hang or run out of memory after process-group init."""
+    what = os.environ.get(FAULT_ENV, "")
+    if not what:
+        return
+    kind, _, who = what.partition(":")
+    if int(who or 0) != rank:
+        return
+    if kind == "hang":
+        time.sleep(3600)
+    if kind == "oom":
+        import torch
+        raise torch.OutOfMemoryError("injected out-of-memory (test)")
+    raise RuntimeError("injected crash (test)")
+
+
+def classify(err: BaseException) -> str:
+    """The RunResult.failure string of an exception: 'oom', 'backend: ...' or 'crash: ...'."""
+    import torch
+    import torch.distributed as dist
+    msg = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
+        return "oom"
+    if isinstance(err, dist.DistBackendError) or any(w in msg for w in ("Gloo", "gloo", "NCCL", "nccl")):
+        return f"backend: {msg}"
+    return f"crash: {type(err).__name__}: {msg}"
+
+
+def approximations(model_spec, layout) -> list[str]:
+    """What this runner does differently from the architecture / layout it was given."""
+    notes = []
+    if model_spec.mla is not None:
+        notes.append("MLA run as multi-head attention with the same head counts (no low-rank projections)")
+    if model_spec.sliding_window is not None:
+        notes.append("sliding-window layers run full causal attention")
+    if model_spec.mtp_layers:
+        notes.append("MTP modules not built")
+    if model_spec.is_moe:
+        notes.append("MoE: softmax top-k router, dropless, no auxiliary loss; routed experts not FSDP-sharded")
+    if model_spec.mla is None and model_spec.kv_heads < layout.tp:
+        notes.append(f"KV heads copied {layout.tp // model_spec.kv_heads}x to reach tp={layout.tp} "
+                     "(copies' gradients summed, so they stay equal)")
+    return notes
+
+
+def build_stages(model_spec, layout, meshes, seq_len: int, seed: int, device):
+    """This pipeline rank's (virtual) stages, built, initialised and parallelised, in torchtitan's order.
+    Returns (plans, modules, fsdp_wrapped, recomputed module names)."""
+    from autopar.profile import context_parallel, expert_parallel, fsdp, pipeline, recompute, tensor_parallel
+    from autopar.profile.model import Transformer, init_weights
+
+    kv_heads = model_spec.kv_heads if model_spec.mla is not None else max(model_spec.kv_heads, layout.tp)
+    tie = model_spec.tie_embeddings and layout.pp == 1     # across stages: two copies kept equal (pipeline.py)
+    plans = pipeline.stage_plans(layout, model_spec.num_layers, meshes.local_rank("pp"))
+    modules, wrapped, recomputed = [], False, []
+    for plan in plans:
+        m = Transformer(model_spec, seq_len, plan.layer_ids, plan.first, plan.last, kv_heads=kv_heads, tie=tie)
+        init_weights(m, seed)
+        m.to(device)
+        context_parallel.apply_context_parallel(m, meshes.world["cp"], seq_len)
+        expert_parallel.apply_expert_parallel(m, meshes)
+        tensor_parallel.apply_tensor_parallel(m, meshes.world["tp"], layout.sp)
+        recomputed = recompute.apply_recompute(m, layout)
+        wrapped = fsdp.apply_data_parallel(m, meshes, layout)
+        modules.append(m)
+    return plans, modules, wrapped, recomputed
+
+
+def train(spec: dict, rank: int) -> dict:
+    """Run the layout on this rank; returns this rank's result dict. The process group must exist."""
+    import torch
+    import torch.distributed as dist
+
+    from autopar.profile import expert_parallel, fsdp, pipeline, tensor_parallel
+    from autopar.profile.context_parallel import shard_sequence
+    from autopar.profile.mesh import applied_sizes, build_meshes
+    from autopar.profile.model import loss_fn, synthetic_batch
+    from autopar.specs import Layout, ModelSpec, TrainingSpec
+
+    model_spec = ModelSpec.model_validate(spec["model"])
+    layout = Layout.model_validate(spec["layout"])
+    training = TrainingSpec.model_validate(spec["training"])
+    steps, seed = int(spec.get("steps", 4)), int(spec.get("seed", 0))
+    S, B, V = training.seq_len, training.global_batch, model_spec.vocab_size
+    cuda = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    torch.manual_seed(seed)
+    base_rss = _rss_gib()
+
+    meshes = build_meshes(layout, device.type)
+    _inject_fault(rank)
+    plans, modules, wrapped, recomputed = build_stages(model_spec, layout, meshes, S, seed, device)
+    kv_group = tensor_parallel.kv_replica_group(meshes.world["tp"], model_spec.kv_heads) \
+        if model_spec.mla is None else None
+    tied_group = pipeline.tied_embedding_group(meshes.world.mesh, model_spec.tie_embeddings)
+    params = [p for m in modules for p in m.parameters()]
+    if os.environ.get(OPTIMIZER_ENV, "adamw") == "sgd":
+        opt = torch.optim.SGD(params, lr=SGD_LR, foreach=False)
+    else:
+        opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.95), weight_decay=0.1, foreach=False)
+    schedule = pipeline.build_schedule(modules, plans, layout, meshes.world["pp"], device) if layout.pp > 1 else None
+    amp = contextlib.nullcontext()
+    if cuda:
+        amp = torch.autocast("cuda", dtype=torch.float16 if training.precision == "fp16" else torch.bfloat16)
+
+    dp, dp_rank = meshes.size("dp"), meshes.local_rank("dp")
+    per_dp, mbs, ga = B // dp, layout.micro_batch, layout.grad_accum
+    times, losses = [], []
+    for step in range(steps):
+        # The same global batch as the single-process run; this DP rank's rows, this CP rank's tokens.
+        data = synthetic_batch(step, B, S, V, seed)[dp_rank * per_dp:(dp_rank + 1) * per_dp]
+        inputs = shard_sequence(data[:, :-1], meshes.world["cp"]).to(device)
+        labels = shard_sequence(data[:, 1:], meshes.world["cp"]).to(device)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if schedule is not None:         # the schedule splits micro-batches and scales grads by 1/ga
+            with amp:
+                loss = pipeline.pipeline_step(schedule, plans, inputs, labels)
+        else:
+            model, total = modules[0], torch.zeros((), device=device)
+            for i in range(ga):
+                if wrapped:              # FSDP reduce-scatters once, after the last micro-batch
+                    model.set_requires_gradient_sync(i == ga - 1)
+                with amp:
+                    mb_loss = loss_fn(model(inputs[i * mbs:(i + 1) * mbs]), labels[i * mbs:(i + 1) * mbs]) / ga
+                mb_loss.backward()
+                total += mb_loss.detach()
+            loss = float(total)
+        for m in modules:                # hand-written gradient reductions (each a no-op when not needed)
+            tensor_parallel.sync_kv_replica_grads(m, kv_group)
+            pipeline.sync_tied_embedding_grads([m], tied_group)
+            if not wrapped:
+                fsdp.allreduce_grads(m, meshes)
+            expert_parallel.sync_expert_grads(m, meshes)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(float("nan") if loss is None else loss)
+        print(f"[rank {rank}] step {step + 1}/{steps} {times[-1]:.3f}s"
+              + (f" loss {loss:.5f}" if loss is not None else ""), file=sys.stderr, flush=True)
+
+    # Global loss = mean over the dp·cp ranks of the last stage; step time = slowest rank.
+    loss_t = torch.tensor(losses, dtype=torch.float64, device=device).nan_to_num(0.0)
+    dist.all_reduce(loss_t, group=meshes.dp_cp.get_group())
+    loss_t /= meshes.dp_cp.size()
+    time_t = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(time_t, op=dist.ReduceOp.MAX)
+    holder = (meshes.local_rank("pp") == layout.pp - 1 and meshes.dp_cp.get_local_rank() == 0
+              and meshes.local_rank("tp") == 0)
+    if cuda:
+        peak, how = torch.cuda.max_memory_allocated() / 2**30, "torch.cuda.max_memory_allocated"
+    else:
+        peak, how = max(0.0, _rss_gib() - base_rss), "peak RSS growth after process-group init (ru_maxrss)"
+    applied = applied_sizes(meshes)
+    dist.barrier()      # nobody tears the groups down while a peer still talks (gloo aborts otherwise)
+    applied.update({
+        "vpp": len(plans) if layout.pp > 1 else 1, "sp": bool(layout.sp and layout.tp > 1),
+        "data_parallel": fsdp.describe(layout, meshes), "recompute": recomputed,
+        "schedule": pipeline.schedule_name(layout), "micro_batch": mbs, "grad_accum": ga,
+        "stage_layers": [p.layer_ids for p in plans], "backend": dist.get_backend(),
+        "dtype": "fp32" if not cuda else ("fp16" if training.precision == "fp16" else "bf16 autocast"),
+        "context_parallel": "ring attention, zig-zag split" if layout.cp > 1 else "none",
+    })
+    return {"rank": rank, "ok": True, "failure": None, "step_times_s": time_t.tolist(),
+            "losses": loss_t.tolist() if holder else [], "loss_rank": holder, "peak_mem_gib": peak,
+            "mem_method": how, "applied": applied, "approximations": approximations(model_spec, layout),
+            "tokens_per_step": B * S}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autopar.profile.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, type=Path, help="JSON run spec (see the module docstring)")
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec.read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    out_dir = Path(spec.get("result_dir") or args.spec.parent)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
+    code = 0
+    try:
+        import torch
+        import torch.distributed as dist
+        backend = spec.get("backend", "auto")
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            need, have = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
+            if need > have:
+                raise RuntimeError(f"NCCL needs one GPU per rank: {need} ranks on this node, {have} GPUs")
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if "MASTER_ADDR" not in os.environ:   # plain `python -m ...`: a world of one
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29511", RANK="0", WORLD_SIZE="1")
+        dist.init_process_group(backend, timeout=timedelta(seconds=float(spec.get("timeout_s", 600))))
+        try:
+            result = train(spec, rank)
+        finally:
+            dist.destroy_process_group()
+    except BaseException as err:  # noqa: BLE001 - every failure becomes a result, then a non-zero exit
+        traceback.print_exc()
+        result = {"rank": rank, "ok": False, "failure": classify(err), "time": time.time()}
+        code = 1
+    tmp = out_dir / f"rank{rank}.json.tmp"
+    tmp.write_text(json.dumps(result))
+    tmp.replace(out_dir / f"rank{rank}.json")
+    return code
+
+
+if __name__ == "__main__":
+    status = main()
+    # Leave without running C++ static destructors: a torch/gloo background thread torn down at interpreter
+    # exit sometimes aborts the process ("terminate called without an active exception") after the result
+    # was already written, which torchrun would report as a failed run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
