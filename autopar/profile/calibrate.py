@@ -324,6 +324,11 @@ def fit_efficiency(hardware: HardwareSpec, rows: Sequence[Observation], *, estim
         if weak:
             notes.append("only a combination of these is determined by these layouts (they trade off): "
                          + ", ".join(weak) + "; add layouts that separate them")
+    pinned = [f"{names[i]}={theta[i]:g}" for i in fit_idx
+              if (theta[i] <= lo[i] + 1e-9 or theta[i] >= hi[i] - 1e-9) and abs(theta[i] - start[i]) > 1e-9]
+    if pinned:
+        notes.append("ended at the bound of its valid range: " + ", ".join(pinned)
+                     + " (the cost model may lack a term this constant is standing in for)")
     fitted_hw = with_constants(hardware, {names[i]: float(theta[i]) for i in fit_idx})
     report = FitReport(
         constants={names[i]: (float(start[i]), float(theta[i])) for i in fit_idx},

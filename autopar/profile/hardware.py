@@ -346,6 +346,27 @@ def _rss_gib() -> float:
     return float("nan")
 
 
+def _concurrent_compute(cfg: dict, world: int, device: Any) -> dict:
+    """GEMM TFLOP/s and copy bandwidth measured on every rank at the same time; the slowest rank's figures.
+
+    On a CPU the processes share cores, caches and memory bandwidth, so what one "GPU" achieves while the
+    others work — the situation of a training step — can be far below what a lone process achieves."""
+    import torch
+    import torch.distributed as dist
+    shapes = [GemmShape(*s) for s in cfg["shapes"]]
+    dev = device.type
+    dist.barrier()
+    res = measure_gemm(shapes, cfg.get("precisions"), device=dev, min_time_s=cfg.get("min_time", 0.15))
+    dist.barrier()
+    copy = measure_copy_bandwidth(device=dev)
+    names = sorted(res["tflops"])
+    vals = torch.tensor([res["tflops"][p] for p in names] + [copy], dtype=torch.float64, device=device)
+    dist.all_reduce(vals, op=dist.ReduceOp.MIN)
+    vals = vals.tolist()
+    return {"kind": "compute", "n": world, "tflops": dict(zip(names, vals[:-1])), "copy_tbps": vals[-1],
+            "probe_only": res["probe_only"], "shapes": res["shapes"], "threads": torch.get_num_threads()}
+
+
 def _worker_main(argv: list[str]) -> int:
     """One rank of a measurement group.
 
@@ -362,11 +383,13 @@ def _worker_main(argv: list[str]) -> int:
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--min-time", type=float, default=0.1)
     p.add_argument("--max-iters", type=int, default=50)
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
+    p.add_argument("--gemm", default=None, help="JSON file: GEMM shapes to time on every rank at once")
     a = p.parse_args(argv)
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(max(1, a.threads))
     rank = a.rank if a.rank is not None else int(os.environ["RANK"])
     world = a.world if a.world is not None else int(os.environ["WORLD_SIZE"])
     cuda = torch.cuda.is_available()
@@ -385,6 +408,8 @@ def _worker_main(argv: list[str]) -> int:
 
     try:
         emit({"kind": "start", "n": world, "backend": dist.get_backend(), "rss_gib": _rss_gib()})
+        if a.gemm:
+            emit(_concurrent_compute(json.loads(Path(a.gemm).read_text()), world, device))
         nbytes, t = _bench_collective("all_reduce", _LATENCY_PROBE_BYTES, world, rank, device, a.min_time,
                                       a.max_iters)
         emit({"kind": "latency", "n": world, "bytes": nbytes, "seconds": t,
@@ -421,20 +446,29 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 def run_collectives(n: int, sizes_mib: list[float], ops: list[str], *, timeout_s: float,
                     on_record: Callable[[dict], None] | None = None, min_time_s: float = 0.1,
-                    max_iters: int = 50) -> list[dict]:
+                    max_iters: int = 50, threads: int = 1,
+                    gemm_shapes_: list[GemmShape] | None = None) -> list[dict]:
     """Measure ``ops`` at ``sizes_mib`` in one group of ``n`` local processes; returns rank 0's records.
+
+    ``gemm_shapes_``: also time these GEMMs (and a memory copy) on all ranks at once first (a 'compute'
+    record). ``threads``: CPU threads per rank.
 
     Raises :class:`ProfileError` when a rank fails or the group exceeds ``timeout_s`` (every process started
     is stopped first). Records already measured are attached to the error as ``.records``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH", "")]))
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: loopback, whatever the hostname resolves to
-    env["OMP_NUM_THREADS"] = "1"
+    env["OMP_NUM_THREADS"] = str(max(1, threads))
     records: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="autopar-hw-") as tmp:
         results = Path(tmp) / "results.jsonl"
         results.touch()
         rdzv = Path(tmp) / "rendezvous"
+        extra: list[str] = ["--threads", str(threads)]
+        if gemm_shapes_:
+            cfg = Path(tmp) / "gemm.json"
+            cfg.write_text(json.dumps({"shapes": [[g.label, g.m, g.k, g.n] for g in gemm_shapes_]}))
+            extra += ["--gemm", str(cfg)]
         procs: list[subprocess.Popen] = []
         logs = []
         pos = 0
@@ -460,7 +494,7 @@ def run_collectives(n: int, sizes_mib: list[float], ops: list[str], *, timeout_s
                 cmd = [sys.executable, "-m", "autopar.profile.hardware", "--worker", "--rank", str(rank),
                        "--world", str(n), "--rendezvous", str(rdzv), "--results", str(results),
                        "--sizes-mib", ",".join(repr(float(s)) for s in sizes_mib), "--ops", ",".join(ops),
-                       "--min-time", str(min_time_s), "--max-iters", str(max_iters)]
+                       "--min-time", str(min_time_s), "--max-iters", str(max_iters), *extra]
                 procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL))
             deadline = time.monotonic() + timeout_s
@@ -575,20 +609,18 @@ def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[f
 
     device = _device()
     raw["device"] = device
+    # On CPU each process plays one GPU: it gets its share of the cores, as the runner's workers do (one
+    # thread each when world >= cores).
+    threads = max(1, (os.cpu_count() or 1) // world) if device == "cpu" else 1
+    shapes = gemm_shapes(model, tokens)
     if gemm:
-        shapes = gemm_shapes(model, tokens)
-        # On CPU each process plays one GPU: measure with its share of the cores, as the runner's workers
-        # (one thread each when world >= cores) compute.
-        threads = max(1, (os.cpu_count() or 1) // world) if device == "cpu" else None
         say(f"GEMM on {device} ({'model ' + model.name + f', {tokens} tokens' if model else 'square shapes'}"
-            + (f", {threads} thread(s) per process" if threads else "") + ")")
-        raw["gemm"] = measure_gemm(shapes, device=device, threads=threads, progress=say)
-        copy = measure_copy_bandwidth(device=device, threads=threads)
-        if device == "cpu" and world > (os.cpu_count() or 1):
-            copy *= (os.cpu_count() or 1) / world  # more processes than cores share them
+            + (f", {threads} thread(s) per process" if device == "cpu" else "") + "), one process alone")
+        raw["gemm"] = measure_gemm(shapes, device=device, threads=threads if device == "cpu" else None,
+                                   progress=say)
+        copy = measure_copy_bandwidth(device=device, threads=threads if device == "cpu" else None)
         raw["copy_tbps"] = copy
-        say(f"copy bandwidth per process: {copy * 1e3:.1f} GB/s (read + write)")
-
+        say(f"copy bandwidth, one process alone: {copy * 1e3:.1f} GB/s (read + write)")
     groups = group_sizes(world)
     if not groups:
         say("world = 1: no collectives to measure")
@@ -601,9 +633,15 @@ def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[f
                 emit(_row(rec))
             elif rec["kind"] == "start":
                 say(f"group of {n}: backend {rec['backend']}")
+            elif rec["kind"] == "compute":
+                say(f"all {n} processes at once, slowest: GEMM GFLOP/s "
+                    + ", ".join(f"{p} {v * 1e3:,.1f}" for p, v in rec["tflops"].items())
+                    + f"; copy {rec['copy_tbps'] * 1e3:.1f} GB/s")
+        concurrent = gemm and device == "cpu" and n == world
         try:
             recs = run_collectives(n, sizes, list(ops), timeout_s=timeout_s, on_record=on_record,
-                                   min_time_s=min_time_s)
+                                   min_time_s=min_time_s, threads=threads,
+                                   gemm_shapes_=shapes if concurrent else None)
         except ProfileError as err:
             recs = getattr(err, "records", [])
             raw["failures"].append(str(err))
@@ -627,11 +665,16 @@ def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[f
 def _describe_machine(raw: dict, world: int, table: MeasuredCollectives | None, name: str | None,
                       cpu_math: str = "fp32") -> HardwareSpec:
     """A HardwareSpec for this machine where every process plays one GPU (see :func:`profile_hardware`)."""
-    tf = dict(raw.get("gemm", {}).get("tflops", {}))
-    if not tf:
+    if not raw.get("gemm"):
         raise ProfileError("a description of this machine needs the GEMM measurement (no --base given)")
-    probe = raw["gemm"].get("probe_only") or []
-    measured = ", ".join(f"{p} {v * 1e3:,.1f}" for p, v in tf.items())
+    together = next((r for r in raw["records"] if r["kind"] == "compute"), None)
+    # All processes computing at once is the situation of a training step; a lone process is the fallback.
+    tf = dict((together or raw["gemm"])["tflops"])
+    copy_tbps = together["copy_tbps"] if together else raw.get("copy_tbps", 0.01)
+    probe = (together or raw["gemm"]).get("probe_only") or []
+    measured = ", ".join(f"{p} {v * 1e3:,.1f}" for p, v in tf.items()) + (
+        f" per process with all {world} computing at once (alone: "
+        + ", ".join(f"{p} {v * 1e3:,.1f}" for p, v in raw["gemm"]["tflops"].items()) + ")" if together else "")
     if raw["device"] == "cpu":
         # autopar's CPU runner (autopar.profile.worker) computes in `cpu_math` whatever training.precision
         # says, so the peak a training spec's precision looks up must be that rate.
@@ -661,7 +704,7 @@ def _describe_machine(raw: dict, world: int, table: MeasuredCollectives | None, 
         peak_tflops_bf16=max(bf16, 1e-6),
         peak_tflops_fp16=max(fp16, 1e-6),
         hbm_gib=round(_meminfo_total_gib() / world, 3),
-        hbm_tbps=max(raw.get("copy_tbps", 0.01), 1e-6),
+        hbm_tbps=max(copy_tbps, 1e-6),
         gpus_per_node=world,
         nvlink_domain_size=world,
         nvlink_gbps=round(link, 3),
@@ -674,14 +717,30 @@ def _describe_machine(raw: dict, world: int, table: MeasuredCollectives | None, 
     )
 
 
+def compute_summary(raw: dict) -> list[str]:
+    """GEMM and copy figures, alone and (CPU) with every process computing at once."""
+    lines = []
+    gemm = raw.get("gemm", {}).get("tflops")
+    if gemm:
+        thr = raw["gemm"].get("threads")
+        lines.append("GEMM GFLOP/s, one process alone" + (f" ({thr} thread(s))" if thr else "") + ": "
+                     + ", ".join(f"{p} {v * 1e3:,.1f}" for p, v in gemm.items())
+                     + (f"; copy {raw['copy_tbps'] * 1e3:.1f} GB/s" if raw.get("copy_tbps") else ""))
+    for r in raw.get("records", []):
+        if r["kind"] == "compute":
+            lines.append(f"GEMM GFLOP/s per process, all {r['n']} at once (slowest): "
+                         + ", ".join(f"{p} {v * 1e3:,.1f}" for p, v in r["tflops"].items())
+                         + f"; copy {r['copy_tbps'] * 1e3:.1f} GB/s")
+    return lines
+
+
 def file_header(spec: HardwareSpec, raw: dict) -> str:
     """YAML comment lines: where the file comes from and the full bus-bandwidth table."""
     lines = [f"# Written by 'autopar profile hardware' on {raw.get('host', '?')} ({raw.get('cpu', '?')}), "
              f"{raw['world']} processes on {raw.get('device', '?')}, {time.strftime('%Y-%m-%d %H:%M')}.",
              f"# Cross-node: {raw['cross_node']}."]
-    gemm = raw.get("gemm", {}).get("tflops")
-    if gemm:
-        lines.append("# GEMM GFLOP/s: " + ", ".join(f"{p} {v * 1e3:,.1f}" for p, v in gemm.items()))
+    for line in compute_summary(raw):
+        lines.append("# " + line)
     tab = raw.get("busbw_gbps", {})
     if tab:
         lines.append("# Bus bandwidth GB/s (nccl-tests definition) by op, group size and message MiB:")
@@ -780,9 +839,8 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
         m = spec.measured_busbw_gbps
         parts = [f"{OP_LABELS[op]}={dict(getattr(m, op))}" for op in OPS if getattr(m, op)]
         print(f"Measured BW (GB/s, {m.message_mib:g} MiB): " + ", ".join(parts))
-    gemm = raw.get("gemm", {}).get("tflops")
-    if gemm:
-        print("GEMM GFLOP/s: " + ", ".join(f"{p} {v * 1e3:,.1f}" for p, v in gemm.items()))
+    for line in compute_summary(raw):
+        print(line)
     write_new_file(spec, out, file_header(spec, raw), force=args.force)
     print(f"wrote {out}", file=sys.stderr)
     return 0
