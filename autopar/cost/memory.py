@@ -119,32 +119,56 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout) -> tupl
     return kept, (working if mods else 0.0)
 
 
-def stage_memory(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec) -> MemoryBreakdown:
+def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes on one GPU of the stage, after ZeRO sharding."""
     dense, expert = stage_params(prof, st, L)
     sd, se = shard_groups(L)
     z = L.zero_stage
     w = tr.weight_bytes * (dense / (sd if z >= 3 else 1) + expert / (se if z >= 3 else 1))
     g = tr.grad_bytes * (dense / (sd if z >= 2 else 1) + expert / (se if z >= 2 else 1))
     o = tr.optimizer_bytes * (dense / (sd if z >= 1 else 1) + expert / (se if z >= 1 else 1))
+    return w, g, o
 
+
+def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
+                     elems: tuple[float, float] | None = None) -> float:
+    """Stored activations of the in-flight micro-batches (+ logits and MTP on the last stage).
+    ``elems`` = activation_elems_per_token(prof, st, L) when the caller has it already."""
     mb_tokens = L.micro_batch * tr.seq_len
     e = tr.activation_bytes
-    kept, working = activation_elems_per_token(prof, st, L)
+    kept, working = elems if elems is not None else activation_elems_per_token(prof, st, L)
     act = mb_tokens * e * (kept * inflight_layer_microbatches(st, L) + working)
     if st.is_last:
         act += mb_tokens / (L.cp * L.tp) * prof.vocab * (e + 4) * (1 + prof.model.mtp_layers)
         if prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight micro-batch
             act += mb_tokens * e * (kept / max(st.n_layers, 1)) * prof.model.mtp_layers * min(st.pp, L.grad_accum)
+    return act
 
-    h = prof.hidden
+
+def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
+    """Communication, FSDP-gather and FP8 weight-copy buffers."""
+    mb_tokens = L.micro_batch * tr.seq_len
+    e, h = tr.activation_bytes, prof.hidden
     buf = mb_tokens / L.cp * h * e                      # gathered SP/TP input of one linear
     if prof.is_moe and st.sum(prof, "moe_layers"):
         buf += 2 * mb_tokens / (L.cp * L.tp) * prof.top_k * h * e
-    if z >= 3:
+    dense, expert = stage_params(prof, st, L)
+    if L.zero_stage >= 3:
         per_layer = (dense + expert) / max(st.n_layers, 1)
         buf += per_layer * (2 * tr.weight_bytes + tr.grad_bytes)
     if tr.precision in _FP8:
-        buf += (dense + expert) / (sd if z >= 3 else 1)  # 1-byte FP8 weight copies
-    modeled = w + g + o + act + buf
-    reserve = hw.reserve_gib * GIB + hw.fragmentation * modeled
+        buf += (dense + expert) / (shard_groups(L)[0] if L.zero_stage >= 3 else 1)  # 1-byte FP8 weight copies
+    return buf
+
+
+def reserve_bytes(modeled: float, hw: HardwareSpec) -> float:
+    """Framework reserve: hardware.reserve_gib plus hardware.fragmentation of the modelled bytes."""
+    return hw.reserve_gib * GIB + hw.fragmentation * modeled
+
+
+def stage_memory(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec) -> MemoryBreakdown:
+    w, g, o = model_state_bytes(prof, st, L, tr)
+    act = activation_bytes(prof, st, L, tr)
+    buf = buffer_bytes(prof, st, L, tr)
+    reserve = reserve_bytes(w + g + o + act + buf, hw)
     return MemoryBreakdown(w / GIB, g / GIB, o / GIB, act / GIB, buf / GIB, reserve / GIB)

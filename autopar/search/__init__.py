@@ -8,7 +8,7 @@ from pathlib import Path
 
 from autopar.cost import Estimate, Estimator
 from autopar.errors import AutoparInputError
-from autopar.search.cpsat import LayoutModel, build_tables
+from autopar.search.cpsat import LayoutModel, build_candidates
 from autopar.search.exhaustive import exhaustive_search
 from autopar.search.plan import Plan
 from autopar.search.space import SearchOptions, build_space
@@ -64,9 +64,9 @@ def explain_infeasible(model: ModelSpec, hardware: HardwareSpec, training: Train
     if "hbm capacity" in blamed or not blamed:
         space = build_space(model, hardware, training, gpus, options)
         est = Estimator(model, hardware, training, gpus)
-        tables = build_tables(space, est)
-        if tables.meshes:
-            res = LayoutModel(space, tables, drop=("hbm capacity",), objective="memory").solve(1, 10.0)
+        cands = build_candidates(space, est, 1)
+        if len(cands.step_us):
+            res = LayoutModel(cands, drop=("hbm capacity",), objective="memory").solve(1, 10.0)
             if res.solutions:
                 a = res.solutions[0].assignment
                 L = space.layout(a[0], space.mbs[a[1]], space.recompute[a[2]], space.vpp[a[3]], space.zero[a[4]])
@@ -119,12 +119,13 @@ def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, tr
         if progress:
             progress(f"building cost tables for {len(space.meshes)} meshes x {space.size // max(len(space.meshes), 1)} "
                      "knob settings")
-        tables = build_tables(space, est)
+        cands = build_candidates(space, est, options.top_k)
         res = None
-        if tables.meshes:
+        if len(cands.step_us):
             if progress:
-                progress(f"solving CP-SAT over {len(tables.meshes)} valid meshes")
-            res = LayoutModel(space, tables).solve(options.top_k, options.time_limit_s, options.workers)
+                progress(f"solving CP-SAT over {len(cands.step_us):,} candidate layouts "
+                         f"(of {cands.total:,} on valid meshes, after exact Pareto pruning)")
+            res = LayoutModel(cands).solve(options.top_k, options.time_limit_s, options.workers)
         plans = []
         for sol in res.solutions if res else []:
             a = sol.assignment
@@ -136,8 +137,8 @@ def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, tr
         status = res.status if res else "INFEASIBLE"
         gap = res.gap if res else 0.0
         if not plans and explain:
-            blamed = res.blamed_groups if res else sorted(tables.first_problem)
-            explanation = explain_infeasible(model, hardware, training, gpus, options, blamed, tables.first_problem)
+            blamed = res.blamed_groups if res else sorted(cands.first_problem)
+            explanation = explain_infeasible(model, hardware, training, gpus, options, blamed, cands.first_problem)
     return SolveResult(plans, status, gap, time.perf_counter() - t0, space.size, len(space.meshes), method,
                        heur, reasons, explanation)
 

@@ -1,24 +1,25 @@
-"""The CP-SAT model: the fastest layouts that fit, over the whole search space, with named constraint groups.
+"""The CP-SAT model: the fastest layouts that fit, with named constraint groups.
 
-Decision variables (one integer each): ``mesh`` (index of a (tp, cp, pp, ep, etp) world factorisation),
-``mbs``, ``recompute``, ``vpp`` and ``zero`` (indices into their candidate lists).
-
-Constraint groups (each behind an assumption literal, so an infeasible model names the groups to blame):
-  world size, min_gpus .......... dp = N/(tp·cp·pp), edp = N/(pp·ep·etp) whole; N >= PP·max(TP·CP, EP·ETP)
-  tensor parallel ............... heads, KV heads, FFN widths divisible by tp
-  sequence parallel, context parallel, experts, pipeline layers, recompute, topology (TP and EP·ETP inside
-  the NVLink domain unless crossing is allowed) .. table constraints on ``mesh`` (rules from check_layout)
-  batch ......................... global batch = dp·mbs·GA: table on (mesh, mbs)
-  interleaving .................. vpp > 1 needs pp > 1 and GA % pp == 0: table on (mesh, mbs, vpp)
-  hbm capacity .................. for every distinct pipeline stage: weights+grads+optimizer(mesh, zero)
-                                  + activations(mesh, mbs, recompute, vpp) + buffers(mesh, mbs, zero)
-                                  <= (HBM − reserve)/(1 + fragmentation)
-
-Objective: the step time of :class:`autopar.cost.Estimator`, as the sum of four element lookups into
-precomputed term tables — steady state M·t_mb(mesh, mbs, recompute), bubble(mesh, mbs, recompute, vpp),
-p2p(mesh, mbs, vpp), DP + optimizer tail(mesh, zero, mbs) — in integer microseconds. Every table entry comes
-from the Estimator's own per-stage term functions, so the objective equals ``estimate(layout)`` up to the
-integer rounding (tested).
+1. Term tables. For every valid mesh m = (tp, cp, pp, ep, etp) the Estimator's own per-stage functions fill
+   tables keyed by the few axes each term depends on (j = micro-batch, r = recompute, k = vpp, z = ZeRO):
+     steady[m,j,r] = M·t_mb (compute + tp + cp + ep of the slowest stage)   bubble[m,j,r,k] = (pp−1)·t_mb/v
+     p2p[m,j,k]    tail[m,z,j] = max over stages of (exposed DP/FSDP + optimizer)
+     per distinct stage s: states[m,z,s] + activations[m,j,r,k,s] + buffers[m,z,j,s]   (memory)
+2. Candidates. The tables are summed (numpy broadcasting) into the step time and the fullest stage's memory
+   of every (m, j, r, k, z): each is exactly ``Estimator.estimate`` of that layout (tested). Within a mesh and
+   a batch/interleaving status only the top_k fastest layouts that fit, and the smallest one that does not,
+   can ever be an answer; the rest are dropped (exact pruning, see ``_prune``).
+3. CP-SAT. One Boolean per remaining candidate, ``ExactlyOne`` of them; objective Σ step_i·x_i in integer
+   microseconds. This is the one-hot (linear) form of an element constraint: CP-SAT's presolve spends
+   minutes probing large element/table constraints over these tables, while the one-hot model solves in
+   milliseconds with its LP relaxation. Constraint groups, each behind an assumption literal so an
+   infeasible model names the groups to blame:
+     world size, min_gpus, tensor parallel, sequence parallel, context parallel, experts, pipeline layers,
+     recompute, topology, sharding .... candidates whose mesh breaks the group are off  (Σ x_i = 0)
+     batch ........................... global batch = dp·mbs·GA
+     interleaving .................... vpp > 1 needs pp > 1 and GA % pp == 0
+     hbm capacity .................... Σ mem_i·x_i <= (HBM − reserve)/(1 + fragmentation)
+   Top-K: re-solve with the previous answers forbidden (no-good cuts).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from autopar.cost import Estimator
-from autopar.cost.memory import stage_memory
+from autopar.cost.memory import activation_bytes, activation_elems_per_token, buffer_bytes, model_state_bytes
 from autopar.cost.pipeline import p2p_time
+from autopar.cost.result import GIB
 from autopar.search.space import Space
 from autopar.specs.layout import check_layout_groups
 
@@ -42,31 +45,26 @@ ALL_GROUPS = MESH_GROUPS + ("batch", "interleaving", "hbm capacity")
 
 
 @dataclass
-class Tables:
-    meshes: list[int]                       # indices into space.meshes that are modelled
-    mesh_ok: dict[str, list[int]]           # group -> allowed positions in ``meshes``
-    batch_ok: list[tuple[int, int]]
-    inter_ok: list[tuple[int, int, int]]
-    steady: list[int]
-    bubble: list[int]
-    p2p: list[int]
-    tail: list[int]
-    states: list[list[int]]                 # per stage slot
-    act: list[list[int]]
-    buf: list[list[int]]
+class Candidates:
+    """Layouts the CP-SAT model chooses from, with their step time, peak memory and broken groups."""
+
+    assignment: np.ndarray      # (n, 5): mesh index in space.meshes, mbs, recompute, vpp, zero indices
+    step_us: np.ndarray         # (n,) integer microseconds
+    mem_mib: np.ndarray         # (n,) integer MiB, modelled bytes of the fullest stage before the reserve
+    broken: dict[str, np.ndarray]  # group -> (n,) bool
     mem_cap: int
+    total: int                  # layouts before pruning
     build_s: float = 0.0
-    first_problem: dict[str, str] = field(default_factory=dict)  # group -> an example message
+    first_problem: dict[str, str] = field(default_factory=dict)
 
 
-def build_tables(space: Space, est: Estimator, only_valid_meshes: bool = True) -> Tables:
+def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes: bool = True) -> Candidates:
     t0 = time.perf_counter()
     J, R, K, Z = len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
-    hw, tr = space.hardware, space.training
+    hw, tr, prof = space.hardware, space.training, est.profile
     cross = space.options.allow_cross_domain
-    positions: list[int] = []
-    mesh_ok: dict[str, list[int]] = {g: [] for g in MESH_GROUPS}
     first_problem: dict[str, str] = {}
+    meshes, mesh_bad = [], []
     for mi, (tp, cp, pp, ep, etp) in enumerate(space.meshes):
         if space.splits.get(pp) is None:
             first_problem.setdefault("pipeline layers", f"{space.model.num_layers} layers cannot be split over pp={pp}")
@@ -79,60 +77,96 @@ def build_tables(space: Space, est: Estimator, only_valid_meshes: bool = True) -
                 first_problem.setdefault(g, msg)
         if only_valid_meshes and bad:
             continue
-        pos = len(positions)
-        positions.append(mi)
-        for g in MESH_GROUPS:
-            if g not in bad:
-                mesh_ok[g].append(pos)
-    nm = len(positions)
-    slots = max((len(est.stages(space.layout(mi, 1, "none", 1, 1).stage_layers)) for mi in positions), default=1)
-    steady, bubble, p2p, tail = [0] * (nm * J * R), [0] * (nm * J * R * K), [0] * (nm * J * K), [0] * (nm * Z * J)
-    states = [[0] * (nm * Z) for _ in range(slots)]
-    act = [[0] * (nm * J * R * K) for _ in range(slots)]
-    buf = [[0] * (nm * Z * J) for _ in range(slots)]
-    batch_ok, inter_ok = [], []
+        meshes.append(mi)
+        mesh_bad.append(bad)
+    nm = len(meshes)
+    slots = max((len(est.stages(space.layout(mi, 1, "none", 1, 1).stage_layers)) for mi in meshes), default=1)
+    steady = np.zeros((nm, J, R))
+    bubble = np.zeros((nm, J, R, K))
+    p2p = np.zeros((nm, J, K))
+    tail = np.zeros((nm, Z, J))
+    states = np.zeros((slots, nm, Z))
+    act = np.zeros((slots, nm, J, R, K))
+    buf = np.zeros((slots, nm, Z, J))
+    batch_ok = np.zeros((nm, J), bool)
+    inter_ok = np.zeros((nm, J, K), bool)
     B = tr.global_batch
-    for pos, mi in enumerate(positions):
+    for pos, mi in enumerate(meshes):
         tp, cp, pp, ep, etp = space.meshes[mi]
         dp = space.gpus // (tp * cp * pp)
         stages = est.stages(space.layout(mi, 1, "none", 1, 1).stage_layers)
-        stage_of_slot = [stages[min(s, len(stages) - 1)] for s in range(slots)]
+        slot_stage = [stages[min(s, len(stages) - 1)] for s in range(slots)]
         for z_i, z in enumerate(space.zero):
             L = space.layout(mi, space.mbs[0], "none", 1, z)
-            for s, st in enumerate(stage_of_slot):
-                m = stage_memory(est.profile, st, L, tr, hw)
-                states[s][pos * Z + z_i] = round((m.weights + m.grads + m.optimizer) * SCALE_M)
+            for s, st in enumerate(slot_stage):
+                states[s, pos, z_i] = sum(model_state_bytes(prof, st, L, tr))
+        elems = {}
+        for r, rc in enumerate(space.recompute):
+            L = space.layout(mi, 1, rc, 1, 1)
+            for s, st in enumerate(slot_stage):
+                elems[r, s] = activation_elems_per_token(prof, st, L)
         for j, mbs in enumerate(space.mbs):
-            if B % (dp * mbs) == 0:
-                batch_ok.append((pos, j))
+            batch_ok[pos, j] = B % (dp * mbs) == 0
             M = max(1, B // (dp * mbs))
             for k, v in enumerate(space.vpp):
-                if v == 1 or (pp > 1 and M % pp == 0):
-                    inter_ok.append((pos, j, k))
-                p2p[(pos * J + j) * K + k] = round(p2p_time(space.layout(mi, mbs, "none", v, 1), tr, est.profile.hidden,
-                                                            hw, est.net) * SCALE_T)
+                inter_ok[pos, j, k] = v == 1 or (pp > 1 and M % pp == 0)
+                p2p[pos, j, k] = p2p_time(space.layout(mi, mbs, "none", v, 1), tr, prof.hidden, hw, est.net)
             for z_i, z in enumerate(space.zero):
                 L = space.layout(mi, mbs, "none", 1, z)
-                worst = 0.0
-                for st in stages:
-                    d, o = est.stage_tail(L, st)
-                    worst = max(worst, d + o)
-                tail[(pos * Z + z_i) * J + j] = round(worst * SCALE_T)
-                for s, st in enumerate(stage_of_slot):
-                    buf[s][(pos * Z + z_i) * J + j] = round(stage_memory(est.profile, st, L, tr, hw).buffers * SCALE_M)
+                tail[pos, z_i, j] = max(sum(est.stage_tail(L, st)) for st in stages)
+                for s, st in enumerate(slot_stage):
+                    buf[s, pos, z_i, j] = buffer_bytes(prof, st, L, tr)
             for r, rc in enumerate(space.recompute):
                 L = space.layout(mi, mbs, rc, 1, 1)
                 t_mb = max(sum(est.stage_times(L, st)[:4]) for st in stages)
-                a = (pos * J + j) * R + r
-                steady[a] = round(M * t_mb * SCALE_T)
+                steady[pos, j, r] = M * t_mb
                 for k, v in enumerate(space.vpp):
-                    bubble[a * K + k] = round((pp - 1) * t_mb / v * SCALE_T)
+                    bubble[pos, j, r, k] = (pp - 1) * t_mb / v
                     Lv = space.layout(mi, mbs, rc, v, 1) if v > 1 else L
-                    for s, st in enumerate(stage_of_slot):
-                        act[s][a * K + k] = round(stage_memory(est.profile, st, Lv, tr, hw).activations * SCALE_M)
+                    for s, st in enumerate(slot_stage):
+                        act[s, pos, j, r, k] = activation_bytes(prof, st, Lv, tr, elems[r, s])
+    # Compose every (m, j, r, k, z): axes order of the candidate grid.
+    step = (steady[:, :, :, None, None] + bubble[:, :, :, :, None] + p2p[:, :, None, :, None]
+            + np.transpose(tail, (0, 2, 1))[:, :, None, None, :])
+    mem = (states[:, :, None, None, None, :] + act[:, :, :, :, :, None]
+           + np.transpose(buf, (0, 1, 3, 2))[:, :, :, None, None, :]).max(axis=0)
+    shape = step.shape
+    step_us = np.rint(step * SCALE_T).astype(np.int64).reshape(nm, -1)
+    mem_mib = np.ceil(mem / GIB * SCALE_M).astype(np.int64).reshape(nm, -1)
+    b_bad = np.broadcast_to(~batch_ok[:, :, None, None, None], shape).reshape(nm, -1)
+    i_bad = np.broadcast_to(~inter_ok[:, :, None, :, None], shape).reshape(nm, -1)
     cap = int((hw.hbm_gib - hw.reserve_gib) / (1 + hw.fragmentation) * SCALE_M)
-    return Tables(positions, mesh_ok, batch_ok, inter_ok, steady, bubble, p2p, tail, states, act, buf, cap,
-                  time.perf_counter() - t0, first_problem)
+    keep = _prune(step_us, mem_mib, b_bad, i_bad, top_k, cap)
+    grid = np.stack(np.unravel_index(np.arange(step_us.shape[1]), shape[1:]), axis=1)   # (J·R·K·Z, 4)
+    pos_idx, flat_idx = np.nonzero(keep)
+    assignment = np.column_stack([np.asarray(meshes, dtype=np.int64)[pos_idx], grid[flat_idx]]) if nm else \
+        np.zeros((0, 5), np.int64)
+    broken = {g: np.array([g in mesh_bad[p] for p in pos_idx], bool) for g in MESH_GROUPS}
+    broken["batch"] = b_bad[pos_idx, flat_idx]
+    broken["interleaving"] = i_bad[pos_idx, flat_idx]
+    return Candidates(assignment, step_us[pos_idx, flat_idx], mem_mib[pos_idx, flat_idx], broken, cap,
+                      int(step_us.size), time.perf_counter() - t0, first_problem)
+
+
+def _prune(step: np.ndarray, mem: np.ndarray, b_bad: np.ndarray, i_bad: np.ndarray, top_k: int, cap: int
+           ) -> np.ndarray:
+    """Candidates that can be an answer, per mesh row and per batch/interleaving status: the top_k fastest
+    that fit in HBM, and the smallest that does not fit (so an infeasible model can still blame HBM and the
+    memory-minimising explanation finds the true minimum). Exact: any layout left out is slower than top_k
+    fitting layouts of the same mesh and status, or is not the smallest of the non-fitting ones."""
+    keep = np.zeros_like(step, dtype=bool)
+    status = b_bad.astype(np.int8) * 2 + i_bad
+    fits = mem <= cap
+    order = np.lexsort((np.arange(step.shape[1])[None, :].repeat(step.shape[0], 0), step), axis=1)
+    for p in range(step.shape[0]):
+        for st in np.unique(status[p]):
+            sel = order[p][status[p][order[p]] == st]
+            good = sel[fits[p][sel]][:top_k]
+            keep[p, good] = True
+            over = sel[~fits[p][sel]]
+            if len(over):
+                keep[p, over[np.argmin(mem[p][over])]] = True
+    return keep
 
 
 @dataclass
@@ -151,91 +185,40 @@ class CpResult:
 
 
 class LayoutModel:
-    """The CP-SAT model over one space's tables. ``drop`` removes constraint groups (for explanations);
+    """The CP-SAT model over one set of candidates. ``drop`` removes constraint groups (for explanations);
     ``objective='memory'`` minimises the fullest stage's memory instead of the step time."""
 
-    def __init__(self, space: Space, tables: Tables, drop: tuple[str, ...] = (), objective: str = "time"):
-        self.space, self.tables = space, tables
-        T = tables
+    def __init__(self, cands: Candidates, drop: tuple[str, ...] = (), objective: str = "time"):
+        self.cands = c = cands
         m = self.model = cp_model.CpModel()
-        nm = len(T.meshes)
-        J, R, K, Z = len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
-        self.mesh = m.NewIntVar(0, max(nm - 1, 0), "mesh")
-        self.j = m.NewIntVar(0, J - 1, "mbs")
-        self.r = m.NewIntVar(0, R - 1, "recompute")
-        self.k = m.NewIntVar(0, K - 1, "vpp")
-        self.z = m.NewIntVar(0, Z - 1, "zero")
+        n = len(c.step_us)
+        self.x = [m.NewBoolVar(f"x{i}") for i in range(n)]
+        m.AddExactlyOne(self.x)
         self.lits: dict[str, cp_model.IntVar] = {}
+        for g in ALL_GROUPS:
+            if g in drop:
+                continue
+            lit = self.lits[g] = m.NewBoolVar(g)
+            if g == "hbm capacity":
+                m.Add(cp_model.LinearExpr.WeightedSum(self.x, c.mem_mib.tolist()) <= c.mem_cap).OnlyEnforceIf(lit)
+            else:
+                bad = [self.x[i] for i in np.nonzero(c.broken[g])[0]]
+                if bad:
+                    m.Add(sum(bad) == 0).OnlyEnforceIf(lit)
+        self.objective = objective
+        weights = (c.mem_mib if objective == "memory" else c.step_us).tolist()
+        m.Minimize(cp_model.LinearExpr.WeightedSum(self.x, weights))
 
-        def group(name: str) -> cp_model.IntVar | None:
-            if name in drop:
-                return None
-            lit = self.lits[name] = m.NewBoolVar(name)
-            return lit
-
-        # Named constraint groups -------------------------------------------------------------------------
-        for g in MESH_GROUPS:
-            lit = group(g)
-            if lit is not None:
-                m.AddAllowedAssignments([self.mesh], [(p,) for p in T.mesh_ok[g]]).OnlyEnforceIf(lit)
-        lit = group("batch")
-        if lit is not None:
-            m.AddAllowedAssignments([self.mesh, self.j], T.batch_ok).OnlyEnforceIf(lit)
-        lit = group("interleaving")
-        if lit is not None:
-            m.AddAllowedAssignments([self.mesh, self.j, self.k], T.inter_ok).OnlyEnforceIf(lit)
-
-        # Term lookups: table constraints (value, *indices) over the precomputed term tables. CP-SAT
-        # propagates tables to arc consistency, far better than element constraints on a computed index.
-        def lookup(keys: list, shape: tuple[int, ...], values: list[int], name: str) -> cp_model.IntVar:
-            v = m.NewIntVar(min(values, default=0), max(values, default=0), name)
-            tuples = []
-            for flat, val in enumerate(values):
-                idx, rest = [], flat
-                for size in reversed(shape):
-                    idx.append(rest % size)
-                    rest //= size
-                tuples.append((*reversed(idx), val))
-            m.AddAllowedAssignments([*keys, v], tuples)
-            return v
-
-        mesh, j, r, k, z = self.mesh, self.j, self.r, self.k, self.z
-        self.step = (lookup([mesh, j, r], (nm, J, R), T.steady, "steady")
-                     + lookup([mesh, j, r, k], (nm, J, R, K), T.bubble, "bubble")
-                     + lookup([mesh, j, k], (nm, J, K), T.p2p, "p2p")
-                     + lookup([mesh, z, j], (nm, Z, J), T.tail, "tail"))
-        lit = group("hbm capacity")
-        mems = []
-        for s in range(len(T.states)):
-            mem = (lookup([mesh, z], (nm, Z), T.states[s], f"states{s}")
-                   + lookup([mesh, j, r, k], (nm, J, R, K), T.act[s], f"act{s}")
-                   + lookup([mesh, z, j], (nm, Z, J), T.buf[s], f"buf{s}"))
-            mems.append(mem)
-            if lit is not None:
-                m.Add(mem <= T.mem_cap).OnlyEnforceIf(lit)
-        if objective == "memory":
-            peak = m.NewIntVar(0, 10 ** 12, "peak_mem")
-            for mem in mems:
-                m.Add(peak >= mem)
-            m.Minimize(peak)
-            self.peak = peak
-        else:
-            m.Minimize(self.step)
-        # Deterministic tie-break hint order: smaller indices first (fewer degrees, smaller mbs).
-        m.AddDecisionStrategy([self.mesh, self.j, self.r, self.k, self.z], cp_model.CHOOSE_FIRST,
-                              cp_model.SELECT_MIN_VALUE)
-
-    def solve(self, top_k: int, time_limit_s: float, workers: int = 1) -> CpResult:
+    def solve(self, top_k: int, time_limit_s: float, workers: int = 2) -> CpResult:
         m = self.model
         m.AddAssumptions(list(self.lits.values()))
         sols: list[CpSolution] = []
         t0 = time.perf_counter()
-        status_name, gap = "INFEASIBLE", 0.0
-        blamed: list[str] = []
+        status_name, gap, blamed = "INFEASIBLE", 0.0, []
+        scale = SCALE_M if self.objective == "memory" else SCALE_T
         for rank in range(top_k):
             solver = cp_model.CpSolver()
-            left = time_limit_s - (time.perf_counter() - t0)
-            solver.parameters.max_time_in_seconds = max(0.05, left)
+            solver.parameters.max_time_in_seconds = max(0.05, time_limit_s - (time.perf_counter() - t0))
             solver.parameters.num_workers = workers
             solver.parameters.random_seed = 0
             st = solver.Solve(m)
@@ -243,18 +226,19 @@ class LayoutModel:
                 if rank == 0:
                     status_name = solver.StatusName(st)
                     if st == cp_model.INFEASIBLE:
-                        idx = {lit.Index(): name for name, lit in self.lits.items()}
-                        blamed = [idx[i] for i in solver.SufficientAssumptionsForInfeasibility() if i in idx]
+                        names = {lit.Index(): g for g, lit in self.lits.items()}
+                        blamed = [names[i] for i in solver.SufficientAssumptionsForInfeasibility() if i in names]
                 break
-            vals = tuple(int(solver.Value(v)) for v in (self.mesh, self.j, self.r, self.k, self.z))
+            chosen = next(i for i, x in enumerate(self.x) if solver.BooleanValue(x))
             if rank == 0:
                 status_name = solver.StatusName(st)
-                bound = solver.BestObjectiveBound()
-                gap = (solver.ObjectiveValue() - bound) / max(abs(solver.ObjectiveValue()), 1e-9)
-            obj = solver.ObjectiveValue() / (SCALE_T if not hasattr(self, "peak") else SCALE_M)
-            sols.append(CpSolution((self.tables.meshes[vals[0]],) + vals[1:], obj))
-            m.AddForbiddenAssignments([self.mesh, self.j, self.r, self.k, self.z], [vals])
+                obj = solver.ObjectiveValue()
+                gap = (obj - solver.BestObjectiveBound()) / max(abs(obj), 1e-9)
+            elif st != cp_model.OPTIMAL:
+                status_name = "FEASIBLE"
+            sols.append(CpSolution(tuple(int(v) for v in self.cands.assignment[chosen]),
+                                   solver.ObjectiveValue() / scale))
+            m.Add(self.x[chosen] == 0)   # no-good cut: the next solve finds the next-best layout
             if time.perf_counter() - t0 > time_limit_s:
-                status_name = "FEASIBLE" if status_name == "OPTIMAL" and rank + 1 < top_k else status_name
                 break
         return CpResult(sols, status_name, gap, time.perf_counter() - t0, blamed)
