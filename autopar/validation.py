@@ -8,8 +8,10 @@ tokens/s/GPU, taken from the row in this order:
      - Megatron-LM 2021 (rows ``mlm21-``): Narayanan et al. 2021, arXiv 2104.04473, eq. 3, which counts
        activation recomputation: F/token = 96·l·h²·(1 + s/(6h) + V/(16·l·h));
      - Megatron-Core (rows ``mcore08-``, ``moezoo-``): ``num_floating_point_operations`` of
-       megatron/training/training.py: F/token = 12·l·h²·[(1 + g/a + s/h)·(a·d/h) + (f/h)·k·γ + f_sh/h·γ
-       + V/(2·l·h)], γ = 3/2 for gated MLPs, 1 otherwise (full s×s attention, no recomputation);
+       megatron/training/training.py: F/token = 12·l·h²·[(1 + g/a + c·s/h)·(a·d/h) + (f/h)·k·γ + f_sh/h·γ
+       + V/(2·l·h)], γ = 3/2 for gated MLPs, 1 otherwise, no recomputation. c = 1 (full s×s attention) in
+       Megatron-Core r0.8 (the ``mcore08-`` rows, 2024); c = 1/2 for the 2025 Megatron-MoE ModelZoo runs
+       (``moezoo-``), whose Megatron-LM counts causal self-attention at half (``causal_self_attn``);
      - anything else (Llama 3 405B): autopar's own model FLOPs (an approximation, flagged in the output).
 Row fields the source leaves empty are filled with stated defaults (micro-batch 1, no recompute,
 non-interleaved pipeline, SP on when TP > 1 except in 2021 Megatron-LM which predates SP, ZeRO-1 except
@@ -94,11 +96,11 @@ def megatron2021_flops_per_token(m: ModelSpec, s: int) -> float:
     return 96.0 * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
 
 
-def megatron_core_flops_per_token(m: ModelSpec, s: int) -> float:
+def megatron_core_flops_per_token(m: ModelSpec, s: int, causal: bool = False) -> float:
     """Megatron-Core's num_floating_point_operations divided by B·s (GQA, gated MLP, MoE top-k)."""
     l, h, a, g = m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_heads
     gamma = 1.5 if m.gated_mlp else 1.0
-    attn = (1 + g / a + s / h) * (a * m.dim_per_head / h)
+    attn = (1 + g / a + (0.5 if causal else 1.0) * s / h) * (a * m.dim_per_head / h)
     if m.moe:
         n_moe = m.num_moe_layers
         mlp = ((l - n_moe) * m.ffn_hidden_size / h + n_moe * (m.moe.expert_ffn_hidden_size / h * m.moe.top_k
@@ -168,7 +170,8 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         if src == "mlm21":
             f, how = megatron2021_flops_per_token(model, seq), "TFLOP/s ÷ Megatron-2021 eq.3"
         elif src in ("mcore08", "moezoo"):
-            f, how = megatron_core_flops_per_token(model, seq), "TFLOP/s ÷ Megatron-Core formula"
+            f = megatron_core_flops_per_token(model, seq, causal=src == "moezoo")
+            how = "TFLOP/s ÷ Megatron-Core formula" + (" (causal)" if src == "moezoo" else "")
         else:
             f, how = model.training_flops_per_token(seq), "TFLOP/s ÷ autopar FLOPs (approx.)"
         tokens = tflops * 1e12 / f

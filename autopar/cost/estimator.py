@@ -45,6 +45,7 @@ class Estimator:
         self.net = Network(hardware)
         self.peak = hardware.peak_tflops(training.precision) * 1e12
         self.flops_per_s = self.peak * hardware.efficiency.gemm_for(training.precision)
+        self.hbm_bytes_per_s = hardware.hbm_tbps * 1e12 * hardware.efficiency.hbm
         self._stages: dict[tuple[int, ...], list[Stage]] = {}
 
     def resolve(self, layout: Layout, allow_cross_domain_tp: bool = True) -> Layout:
@@ -69,10 +70,10 @@ class Estimator:
     def stage_times(self, L: Layout, st: Stage) -> tuple[float, float, float, float, float]:
         """(compute, tp, cp, ep, forward-only compute) seconds of one micro-batch on stage ``st``."""
         prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
-        fwd_f, tot_f = _compute.microbatch_flops(prof, st, L, tr.seq_len)
-        return (tot_f / self.flops_per_s, tp_time_per_microbatch(prof, st, L, tr, hw, net),
+        t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.flops_per_s, self.hbm_bytes_per_s)
+        return (t_tot, tp_time_per_microbatch(prof, st, L, tr, hw, net),
                 cp_time_per_microbatch(prof, st, L, tr, hw, net, self.flops_per_s),
-                ep_time_per_microbatch(prof, st, L, tr, hw, net), fwd_f / self.flops_per_s)
+                ep_time_per_microbatch(prof, st, L, tr, hw, net), t_fwd)
 
     def stage_tail(self, L: Layout, st: Stage) -> tuple[float, float]:
         """(exposed DP/FSDP communication, optimizer) seconds per step of stage ``st``.
@@ -81,8 +82,8 @@ class Estimator:
         recomputation is not counted as hiding time (a conservative simplification)."""
         prof, tr, hw = self.profile, self.training, self.hardware
         dense, expert = stage_params(prof, st, L)
-        tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
-        t_fwd = _compute.forward_flops_per_token(prof, st) * tokens / self.flops_per_s
+        t_fwd = _compute.microbatch_time(prof, st, L.model_construct(**{**dict(L), "recompute": "none"}), tr,
+                                         self.flops_per_s, self.hbm_bytes_per_s)[1]
         dp_exposed, _ = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd)
         sd, se = shard_groups(L)
         p_local = dense / (sd if L.zero_stage >= 1 else 1) + expert / (se if L.zero_stage >= 1 else 1)

@@ -30,6 +30,7 @@ class LayerSums:
     mlp_flops: list[float]         # forward FLOPs of dense MLP / routed+shared experts per token
     moe_layers: list[float]        # 1 for MoE layers
     moe_mlp_flops: list[float]     # forward FLOPs per token of routed + shared experts (MoE layers only)
+    routed_flops: list[float]      # forward FLOPs per token of the k routed experts (grouped GEMMs)
     # Stored activation elements per token, by tensor (see ModelProfile for the derivation):
     act_norm_in: list[float]       # inputs of the two norms (2h); split by SP
     act_norm_out: list[float]      # outputs of the two norms = inputs of QKV and MLP linears (2h); split by SP
@@ -66,7 +67,7 @@ class ModelProfile:
             if is_moe:
                 mlp_f = 2.0 * (m.moe_layer_dense_part_params + m.moe.top_k * m.expert_params)
                 row.update(dense_params=m.moe_layer_nonexpert_params, expert_params=m.moe_layer_expert_params,
-                           moe_layers=1.0, moe_mlp_flops=mlp_f)
+                           moe_layers=1.0, moe_mlp_flops=mlp_f, routed_flops=2.0 * m.moe.top_k * m.expert_params)
             else:
                 mlp_f = 2.0 * m.mlp_params(m.ffn_hidden_size)
                 row["dense_params"] = m.dense_layer_params
