@@ -123,13 +123,14 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
     if not row["precision"].strip():
         notes.append("precision n/f: bf16")
     half = "fp16" if prec == "fp16" else "bf16"
-    training = TrainingSpec(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half, grad_dtype=half)
+    routing = "dropless" if "dropless" in rid else "balanced"
+    training = TrainingSpec(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half, grad_dtype=half,
+                            moe_routing=routing if model.is_moe else "balanced")
     tp, pp = _int(row["tp"], 1), _int(row["pp"], 1)
     vpp = _int(row["vpp"])
+    choose_vpp = vpp is None and pp > 1
     if vpp is None:
         vpp = 1
-        if pp > 1:
-            notes.append("vpp n/f: 1")
     cp, ep, etp = _int(row["cp"], 1), _int(row["ep"], 1), _int(row["etp"], 1)
     mbs = _int(row["micro_batch"])
     if mbs is None:
@@ -158,6 +159,24 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
     layout = Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch=mbs, zero_stage=zero,
                     sequence_parallel=sp, recompute=rc, stage_layers=stage)
     layout = resolve_layout(layout, model, training, gpus)
+    if choose_vpp:
+        # The source ran an (often interleaved) schedule without printing V: fill it the way autopar would for a
+        # user, with the fastest valid V in 1..8 that fits, by its own prediction (stated with the row).
+        est = Estimator(model, hw, training, gpus)
+        best = None
+        for v in range(1, 9):
+            split = stage if stage is None else balanced_stage_layers(model.num_layers, pp, v)
+            try:
+                cand = resolve_layout(layout.model_copy(update={"vpp": v, "stage_layers": split, "dp": None,
+                                                               "grad_accum": None}), model, training, gpus)
+            except AutoparInputError:
+                continue
+            e = est.estimate(cand, resolved=True)
+            key = (not e.fits, e.step_time_s)    # the source's run fitted: prefer V that fit, then the fastest
+            if best is None or key < best[0]:
+                best = (key, cand)
+        layout = best[1]
+        notes.append(f"vpp n/f: autopar's fastest valid V = {layout.vpp}")
 
     tokens = _float(row["tokens_per_s_per_gpu"])
     step = _float(row["step_time_s"])

@@ -12,7 +12,44 @@ from autopar.cli.render import console
 from autopar.validation import DEFAULT_CSV, validate
 
 
+def run_fit(args: argparse.Namespace) -> int:
+    from datetime import date
+
+    from autopar.calibration import INHERIT, cross_validate, fit, write_efficiency
+    from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
+    from autopar.validation import load_cases
+    err = console(stderr=True)
+    cases, skipped = load_cases(Path(args.csv))
+    res = fit(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
+    out = console()
+    t = Table(title="Fitted constants (physical: per chip/precision, or shared)", title_justify="left")
+    for c in ("constant", "value", "rows"):
+        t.add_column(c)
+    for (chip, prec), v in sorted(res.gemm.items()):
+        t.add_row(f"{chip}.gemm({prec})", f"{v:.3f}", str(res.rows_per_gemm[chip, prec]))
+    for k, v in res.shared.items():
+        t.add_row(k, f"{v:.3f}", "all")
+    out.print(t)
+    out.print(f"mean |log error|: {res.loss_before:.3f} before, {res.loss_after:.3f} after")
+    if args.cv:
+        cv = cross_validate(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
+        out.print("held-out source (fit on the others) mean absolute error: "
+                  + ", ".join(f"{k} {v:.1%}" for k, v in cv.items()))
+    if args.write:
+        d = zoo_dir("hardware")
+        chips = {k[0] for k in res.gemm} | {n for n in zoo_names("hardware") if INHERIT.get(n) in {k[0] for k in res.gemm}}
+        note = (f"fitted {date.today()} on {Path(args.csv).name} ({len(cases)} rows): mean |log error| "
+                f"{res.loss_before:.3f} -> {res.loss_after:.3f}")
+        for name in sorted(chips):
+            hw = load_hardware(name)
+            write_efficiency(d / f"{name}.yaml", res.efficiency_for(hw), note)
+            out.print(f"wrote the calibrated efficiency of {name} to {d / (name + '.yaml')}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.fit:
+        return run_fit(args)
     rep = validate(Path(args.csv))
     if args.json:
         print(dump_json({"mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
@@ -44,4 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "tokens/s/GPU with the per-row error, the mean absolute error and the max.")
     p.add_argument("--csv", default=str(DEFAULT_CSV), help=f"runs file (default: {DEFAULT_CSV.name} shipped in data/)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--fit", action="store_true",
+                   help="fit the physical efficiency constants to the runs (see autopar/calibration.py)")
+    p.add_argument("--cv", action="store_true", help="with --fit: cross-validate by holding out each source")
+    p.add_argument("--write", action="store_true", help="with --fit: write the constants into hardware/*.yaml")
     p.set_defaults(func=run)

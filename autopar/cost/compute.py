@@ -56,20 +56,23 @@ def microbatch_flops(prof: ModelProfile, st: Stage, layout: Layout, seq_len: int
 
 
 def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, flops_per_s: float,
-                    hbm_bytes_per_s: float) -> tuple[float, float]:
+                    hbm_bytes_per_s: float, elementwise_passes: float = 0.0,
+                    imbalance: float = 1.0) -> tuple[float, float]:
     """(total, forward-only) seconds of one micro-batch's math on one GPU, by the roofline model
     (Williams, Waterman & Patterson 2009): each group of GEMMs takes max(FLOPs / achievable FLOP/s,
     weight bytes / achievable HBM bandwidth). A GEMM over T tokens with a K x N weight does 2·T·K·N FLOPs
     and reads 2·K·N bytes of bf16 weight, so below T ≈ peak/bandwidth tokens (≈ 300 on an H100) it is
-    memory-bound. Two groups are timed separately: the routed experts (grouped GEMMs over the few tokens
+    memory-bound. ``imbalance`` (busiest expert rank / mean, 1 for balanced routing) scales the routed
+    experts' work. Two groups are timed separately: the routed experts (grouped GEMMs over the few tokens
     each local expert receives — why small-micro-batch MoE runs far below peak) and everything else.
 
     Weight traffic per micro-batch: forward reads W (w bytes/param), backward reads W again for the input
     gradient and writes the weight gradient (g bytes/param); full recomputation reads W once more."""
     tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
-    fwd_all = forward_flops_per_token(prof, st) * tokens
+    routed = st.sum(prof, "routed_flops") * tokens
+    fwd_all = forward_flops_per_token(prof, st) * tokens + routed * (imbalance - 1)
     rc_all = recompute_flops_per_token(prof, st, L) * tokens
-    fwd_routed = st.sum(prof, "routed_flops") * tokens
+    fwd_routed = routed * imbalance
     rc_routed = fwd_routed if (L.recompute == "full" or "moe" in L.recompute_modules) else 0.0
     w_dense = st.sum(prof, "dense_params") / L.tp + (prof.head_params / L.tp if st.is_last else 0.0)
     w_expert = st.sum(prof, "expert_params") / (L.ep * L.etp)
@@ -80,6 +83,10 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
         return max(flops / flops_per_s, weight_bytes / hbm_bytes_per_s)
 
     f_other, f_routed = fwd_all - fwd_routed, fwd_routed
+    # Non-GEMM kernels (norms, residuals, rotary, activation functions, casts) are HBM-bound: each layer moves
+    # about `elementwise_passes` h-wide activation tensors per token (SP splits them over the TP group).
+    sp_tokens = L.micro_batch * tr.seq_len / (L.cp * (L.tp if L.sp else 1))
+    t_elem = st.n_layers * elementwise_passes * prof.hidden * tr.activation_bytes * sp_tokens / hbm_bytes_per_s
     total = roof(3 * f_other + rc_all - rc_routed, w_dense * passes) + roof(3 * f_routed + rc_routed, w_expert * passes)
     fwd = roof(f_other, w_dense * wb) + roof(f_routed, w_expert * wb)
-    return total, fwd
+    return total + t_elem, fwd + t_elem / 3

@@ -46,7 +46,24 @@ class Estimator:
         self.peak = hardware.peak_tflops(training.precision) * 1e12
         self.flops_per_s = self.peak * hardware.efficiency.gemm_for(training.precision)
         self.hbm_bytes_per_s = hardware.hbm_tbps * 1e12 * hardware.efficiency.hbm
+        self.elementwise = hardware.efficiency.elementwise_passes
+        self.imbalance = (hardware.efficiency.moe_dropless_imbalance if self.training.moe_routing == "dropless"
+                          else 1.0)
         self._stages: dict[tuple[int, ...], list[Stage]] = {}
+
+    def with_hardware(self, hardware: HardwareSpec) -> "Estimator":
+        """The same model and training on other hardware constants, reusing the model profile (calibration)."""
+        other = object.__new__(Estimator)
+        other.__dict__.update(self.__dict__)
+        other.hardware = hardware
+        other.net = Network(hardware)
+        other.peak = hardware.peak_tflops(self.training.precision) * 1e12
+        other.flops_per_s = other.peak * hardware.efficiency.gemm_for(self.training.precision)
+        other.hbm_bytes_per_s = hardware.hbm_tbps * 1e12 * hardware.efficiency.hbm
+        other.elementwise = hardware.efficiency.elementwise_passes
+        other.imbalance = (hardware.efficiency.moe_dropless_imbalance if self.training.moe_routing == "dropless"
+                           else 1.0)
+        return other
 
     def resolve(self, layout: Layout, allow_cross_domain_tp: bool = True) -> Layout:
         return resolve_layout(layout, self.model, self.training, self.gpus, self.hardware, allow_cross_domain_tp)
@@ -70,10 +87,11 @@ class Estimator:
     def stage_times(self, L: Layout, st: Stage) -> tuple[float, float, float, float, float]:
         """(compute, tp, cp, ep, forward-only compute) seconds of one micro-batch on stage ``st``."""
         prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
-        t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.flops_per_s, self.hbm_bytes_per_s)
+        t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.flops_per_s, self.hbm_bytes_per_s,
+                                                self.elementwise, self.imbalance)
         return (t_tot, tp_time_per_microbatch(prof, st, L, tr, hw, net),
                 cp_time_per_microbatch(prof, st, L, tr, hw, net, self.flops_per_s),
-                ep_time_per_microbatch(prof, st, L, tr, hw, net), t_fwd)
+                ep_time_per_microbatch(prof, st, L, tr, hw, net) * self.imbalance, t_fwd)
 
     def stage_tail(self, L: Layout, st: Stage) -> tuple[float, float]:
         """(exposed DP/FSDP communication, optimizer) seconds per step of stage ``st``.
@@ -83,7 +101,8 @@ class Estimator:
         prof, tr, hw = self.profile, self.training, self.hardware
         dense, expert = stage_params(prof, st, L)
         t_fwd = _compute.microbatch_time(prof, st, L.model_construct(**{**dict(L), "recompute": "none"}), tr,
-                                         self.flops_per_s, self.hbm_bytes_per_s)[1]
+                                         self.flops_per_s, self.hbm_bytes_per_s, self.elementwise,
+                                         self.imbalance)[1]
         dp_exposed, _ = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd)
         sd, se = shard_groups(L)
         p_local = dense / (sd if L.zero_stage >= 1 else 1) + expert / (se if L.zero_stage >= 1 else 1)

@@ -51,6 +51,15 @@ class Efficiency(Spec):
     cp_overlap: float = Field(default=0.5, ge=0, le=1,
                               description="Fraction of ring-attention KV exchange hidden behind attention.")
     pp_overlap: float = Field(default=0.0, ge=0, le=1, description="Fraction of pipeline send/recv hidden.")
+    moe_dropless_imbalance: float = Field(
+        default=1.3, ge=1.0, le=4.0,
+        description="Tokens on the busiest expert rank / the mean, under dropless routing (calibrated); the routed "
+                    "expert math and the all-to-all wait for that rank.")
+    elementwise_passes: float = Field(
+        default=40.0, ge=0, le=400,
+        description="Hidden-size-wide activation tensors read or written per layer and token by the non-GEMM "
+                    "kernels (norms, residual adds, rotary, activation functions, casts) over forward + backward; "
+                    "their HBM traffic is time the GEMM roofline does not see (calibrated).")
 
     def gemm_for(self, precision: str) -> float:
         if precision in self.gemm:

@@ -29,6 +29,11 @@ class TrainingSpec(Spec):
         default="fp32", description="Optimizer's master copy of the weights; 'none' when weights are updated in place.")
     optimizer_state_dtype: Literal["fp32", "bf16", "fp16"] = Field(
         default="fp32", description="Dtype of each Adam moment (2 moments).")
+    moe_routing: Literal["balanced", "dropless"] = Field(
+        default="balanced",
+        description="MoE token routing: 'balanced' (auxiliary-loss or forced balance: every expert gets its share) "
+                    "or 'dropless' (no capacity limit: the busiest expert rank sets the pace, see "
+                    "efficiency.moe_dropless_imbalance).")
     activation_dtype: Literal["bf16", "fp16", "fp32"] = Field(
         default="bf16", description="Dtype activations are stored in (FP8 recipes still store most in bf16).")
 

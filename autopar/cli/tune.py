@@ -1,0 +1,186 @@
+"""`autopar tune`: solve, then let Optuna pick among the solver's best layouts by short real runs.
+
+    autopar tune --model llama3_8b --gpus 2                       # CPU: the model is scaled down, and says so
+    autopar tune --model M --gpus 8 --trials 30 --storage postgresql://u:p@db/tune --study m8   # one of N workers
+    autopar tune --model M --gpus 8 --emit env --emit-out plan.env --out plan.json              # before training
+
+Progress goes to stderr; the predicted-vs-measured table, the winning plan and the --emit text to stdout.
+Exit status: 0 with a measured winner, 1 when no run succeeded, 2 for bad input, 130 when interrupted (the
+study keeps every finished trial; the same command resumes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from autopar.cli.common import dump_json, parse_int_list, positive_int
+from autopar.defaults import DEFAULT_HARDWARE
+from autopar.errors import AutoparInputError
+
+SCALE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "experts", "vocab")
+
+
+def _options(args: argparse.Namespace):
+    from autopar.search.space import SearchOptions
+    pins = {k: parse_int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None
+            for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")}
+    if args.no_cp:
+        pins["cp"] = [1]
+    zero = [3] if args.fsdp else ([int(x) for x in parse_int_list(args.zero, "--zero")] if args.zero else None)
+    if zero and any(z > 3 for z in zero):
+        raise AutoparInputError(f"--zero: stages are 0-3, got '{args.zero}'")
+    rc = [x.strip() for x in args.recompute.split(";") if x.strip()] if args.recompute else None
+    return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp, allow_cross_domain=args.allow_cross_domain,
+                         time_limit_s=args.time_limit, sequence_parallel=False if args.no_sp else None)
+
+
+def _scale(args: argparse.Namespace) -> dict | str | None:
+    given = {k: getattr(args, k) for k in SCALE_FLAGS if getattr(args, k) is not None}
+    if args.no_scale:
+        if given:
+            raise AutoparInputError("--no-scale cannot go with --" + ", --".join(k.replace("_", "-") for k in given))
+        return None
+    return given or "auto"
+
+
+def _training(args: argparse.Namespace) -> dict:
+    out: dict = {}
+    if args.seq_len is not None:
+        out["seq_len"] = args.seq_len
+    if args.global_batch is not None:
+        out["global_batch"] = args.global_batch
+    if args.precision is not None:
+        out["precision"] = args.precision
+    return out
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (scancel, a SLURM time limit) stops the tuner as Ctrl-C does."""
+
+
+def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess
+    raise _Terminated()
+
+
+def run(args: argparse.Namespace) -> int:
+    from autopar.tune import TuneInterrupted, format_summary, format_trials, plan_document, tune
+
+    for path in (args.out, args.emit_out):
+        if path is not None and not Path(path).parent.is_dir():
+            raise AutoparInputError(f"folder {Path(path).parent} does not exist (for {path})")
+    if args.emit_out and not args.emit:
+        raise AutoparInputError("--emit-out needs --emit megatron|torchtitan|env")
+    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        result = tune(args.model, args.hardware, _training(args), args.gpus, _options(args), trials=args.trials,
+                      top_k=args.top_k, storage=args.storage, study=args.study, seed=args.seed, steps=args.steps,
+                      warmup=args.warmup, timeout_s=args.timeout, backend=args.backend, scale=_scale(args),
+                      seeds=args.seeds, progress=say)
+    except TuneInterrupted as err:
+        print(f"autopar tune: interrupted; {err}", file=sys.stderr)
+        return 143 if isinstance(err.__context__, _Terminated) else 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    emitted = None
+    if args.emit and result.best is not None:
+        from autopar.emit import emit
+        emitted = emit(args.emit, result.best.layout, result.model, result.training, result.gpus)
+        if args.emit_out:
+            Path(args.emit_out).write_text(emitted)
+    if args.out and result.best is not None:
+        Path(args.out).write_text(json.dumps(plan_document(result), indent=1))
+    if args.json:
+        print(dump_json(result.to_dict()))
+        return 0 if result.best is not None else 1
+    for n in result.notes:
+        print(f"note: {n}")
+    print(f"\nPredicted ({result.hardware.name}) vs measured ({result.gpus} rank(s)), every trial of study "
+          f"'{result.study_name}':")
+    print(format_trials(result))
+    print(format_summary(result))
+    if result.best is None:
+        print("No run succeeded: no plan to give (see the failures above).")
+        return 1
+    b, e = result.best_trial, result.best.estimate
+    print(f"\nWinning plan: {result.best.layout.short()}")
+    print(f"  measured  {b.measured_tokens_per_s:,.0f} tokens/s, {b.measured_step_s:.4g} s/step, peak "
+          f"{b.measured_mem_gib if b.measured_mem_gib is not None else float('nan'):.3f} GiB on the fullest rank")
+    print(f"  predicted {e.step_time_s:.4g} s/step, {e.memory_gib.total:.2f} GiB per GPU on {result.hardware.name} "
+          f"({'fits' if e.fits else 'does not fit'})")
+    if args.out:
+        print(f"  written to {args.out}")
+    if emitted is not None:
+        print(f"\n{args.emit} settings" + (f" (also in {args.emit_out})" if args.emit_out else ""))
+        print(emitted, end="" if emitted.endswith("\n") else "\n")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune", help="measure the solver's best layouts with short real runs; Optuna finds the fastest",
+        description="Solve, then run an Optuna study over the solver's top-K parallel structures with micro-batch, "
+                    "recompute, virtual stages and ZeRO stage as parameters. Each trial is a short real training "
+                    "run (autopar profile's runner); the objective is the measured tokens/s. The solver's "
+                    "predicted-best layouts are the first trials; layouts predicted not to fit are never run. The "
+                    "study lives in an Optuna storage: the same command resumes it, and several workers on several "
+                    "nodes can share it (--storage postgresql://... or journal:FILE). Without GPUs the runs are "
+                    "gloo processes on the CPU and a large model is scaled down (the output says so).")
+    g = p.add_argument_group("problem")
+    g.add_argument("--model", required=True, help="zoo name (see `autopar zoo`), a model YAML, or a HF config.json")
+    g.add_argument("--gpus", type=positive_int, required=True,
+                   help="world size of every run (GPUs of this node; processes with gloo on a CPU)")
+    g.add_argument("--hardware", default=DEFAULT_HARDWARE,
+                   help=f"what the predictions and the memory limit are for (default: {DEFAULT_HARDWARE})")
+    g.add_argument("--seq-len", type=positive_int, default=None, help="sequence length (default: 128 on CPU, 4096)")
+    g.add_argument("--global-batch", type=positive_int, default=None,
+                   help="sequences per step (default: 4 per rank on CPU, else by model size)")
+    g.add_argument("--precision", default=None, help="GEMM precision of the predictions (default: bf16)")
+    s = p.add_argument_group("scale the model down (default on a machine without GPUs: at most 4 layers, hidden 64, "
+                             "ffn 256, 4 heads, 4 experts, vocab 512)")
+    for name in SCALE_FLAGS:
+        s.add_argument(f"--{name.replace('_', '-')}", type=positive_int, default=None)
+    s.add_argument("--no-scale", action="store_true", help="run the model as given, even on a CPU")
+    pins = p.add_argument_group("search space (pins as comma lists, as for `autopar solve`)")
+    for ax in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
+        pins.add_argument(f"--{ax}", default=None, help=f"allowed {ax} values, e.g. --{ax} 1,2")
+    pins.add_argument("--zero", default=None, help="allowed ZeRO stages, e.g. 1,3")
+    pins.add_argument("--fsdp", action="store_true", help="only FSDP (ZeRO-3)")
+    pins.add_argument("--recompute", default=None, help="allowed policies separated by ';' (default: none;selective;full)")
+    pins.add_argument("--max-tp", type=positive_int, default=None, help="largest TP to consider")
+    pins.add_argument("--no-cp", action="store_true", help="no context parallelism")
+    pins.add_argument("--no-sp", action="store_true", help="no sequence parallelism")
+    pins.add_argument("--allow-cross-domain", action="store_true", help="let TP and EP·ETP span NVLink domains")
+    pins.add_argument("--top-k", type=positive_int, default=8,
+                      help="distinct parallel structures kept from the solver (default: 8)")
+    pins.add_argument("--time-limit", type=float, default=20.0, help="CP-SAT time limit per solve, s (default: 20)")
+    st = p.add_argument_group("study")
+    st.add_argument("--trials", type=positive_int, default=20,
+                    help="real runs in the whole study, all workers together; more on a later call extends it "
+                         "(default: 20)")
+    st.add_argument("--seeds", type=int, default=None,
+                    help="first trials taken from the solver's ranking (default: min(top-k, trials/2))")
+    st.add_argument("--storage", default=None,
+                    help="Optuna storage: sqlite:///FILE (default sqlite:///autopar-tune.db here), "
+                         "postgresql://..., mysql://..., journal:FILE, redis://...")
+    st.add_argument("--study", default=None, help="study name (default: derived from the problem, so the same "
+                                                   "command resumes the same study)")
+    st.add_argument("--seed", type=int, default=0, help="sampler seed (default: 0)")
+    r = p.add_argument_group("each run")
+    r.add_argument("--steps", type=positive_int, default=6, help="training steps per run, warm-up included (default: 6)")
+    r.add_argument("--warmup", type=int, default=2, help="steps left out of the timing (default: 2)")
+    r.add_argument("--timeout", type=float, default=300.0, help="seconds before a run is killed (default: 300)")
+    r.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto = NCCL when this node has GPUs, else gloo on the CPU")
+    o = p.add_argument_group("output")
+    o.add_argument("--emit", choices=("megatron", "torchtitan", "env"), default=None,
+                   help="print launcher settings for the winning plan")
+    o.add_argument("--emit-out", default=None, help="also write the --emit text to this file")
+    o.add_argument("--out", default=None, help="write the winning plan as JSON (Plan.to_dict + measurement)")
+    o.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    o.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=run)
