@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import sys
+from pathlib import Path
 
 from rich.table import Table
 
 from autopar.cli.common import add_problem_args, dump_json, load_problem, parse_int_list, positive_int
 from autopar.cli.render import APPROX_NOTE, console, header, print_estimate
-from autopar.search import SearchOptions, solve
+from autopar.errors import AutoparInputError
 
 
-def options_from_args(args: argparse.Namespace) -> SearchOptions:
+def options_from_args(args: argparse.Namespace):
+    from autopar.search import SearchOptions
     pins = {k: parse_int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None
             for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")}
     if args.no_cp:
@@ -24,14 +25,31 @@ def options_from_args(args: argparse.Namespace) -> SearchOptions:
 
 
 def run(args: argparse.Namespace) -> int:
+    from autopar.cost import Estimator
+    from autopar.report import report_paths, write_report
+    from autopar.search import solve
+    from autopar.search.advice import advise
+
     model, hw, training, notes = load_problem(args)
     opts = options_from_args(args)
+    if args.report and not args.overwrite:   # refuse before a long search, not after
+        for f in report_paths(args.report):
+            if f.exists():
+                raise AutoparInputError(f"{f} already exists; not overwriting it (pass --overwrite)")
     err = console(stderr=True)
     res = solve(model, hw, training, args.gpus, opts, method=args.search,
                 progress=None if args.json else (lambda m: err.print(f"[dim]… {m}[/dim]")))
     res.notes = notes + res.notes
+    advice = (advise(Estimator(model, hw, training, args.gpus), res.plans[0].estimate, max_items=5,
+                     allow_cross_domain=opts.allow_cross_domain) if res.plans else [])
+    if args.report:
+        written = write_report(res, model, hw, training, args.gpus, Path(args.report), advice=advice,
+                               overwrite=args.overwrite)
+        err.print("report: " + ", ".join(map(str, written)))
     if args.json:
-        print(dump_json(res.to_dict()))
+        d = res.to_dict()
+        d["advice"] = advice
+        print(dump_json(d))
         return 0 if res.plans else 1
     out = console()
     for n in notes:
@@ -68,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
             out.print(f"  [dim]rule: {r}[/dim]")
     out.print("\n[bold]Best layout in detail[/bold]")
     print_estimate(best.estimate, model, hw, training, out)
+    if advice:
+        out.print("\n[bold]What to try next[/bold]")
+        for a in advice:
+            out.print(f"  • {a}")
     if args.emit:
         from autopar.emit import emit
         out.print(f"\n[bold]{args.emit} settings[/bold]")
@@ -98,5 +120,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT time limit in seconds (default: 60)")
     p.add_argument("--emit", choices=("megatron", "torchtitan", "env"), default=None,
                    help="print launcher settings for the best layout")
+    p.add_argument("--report", metavar="OUT.md", default=None,
+                   help="write a Markdown analysis with OUT_memory.png and OUT_pareto.png beside it")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing report and its figures")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
