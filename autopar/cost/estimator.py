@@ -100,7 +100,8 @@ class Estimator:
         recomputation is not counted as hiding time (a conservative simplification)."""
         prof, tr, hw = self.profile, self.training, self.hardware
         dense, expert = stage_params(prof, st, L)
-        t_fwd = _compute.microbatch_time(prof, st, L.model_construct(**{**dict(L), "recompute": "none"}), tr,
+        base = L if L.recompute == "none" else L.model_construct(**{**dict(L), "recompute": "none"})
+        t_fwd = _compute.microbatch_time(prof, st, base, tr,
                                          self.flops_per_s, self.hbm_bytes_per_s, self.elementwise,
                                          self.imbalance)[1]
         dp_exposed, _ = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd)

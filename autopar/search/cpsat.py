@@ -8,7 +8,8 @@
 2. Candidates. The tables are summed (numpy broadcasting) into the step time and the fullest stage's memory
    of every (m, j, r, k, z): each is exactly ``Estimator.estimate`` of that layout (tested). Within a mesh and
    a batch/interleaving status only the top_k fastest layouts that fit, and the smallest one that does not,
-   can ever be an answer; the rest are dropped (exact pruning, see ``_prune``).
+   can ever be an answer; the rest are dropped (exact pruning, see ``_prune``), and so is every candidate slower
+   than the top_k-th fully valid one (an incumbent cutoff).
 3. CP-SAT. One Boolean per remaining candidate, ``ExactlyOne`` of them; objective Σ step_i·x_i in integer
    microseconds. This is the one-hot (linear) form of an element constraint: CP-SAT's presolve spends
    minutes probing large element/table constraints over these tables, while the one-hot model solves in
@@ -137,6 +138,12 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
     i_bad = np.broadcast_to(~inter_ok[:, :, None, :, None], shape).reshape(nm, -1)
     cap = int((hw.hbm_gib - hw.reserve_gib) / (1 + hw.fragmentation) * SCALE_M)
     keep = _prune(step_us, mem_mib, b_bad, i_bad, top_k, cap)
+    # Cutoff (an incumbent bound, as a branch-and-bound solver would use): when at least top_k candidates break
+    # no rule and fit, nothing slower than the top_k-th of them can be an answer.
+    all_ok = np.array([not bad for bad in mesh_bad], bool)[:, None] & ~b_bad & ~i_bad & (mem_mib <= cap)
+    ok_steps = np.sort(step_us[all_ok])
+    if len(ok_steps) >= top_k:
+        keep &= step_us <= ok_steps[top_k - 1]
     grid = np.stack(np.unravel_index(np.arange(step_us.shape[1]), shape[1:]), axis=1)   # (J·R·K·Z, 4)
     pos_idx, flat_idx = np.nonzero(keep)
     assignment = np.column_stack([np.asarray(meshes, dtype=np.int64)[pos_idx], grid[flat_idx]]) if nm else \
