@@ -24,12 +24,12 @@ def main() -> None:
         best = res.get("plans", [{}])[0].get("estimate", {}).get("step_time_s") if res.get("plans") else None
         print(f"{label}: {dt:.2f} s, status {res.get('status')}, space {res.get('space_size')} layouts, "
               f"best step {best}")
-    small = ["--model", "llama3_70b", "--gpus", "64", "--top-k", "1"]
+    small = ["--model", "deepseek_v3", "--gpus", "256", "--top-k", "1"]
     dc, rc = run(small)
     de, re_ = run(small + ["--search", "exhaustive"])
     bc = rc["plans"][0]["estimate"]["step_time_s"] if rc.get("plans") else None
     be = re_["plans"][0]["estimate"]["step_time_s"] if re_.get("plans") else None
-    print(f"llama3_70b on 64: cpsat {dc:.2f} s (best {bc}), exhaustive {de:.2f} s (best {be}), "
+    print(f"deepseek_v3 on 256: cpsat {dc:.2f} s (best {bc}), exhaustive {de:.2f} s (best {be}), "
           f"speedup {de / dc:.2f}x, space {rc.get('space_size')} layouts")
 
 

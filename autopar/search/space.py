@@ -74,11 +74,22 @@ class Space:
         tp, cp, pp, ep, etp = self.meshes[mesh_i]
         dp = self.gpus // (tp * cp * pp)
         sp = self.options.sequence_parallel
-        return Layout.model_construct(
+        return _fast_layout(dict(
             tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp, sequence_parallel=(tp > 1 if sp is None else sp),
             zero_stage=zero, fsdp=zero == 3, hsdp_shard=None, micro_batch=mbs,
             grad_accum=max(1, self.training.global_batch // (dp * mbs)), recompute=rc,
-            stage_layers=self.splits[pp] or (self.model.num_layers // pp,) * pp)
+            stage_layers=self.splits[pp] or (self.model.num_layers // pp,) * pp))
+
+
+def _fast_layout(values: dict) -> Layout:
+    """A Layout from values the search already validated (every field given), without pydantic's per-field
+    construction cost — the table builder makes tens of thousands of them. Same object as model_construct."""
+    obj = object.__new__(Layout)
+    object.__setattr__(obj, "__dict__", values)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(values))
+    object.__setattr__(obj, "__pydantic_extra__", None)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
 
 
 def build_space(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec, gpus: int,
