@@ -26,12 +26,13 @@ def options_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from autopar.cost import Estimator
-    from autopar.report import report_paths, write_report
     from autopar.search import solve
     from autopar.search.advice import advise
 
     model, hw, training, notes = load_problem(args)
     opts = options_from_args(args)
+    if args.report:
+        from autopar.report import report_paths, write_report
     if args.report and not args.overwrite:   # refuse before a long search, not after
         for f in report_paths(args.report):
             if f.exists():

@@ -19,7 +19,8 @@ B_nvl = nvlink_gbps · efficiency.nvlink, B_net = scaleout_gbps · efficiency.sc
 
 With a measured table (``measured_busbw_gbps``), time = S · factor(n) / busbw(n), where factor is the
 nccl-tests bus-bandwidth factor: 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and
-all-to-all, 1 for send/recv; busbw(n) is interpolated in log2(n) between measured group sizes.
+all-to-all, 1 for send/recv; busbw(n) is interpolated in log2(n) between measured group sizes; the
+alpha-beta latency term above is added (the tables are measured at large messages, where latency vanishes).
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ class Network:
         else:
             table = getattr(self.measured, op, None) if self.measured else None
             if table:
-                res = (_FACTOR[op](n) / (_interp_log2(table, n) * 1e9), 0.0)
+                # measured bus bandwidth (large messages) + the alpha-beta latency of the same group, so that
+                # small messages still pay their per-step latency
+                res = (_FACTOR[op](n) / (_interp_log2(table, n) * 1e9), self._alpha_beta(op, n, stride)[1])
             else:
                 res = self._alpha_beta(op, n, stride)
         self._coef[key] = res
