@@ -34,8 +34,9 @@ from autopar.tune._result import TrialRecord, TuneResult, plan_document, read_pl
 from autopar.tune._space import Structure, TuneSpace, space_from_plans
 from autopar.tune._storage import DEFAULT_DB, parse_storage
 
-__all__ = ["CPU_SCALE", "DEFAULT_DB", "TrialRecord", "TuneInterrupted", "TuneResult", "TuneSpace", "format_summary",
-           "format_trials", "local_gpus", "plan_document", "read_plan_document", "solve_space", "tune"]
+__all__ = ["CPU_SCALE", "DEFAULT_DB", "Problem", "TrialRecord", "TuneInterrupted", "TuneResult", "TuneSpace",
+           "format_summary", "format_trials", "local_gpus", "plan_document", "read_plan_document", "resolve_problem",
+           "solve_space", "tune"]
 
 
 class TuneInterrupted(KeyboardInterrupt):

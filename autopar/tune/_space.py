@@ -38,6 +38,7 @@ class Structure:
     etp: int
     sp: bool
     stage_layers: tuple[int, ...] | None = None
+    moe: bool = False                          # expert weights are sharded over edp = gpus / (pp·ep·etp)
 
     @property
     def key(self) -> tuple:
@@ -47,8 +48,8 @@ class Structure:
         return gpus // (self.tp * self.cp * self.pp)
 
     def sharded(self, gpus: int) -> bool:
-        """Data (dense dp or expert edp) spread over more than one rank: the ZeRO stage matters."""
-        return self.dp(gpus) > 1 or gpus // (self.pp * self.ep * self.etp) > 1
+        """Data (dense dp, or expert edp for MoE) spread over more than one rank: the ZeRO stage matters."""
+        return self.dp(gpus) > 1 or (self.moe and gpus // (self.pp * self.ep * self.etp) > 1)
 
     def label(self, gpus: int) -> str:
         parts = [f"TP{self.tp}"] + ([f"PP{self.pp}"] if self.pp > 1 else [])
@@ -57,10 +58,10 @@ class Structure:
         return " ".join(parts + (["SP"] if self.sp else []))
 
     @classmethod
-    def of(cls, layout: Layout) -> "Structure":
+    def of(cls, layout: Layout, moe: bool = False) -> "Structure":
         even = layout.stage_layers is None or len(set(layout.stage_layers)) == 1
         return cls(layout.tp, layout.pp, layout.cp, layout.ep, layout.etp, bool(layout.sp),
-                   None if even else tuple(layout.stage_layers))
+                   None if even else tuple(layout.stage_layers), moe)
 
 
 @dataclass
@@ -154,7 +155,7 @@ def space_from_plans(plans: list[Plan], options: SearchOptions, model: ModelSpec
     sets, at most ``n_seeds``."""
     structures: list[Structure] = []
     for p in plans:
-        s = Structure.of(p.layout)
+        s = Structure.of(p.layout, model.is_moe)
         if all(t.key != s.key for t in structures):
             structures.append(s)
     structures = structures[:k]

@@ -12,7 +12,8 @@ Accepted (``--storage``):
 
 SQLite takes one writer at a time and does not lock rows, so two processes could both take the same queued
 trial; workers on one SQLite or journal file therefore serialise their study bookkeeping (creating the study,
-taking the next queued trial) with an ``flock`` on ``PATH.lock``. Database servers take the queued trial
+taking the next queued trial) with an ``flock`` on ``PATH.autopar-lock`` (not ``PATH.lock``: Optuna's journal
+lock takes that name). Database servers take the queued trial
 atomically themselves (``SELECT ... FOR UPDATE``).
 """
 
@@ -57,14 +58,14 @@ def parse_storage(url: str | None) -> StorageTarget:
     """Recognise a storage URL (AutoparInputError for an unknown form). Does not connect."""
     if url is None or not str(url).strip():
         path = Path(DEFAULT_DB).resolve()
-        return StorageTarget("rdb", f"sqlite:///{path}", f"sqlite:///{DEFAULT_DB}", Path(f"{path}.lock"))
+        return StorageTarget("rdb", f"sqlite:///{path}", f"sqlite:///{DEFAULT_DB}", Path(f"{path}.autopar-lock"))
     text = str(url).strip()
     if text.startswith("journal:"):
         path = Path(text[len("journal:"):].removeprefix("//")).expanduser()
         if not str(path) or str(path) == ".":
             raise AutoparInputError(f"storage '{text}': journal: needs a file path, e.g. journal:./tune.log")
         path = path.resolve()
-        return StorageTarget("journal", str(path), f"journal:{path}", Path(f"{path}.lock"))
+        return StorageTarget("journal", str(path), f"journal:{path}", Path(f"{path}.autopar-lock"))
     if "://" not in text:
         suffix = Path(text).suffix.lower()
         if suffix in (".db", ".sqlite", ".sqlite3"):
@@ -87,7 +88,7 @@ def parse_storage(url: str | None) -> StorageTarget:
         path = path.resolve()
         if not path.parent.is_dir():
             raise AutoparInputError(f"storage '{text}': folder {path.parent} does not exist")
-        return StorageTarget("rdb", f"sqlite:///{path}", text, Path(f"{path}.lock"))
+        return StorageTarget("rdb", f"sqlite:///{path}", text, Path(f"{path}.autopar-lock"))
     return StorageTarget("rdb", text, mask_url(text), None)
 
 

@@ -280,10 +280,13 @@ class StudyWorker:
         return c
 
     def _claim(self) -> int | None:
-        """Take the first WAITING trial (the storage gives each to one worker). None when the queue is empty."""
+        """Take the next WAITING trial (the storage gives each to one worker). None when the queue is empty."""
         from optuna.exceptions import UpdateFinishedTrialError
         from optuna.trial import TrialState
-        for t in self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.WAITING,)):
+        waiting = self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.WAITING,))
+        # trials with parameters (the solver's seeds, interrupted trials queued again) before the empty ones
+        waiting.sort(key=lambda t: (not t.system_attrs.get("fixed_params"), t.number))
+        for t in waiting:
             tid = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, t.number)
             try:
                 if self.storage.set_trial_state_values(tid, state=TrialState.RUNNING):
@@ -311,6 +314,27 @@ class StudyWorker:
             if tid is None:
                 break
             self._trial(tid, c.ran + c.running + 1)
+        self._wait_for_others()
+
+    def _wait_for_others(self) -> None:
+        """Wait for the trials other workers are still running, so that every worker reports the whole study
+        (a trial whose worker is gone, or that runs past its timeout, is not waited for)."""
+        from optuna.trial import TrialState
+        told = False
+        while True:
+            now = datetime.now()
+            live = []
+            for t in self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+                limit = float(t.user_attrs.get("timeout_s", self.s.timeout_s)) + STALE_MARGIN_S
+                age = (now - t.datetime_start).total_seconds() if t.datetime_start else 0.0
+                if not _worker_gone(t.user_attrs.get("worker")) and age <= limit:
+                    live.append(t.number)
+            if not live:
+                return
+            if not told:
+                self.say(f"waiting for {len(live)} trial(s) running in other workers ({', '.join(f'#{n}' for n in live)})")
+                told = True
+            time.sleep(1.0)
 
     def _sampler(self, number: int) -> Any:
         import optuna
