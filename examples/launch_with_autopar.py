@@ -101,7 +101,7 @@ def main() -> int:
         command = [string.Template(word).safe_substitute(env) for word in command]
     print("training: " + " ".join(command), file=sys.stderr)
     rc = subprocess.call(command, env=env)
-    if rc == 0 and not ("--" in argv):
+    if rc == 0 and "--" not in argv:
         losses = json.loads((work / "rank0.json").read_text()).get("losses", [])
         last = [json.loads(f.read_text()) for f in work.glob("rank*.json")]
         losses = next((r["losses"] for r in last if r.get("loss_rank")), losses)

@@ -34,7 +34,8 @@ def _options(args: argparse.Namespace):
     if zero and any(z > 3 for z in zero):
         raise AutoparInputError(f"--zero: stages are 0-3, got '{args.zero}'")
     rc = [x.strip() for x in args.recompute.split(";") if x.strip()] if args.recompute else None
-    return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp, allow_cross_domain=args.allow_cross_domain,
+    return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp,
+                         allow_cross_domain=args.allow_cross_domain,
                          time_limit_s=args.time_limit, sequence_parallel=False if args.no_sp else None)
 
 
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         result = tune(args.model, args.hardware, _training(args), args.gpus, _options(args), trials=args.trials,
                       top_k=args.top_k, storage=args.storage, study=args.study, seed=args.seed, steps=args.steps,
                       warmup=args.warmup, timeout_s=args.timeout, backend=args.backend, scale=_scale(args),
-                      seeds=args.seeds, progress=say)
+                      seeds=args.seeds, confirm=args.confirm, progress=say)
     except TuneInterrupted as err:
         print(f"autopar tune: interrupted; {err}", file=sys.stderr)
         return 143 if isinstance(err.__context__, _Terminated) else 130
@@ -150,7 +151,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         pins.add_argument(f"--{ax}", default=None, help=f"allowed {ax} values, e.g. --{ax} 1,2")
     pins.add_argument("--zero", default=None, help="allowed ZeRO stages, e.g. 1,3")
     pins.add_argument("--fsdp", action="store_true", help="only FSDP (ZeRO-3)")
-    pins.add_argument("--recompute", default=None, help="allowed policies separated by ';' (default: none;selective;full)")
+    pins.add_argument("--recompute", default=None,
+                      help="allowed policies separated by ';' (default: none;selective;full)")
     pins.add_argument("--max-tp", type=positive_int, default=None, help="largest TP to consider")
     pins.add_argument("--no-cp", action="store_true", help="no context parallelism")
     pins.add_argument("--no-sp", action="store_true", help="no sequence parallelism")
@@ -164,6 +166,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "(default: 20)")
     st.add_argument("--seeds", type=int, default=None,
                     help="first trials taken from the solver's ranking (default: min(top-k, trials/2))")
+    st.add_argument("--confirm", type=int, default=None,
+                    help="last trials re-measuring the runner-up layouts; each layout counts its fastest run "
+                         "(default: min(2, trials/5))")
     st.add_argument("--storage", default=None,
                     help="Optuna storage: sqlite:///FILE (default sqlite:///autopar-tune.db here), "
                          "postgresql://..., mysql://..., journal:FILE, redis://...")
@@ -171,7 +176,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                    "command resumes the same study)")
     st.add_argument("--seed", type=int, default=0, help="sampler seed (default: 0)")
     r = p.add_argument_group("each run")
-    r.add_argument("--steps", type=positive_int, default=6, help="training steps per run, warm-up included (default: 6)")
+    r.add_argument("--steps", type=positive_int, default=8,
+                   help="training steps per run, warm-up included (default: 8)")
     r.add_argument("--warmup", type=int, default=2, help="steps left out of the timing (default: 2)")
     r.add_argument("--timeout", type=float, default=300.0, help="seconds before a run is killed (default: 300)")
     r.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",

@@ -1,6 +1,6 @@
 """Pre-run tuning: Optuna over the solver's best layouts, each trial a short real training run.
 
-    result = tune("llama3_8b", "h100_sxm", None, 4, trials=20)   # training None: defaults for the machine
+    result = autopar.tune("llama3_8b", "h100_sxm", None, 4, trials=20)   # training None: defaults for the machine
     result.best            # Plan of the layout measured fastest (its estimate: the cost model's prediction)
     result.best_trial      # its measurement (tokens/s, step time, memory)
 
@@ -13,12 +13,14 @@ The solver's predicted-best layouts are the first trials; layouts predicted not 
 workers can share it. The mechanics live in the private modules: ``_problem`` (what is run), ``_space`` (the
 parameters), ``_storage`` (URLs, locks), ``_study`` (the loop), ``_report`` (the tables).
 
-Importing this package imports neither torch nor optuna.
+Importing this package imports neither torch nor optuna. The package is callable: ``autopar.tune(...)`` is
+:func:`autopar.tune.tune` (``import autopar.tune`` binds the package to that name, so it forwards the call).
 """
 
 from __future__ import annotations
 
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,8 +108,8 @@ def _mesh_may_run(problem: Problem, tp: int, cp: int, pp: int, ep: int, etp: int
 def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
          training: TrainingSpec | dict[str, Any] | None, gpus: int, options: SearchOptions | None = None, *,
          trials: int = 20, top_k: int = 8, storage: str | None = None, study: str | None = None, seed: int = 0,
-         steps: int = 6, warmup: int = 2, timeout_s: float = 300.0, backend: str = "auto",
-         scale: dict[str, int] | str | None = "auto", seeds: int | None = None,
+         steps: int = 8, warmup: int = 2, timeout_s: float = 300.0, backend: str = "auto",
+         scale: dict[str, int] | str | None = "auto", seeds: int | None = None, confirm: int | None = None,
          progress: Callable[[str], None] | None = None, runner: Callable[..., Any] | None = None) -> TuneResult:
     """Measure the solver's best layouts with short real runs and let Optuna find the fastest.
 
@@ -119,7 +121,9 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
     ``options``: the solver's pins (its ``top_k`` is replaced by the tuner's). ``top_k``: distinct parallel
     structures kept from the solver. ``trials``: real runs the study makes in total, over all its workers and
     sessions (a larger number on a later call extends the study). ``seeds``: trials seeded from the solver's
-    ranking (default min(top_k, trials // 2), at least 1). ``storage``: an Optuna storage URL (default
+    ranking (default min(top_k, trials // 2), at least 1). ``confirm``: the last trials of the budget re-measure
+    the runner-up layouts, each layout counting its fastest run, so that one run slowed down by a busy machine
+    does not decide (default min(2, trials // 5)). ``storage``: an Optuna storage URL (default
     ``sqlite:///autopar-tune.db`` in the current folder) or ``journal:FILE``; ``study``: its name (default:
     derived from the problem, so the same call resumes the same study). ``steps``/``warmup``/``timeout_s``:
     per run. ``progress`` receives progress lines (default: stderr). ``runner`` replaces
@@ -151,7 +155,11 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
     from autopar.tune._storage import open_storage, storage_lock
     from autopar.tune._study import Settings, StudyWorker
 
+    problem.options = SearchOptions(**{**problem.options.__dict__, "top_k": top_k})   # part of the study's identity
     n_seeds = seeds if seeds is not None else max(1, min(top_k, trials // 2))
+    n_confirm = confirm if confirm is not None else min(2, trials // 5)
+    if n_confirm < 0 or n_seeds < 0:
+        raise AutoparInputError(f"seeds ({n_seeds}) and confirm ({n_confirm}) must be at least 0")
     name = study or problem.default_study_name()
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(logging.WARNING)
@@ -159,7 +167,8 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
     try:
         with storage_lock(target):                 # two workers creating one SQLite file's tables race
             st = open_storage(target)
-        worker = StudyWorker(problem, target, st, name, Settings(trials, seed, steps, warmup, timeout_s), runner,
+        settings = Settings(trials, seed, steps, warmup, timeout_s, n_confirm)
+        worker = StudyWorker(problem, target, st, name, settings, runner,
                              lambda: solve_space(problem, top_k, n_seeds, say), say)
         worker.open()
         for n in worker.notes:
@@ -176,3 +185,14 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
         raise TuneInterrupted(f"{where}; run the same command to resume") from None
     finally:
         optuna.logging.set_verbosity(level)
+
+
+class _CallableModule(types.ModuleType):
+    """``autopar.tune`` is this package and the function at once: ``import autopar.tune`` binds the package to
+    the name ``autopar.tune``, so the package itself forwards a call to :func:`tune`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> TuneResult:
+        return tune(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -13,7 +13,7 @@ def _f(v: float | None, spec: str) -> str:
 
 def _status(r: TrialRecord) -> str:
     if r.outcome == MEASURED:
-        return "measured"
+        return "measured" + (f" (re-measure of #{r.remeasure_of})" if r.remeasure_of is not None else "")
     if r.outcome == FAILED:
         return f"FAILED: {r.reason}"
     if r.outcome == REPEAT:
@@ -47,26 +47,33 @@ def format_summary(result: TuneResult) -> str:
     failed = sum(r.outcome == FAILED for r in recs)
     not_run = {k: sum(r.outcome == k for r in recs) for k in (REPEAT, SKIPPED)}
     seeded = sum(bool(r.seeded) and r.ran for r in recs)
+    again = sum(r.remeasure_of is not None and r.ran for r in recs)
     lines = [f"runs: {result.runs} of the study's {result.budget} ({len(measured)} measured, {failed} failed; "
-             f"{seeded} seeded from the solver's ranking); proposals not run: {not_run[REPEAT]} repeats, "
-             f"{not_run[SKIPPED]} invalid or predicted not to fit",
+             f"{seeded} seeded from the solver's ranking, {again} re-measuring runner-ups); proposals not run: "
+             f"{not_run[REPEAT]} repeats, {not_run[SKIPPED]} invalid or predicted not to fit",
              f"space: {len(result.structures)} parallel structure(s) from the solver ({', '.join(result.structures)}) "
              f"x step knobs = {result.space_size} layouts, {result.space_runnable} valid and predicted to fit"]
     b = result.best_trial
     if b is None:
         lines.append("no layout was measured successfully yet")
         return "\n".join(lines)
+    n_runs = sum(r.layout == b.layout for r in measured)
     lines.append(f"best measured: {b.layout} — {b.measured_tokens_per_s:,.0f} tokens/s, {b.measured_step_s:.4g} s/step "
-                 f"(trial #{b.number})")
+                 f"(trial #{b.number}" + (f"; fastest of its {n_runs} runs" if n_runs > 1 else "") + ")")
     pb = result.predicted_best
     if pb is not None and pb.measured_tokens_per_s:
         gain = b.measured_tokens_per_s / pb.measured_tokens_per_s - 1
         lines.append(f"solver's predicted best: {pb.layout} — measured {pb.measured_tokens_per_s:,.0f} tokens/s; "
                      f"the tuned plan is {gain:+.1%} " + ("(the same layout)" if pb.number == b.number else "faster"))
-    if len(measured) >= 2:
+    fastest: dict[str, TrialRecord] = {}
+    for r in measured:          # each layout by its fastest run
+        if r.layout not in fastest or r.measured_tokens_per_s > fastest[r.layout].measured_tokens_per_s:
+            fastest[r.layout] = r
+    if len(fastest) >= 2:
         from autopar.profile.calibrate import kendall_tau
-        tau = kendall_tau([r.predicted_step_s for r in measured], [r.measured_step_s for r in measured])
+        rows = list(fastest.values())
+        tau = kendall_tau([r.predicted_step_s for r in rows], [r.measured_step_s for r in rows])
         if math.isfinite(tau):
-            lines.append(f"rank agreement, predicted vs measured step time ({len(measured)} layouts): Kendall tau-b "
+            lines.append(f"rank agreement, predicted vs measured step time ({len(rows)} layouts): Kendall tau-b "
                          f"{tau:+.2f}")
     return "\n".join(lines)

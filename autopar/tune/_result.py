@@ -39,6 +39,7 @@ class TrialRecord:
     measured_mem_gib: float | None = None       # the fullest rank
     reason: str | None = None                   # failure or skip reason
     repeat_of: int | None = None
+    remeasure_of: int | None = None             # a re-measurement of the runner-up first run as this trial
     wall_s: float | None = None
     worker: str | None = None
 

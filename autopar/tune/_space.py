@@ -58,7 +58,7 @@ class Structure:
         return " ".join(parts + (["SP"] if self.sp else []))
 
     @classmethod
-    def of(cls, layout: Layout, moe: bool = False) -> "Structure":
+    def of(cls, layout: Layout, moe: bool = False) -> Structure:
         even = layout.stage_layers is None or len(set(layout.stage_layers)) == 1
         return cls(layout.tp, layout.pp, layout.cp, layout.ep, layout.etp, bool(layout.sp),
                    None if even else tuple(layout.stage_layers), moe)
@@ -140,7 +140,7 @@ class TuneSpace:
                 "solver": self.solver}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TuneSpace":
+    def from_dict(cls, d: dict[str, Any]) -> TuneSpace:
         structs = [Structure(**{**s, "stage_layers": tuple(s["stage_layers"]) if s.get("stage_layers") else None})
                    for s in d["structures"]]
         return cls(structs, list(d["mbs"]), list(d["recompute"]), list(d["zero"]),

@@ -40,7 +40,7 @@ from autopar.errors import AutoparInputError
 from autopar.search.plan import Plan
 from autopar.specs.layout import check_layout, resolve_layout
 from autopar.tune._problem import Problem
-from autopar.tune._result import (FAILED, INTERRUPTED, MEASURED, RAN, REPEAT, SKIPPED, TrialRecord, TuneResult)
+from autopar.tune._result import FAILED, INTERRUPTED, MEASURED, RAN, REPEAT, SKIPPED, TrialRecord, TuneResult
 from autopar.tune._space import TuneSpace
 from autopar.tune._storage import StorageTarget, storage_lock
 
@@ -60,6 +60,7 @@ class Settings:
     steps: int = 6
     warmup: int = 2
     timeout_s: float = 300.0
+    confirm: int = 0                 # last trials of the budget: re-measure the runner-up layouts
     max_not_run: int | None = None   # not-run proposals after which the study stops asking (default 10·trials, >= 50)
 
 
@@ -173,15 +174,19 @@ class StudyWorker:
         st.set_study_user_attr(sid, ATTR_PROBLEM, self.p.fingerprint())
         st.set_study_user_attr(sid, ATTR_OPTIONS, _options_dict(self.p))
         st.set_study_user_attr(sid, ATTR_SPACE, self.space.to_dict())
-        seeds = self.space.seeds[: self.s.trials]
+        confirm = min(self.s.confirm, max(0, self.s.trials - 2))
+        seeds = self.space.seeds[: self.s.trials - confirm]
         for i, params in enumerate(seeds):
             self.study.enqueue_trial(params, user_attrs={"seed_rank": i + 1})
-        for _ in range(self.s.trials - len(seeds)):
+        for _ in range(self.s.trials - len(seeds) - confirm):
             self.study.enqueue_trial({})
+        for _ in range(confirm):
+            self.study.enqueue_trial({}, user_attrs={"confirm": True})
         st.set_study_user_attr(sid, ATTR_BUDGET, self.s.trials)
         st.set_study_user_attr(sid, ATTR_READY, True)
-        self.say(f"study '{self.name}' in {self.target.display}: new, {self.s.trials} trial(s), the first "
-                 f"{len(seeds)} seeded with the solver's predicted-best layouts")
+        self.say(f"study '{self.name}' in {self.target.display}: new, {self.s.trials} trial(s): "
+                 f"{len(seeds)} seeded with the solver's predicted-best layouts, "
+                 f"{self.s.trials - len(seeds) - confirm} chosen by TPE, {confirm} re-measuring the runner-ups")
 
     def _join(self) -> None:
         deadline = time.monotonic() + READY_WAIT_S
@@ -279,14 +284,18 @@ class StudyWorker:
                 c.not_run += 1
         return c
 
-    def _claim(self) -> int | None:
-        """Take the next WAITING trial (the storage gives each to one worker). None when the queue is empty."""
+    def _claim(self, confirm_only: bool = False) -> int | None:
+        """Take the next WAITING trial (the storage gives each to one worker). None when the queue is empty.
+        Order: trials with parameters (the solver's seeds, interrupted trials queued again), then the empty ones
+        for TPE, then the re-measurements, which need the others' results."""
         from optuna.exceptions import UpdateFinishedTrialError
         from optuna.trial import TrialState
         waiting = self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.WAITING,))
-        # trials with parameters (the solver's seeds, interrupted trials queued again) before the empty ones
-        waiting.sort(key=lambda t: (not t.system_attrs.get("fixed_params"), t.number))
+        waiting.sort(key=lambda t: (2 if t.user_attrs.get("confirm") else 0 if t.system_attrs.get("fixed_params")
+                                    else 1, t.number))
         for t in waiting:
+            if confirm_only and not t.user_attrs.get("confirm"):
+                continue
             tid = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, t.number)
             try:
                 if self.storage.set_trial_state_values(tid, state=TrialState.RUNNING):
@@ -295,6 +304,36 @@ class StudyWorker:
                 continue
         return None
 
+    def _measured(self) -> dict[str, list[Any]]:
+        """Measured trials by layout label, in trial order."""
+        out: dict[str, list[Any]] = {}
+        for t in self.storage.get_all_trials(self.study_id, deepcopy=False):
+            if t.user_attrs.get("outcome") == MEASURED:
+                out.setdefault(t.user_attrs["layout"], []).append(t)
+        return out
+
+    def _prepare_confirm(self, tid: int) -> None:
+        """A re-measurement slot: fix its parameters to the runner-up layout measured the fewest times (the best
+        layout's own luck cannot lower it: each layout counts its fastest run; a runner-up measured while the
+        machine was busy can still overtake). With nothing measured yet it stays an ordinary TPE trial."""
+        t = self.storage.get_trial(tid)
+        if not t.user_attrs.get("confirm") or t.system_attrs.get("fixed_params"):
+            return
+        runs = self._measured()
+        for other in self.storage.get_all_trials(self.study_id, deepcopy=False):   # re-measurements under way
+            label = other.user_attrs.get("confirm_layout")
+            if other.state.name == "RUNNING" and label in runs:
+                runs[label] = runs[label] + [other]
+        ranked = sorted(runs, key=lambda k: -max(x.user_attrs.get("measured_tokens_per_s", 0.0) for x in runs[k]))
+        pool = ranked[1:3] or ranked[:1]
+        if not pool:
+            return
+        label = min(pool, key=lambda k: (len(runs[k]), ranked.index(k)))
+        first = runs[label][0]
+        self.storage.set_trial_system_attr(tid, "fixed_params", dict(first.params))
+        self.storage.set_trial_user_attr(tid, "confirm_layout", label)
+        self.storage.set_trial_user_attr(tid, "confirm_of", first.number)
+
     def run(self) -> None:
         """Run trials until the queue is empty, the study has its budget, or the space is covered."""
         while True:
@@ -302,16 +341,18 @@ class StudyWorker:
                 c = self._counts()
                 if c.ran >= self.s.trials:
                     break
-                if self.runnable and not set(self.runnable) - c.ran_labels:
-                    self.notes.append(f"every runnable layout of the space ({len(self.runnable)}) has run: the "
-                                      "space is covered")
-                    break
+                covered = bool(self.runnable) and not set(self.runnable) - c.ran_labels
                 if self._not_run_streak >= 25:
                     self.notes.append("stopped: the sampler proposed 25 layouts in a row that were already run or "
                                       "cannot run (the space is nearly covered)")
                     break
-                tid = self._claim()
+                tid = self._claim(confirm_only=covered)
+                if tid is not None:
+                    self._prepare_confirm(tid)
             if tid is None:
+                if covered:
+                    self.notes.append(f"every runnable layout of the space ({len(self.runnable)}) has run: the "
+                                      "space is covered")
                 break
             self._trial(tid, c.ran + c.running + 1)
         self._wait_for_others()
@@ -332,7 +373,8 @@ class StudyWorker:
             if not live:
                 return
             if not told:
-                self.say(f"waiting for {len(live)} trial(s) running in other workers ({', '.join(f'#{n}' for n in live)})")
+                numbers = ", ".join(f"#{n}" for n in live)
+                self.say(f"waiting for {len(live)} trial(s) running in other workers ({numbers})")
                 told = True
             time.sleep(1.0)
 
@@ -391,9 +433,12 @@ class StudyWorker:
         if not e.fits:
             return self._not_run(trial, SKIPPED, f"predicted OOM: {e.memory_gib.total:.2f} GiB > "
                                                  f"{e.hbm_gib:.2f} GiB HBM", tag)
-        prior = self._prior_run(label, number, float(trial.user_attrs.get("timeout_s", self.s.timeout_s)))
-        if prior is not None:
-            return self._repeat(trial, prior, tag)
+        if trial.user_attrs.get("confirm_of") is not None:
+            tag += f" re-measure of #{trial.user_attrs['confirm_of']}"
+        else:
+            prior = self._prior_run(label, number, float(trial.user_attrs.get("timeout_s", self.s.timeout_s)))
+            if prior is not None:
+                return self._repeat(trial, prior, tag)
         self._not_run_streak = 0
         self.say(f"[trial {i}/{self.s.trials} {tag}] {label}: predicted {e.step_time_s:.4g} s/step; running "
                  f"{self.s.steps} steps ...")
@@ -506,7 +551,8 @@ class StudyWorker:
                 measured_step_s=ua.get("measured_step_s") if ua.get("outcome") == MEASURED else None,
                 measured_tokens_per_s=ua.get("measured_tokens_per_s") if ua.get("outcome") == MEASURED else None,
                 measured_mem_gib=ua.get("measured_mem_gib") if ua.get("outcome") == MEASURED else None,
-                reason=ua.get("reason"), repeat_of=ua.get("repeat_of"), wall_s=ua.get("wall_s"),
+                reason=ua.get("reason"), repeat_of=ua.get("repeat_of"), remeasure_of=ua.get("confirm_of"),
+                wall_s=ua.get("wall_s"),
                 worker=ua.get("worker")))
         measured = [r for r in records if r.outcome == MEASURED]
         best_rec = max(measured, key=lambda r: (r.measured_tokens_per_s, -r.number), default=None)
@@ -516,8 +562,11 @@ class StudyWorker:
                                  self.p.gpus)
             best_plan = Plan(1, self.est.estimate(lay, resolved=True), "measured")
         predicted = None
-        if self.space.seeds:
-            predicted = next((r for r in records if r.params == self.space.seeds[0] and r.outcome == MEASURED), None)
+        if self.space.seeds:     # the solver's best layout, by its fastest run
+            first = next((r for r in records if r.params == self.space.seeds[0] and r.outcome == MEASURED), None)
+            if first is not None:
+                predicted = max((r for r in measured if r.layout == first.layout),
+                                key=lambda r: (r.measured_tokens_per_s, -r.number))
         budget = int(self.storage.get_study_user_attrs(self.study_id).get(ATTR_BUDGET, self.s.trials))
         return TuneResult(self.name, self.target.display, self.p.model, self.p.hardware, self.p.training, self.p.gpus,
                           best_plan, best_rec, records, budget, self.space_size, len(self.runnable),
@@ -526,7 +575,9 @@ class StudyWorker:
 
 
 def _seed_attr(user_attrs: dict) -> dict | None:
-    return {"seed_rank": user_attrs["seed_rank"]} if user_attrs.get("seed_rank") else None
+    """The attributes a trial queued again keeps: its seed rank, or that it re-measures a runner-up."""
+    keep = {k: user_attrs[k] for k in ("seed_rank", "confirm", "confirm_layout", "confirm_of") if k in user_attrs}
+    return keep or None
 
 
 def _options_dict(p: Problem) -> dict:

@@ -20,7 +20,8 @@ def test_python_launcher_solves_then_trains_with_the_plan(tmp_path):
     r = subprocess.run([sys.executable, str(EXAMPLES / "launch_with_autopar.py"), "--model", "llama3_8b", "--gpus",
                         "1", "--", sys.executable, "-c",
                         "import json, os; d = json.load(open(os.environ['AUTOPAR_PLAN'])); "
-                        "print(os.environ['AUTOPAR_MBS'], d['plan']['estimate']['layout']['micro_batch'], '$AUTOPAR_TP')"],
+                        "print(os.environ['AUTOPAR_MBS'], d['plan']['estimate']['layout']['micro_batch'], "
+                        "'$AUTOPAR_TP')"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
     mbs, mbs_in_file, tp = r.stdout.split()

@@ -2,9 +2,11 @@
 is measured once (cached in a file), then a study with at most half as many runs as there are layouts must
 reach a plan within 10% of the exhaustive best.
 
-CPU step times are noisy (a shared machine, other processes): the runner reports the median of the timed steps,
-and when the exhaustive table says the tuned plan is more than 10% behind, the tuned plan and the exhaustive
-best are measured again, back to back in alternating order, and those measurements decide.
+CPU step times are noisy: the machine is shared, and another process can only slow a run down. So, as
+`autopar profile compare --repeats` does, a layout's speed is its fastest measurement: the runner reports the
+median of the timed steps of a run, and a layout's figure is the best of all its runs here (the exhaustive
+table, the study, and re-measurements). When those figures put the tuned plan more than 10% behind, the tuned
+plan and the best layout are measured again, back to back in alternating order, before the verdict.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ GPUS = 2
 TRAIN = TrainingSpec(seq_len=128, global_batch=8)
 # Every structure of 2 ranks but context parallel (DP2, PP2, TP2), micro-batch 1 or 4, recompute none or full.
 OPTIONS = SearchOptions(time_limit_s=10, cp=[1], zero=[1], mbs=[1, 4], recompute=["none", "full"], vpp=[1])
-STEPS, WARMUP = 6, 2
+STEPS, WARMUP = 8, 2
 CACHE = Path(os.environ.get("AUTOPAR_TUNE_TEST_CACHE", Path(tempfile.gettempdir()) / "autopar-tune-tests"))
 
 
@@ -74,21 +76,25 @@ def test_the_tuner_reaches_the_exhaustive_best_within_10pct_with_half_the_runs(e
     res = tune(TINY, "h100_sxm", TRAIN, GPUS, OPTIONS, trials=n // 2, top_k=8, storage=f"sqlite:///{tmp_path / 't.db'}",
                study="best", seed=0, steps=STEPS, warmup=WARMUP, timeout_s=120, backend="gloo", progress=print)
     assert res.space_size == n and res.runs <= n // 2
-    best = max(table, key=table.get)
+    known = dict(table)                  # each layout's fastest measurement so far
+    for r in res.records:
+        if r.measured_tokens_per_s:
+            known[r.layout] = max(known[r.layout], r.measured_tokens_per_s)
     tuned = res.best_trial.layout
-    figures = {"layouts": n, "runs": res.runs, "exhaustive_best": best, "exhaustive_best_tok_s": table[best],
-               "tuned": tuned, "tuned_tok_s_exhaustive": table[tuned], "tuned_tok_s_in_study": res.best_trial.
-               measured_tokens_per_s, "ratio_exhaustive": table[tuned] / table[best], "table": table}
-    ratio = figures["ratio_exhaustive"]
-    if ratio < 0.9:                      # re-measure both, back to back, alternating, keep each one's best
+    best = max(known, key=known.get)
+    figures = {"layouts": n, "runs": res.runs, "exhaustive_best": max(table, key=table.get),
+               "exhaustive_best_tok_s": max(table.values()), "tuned": tuned, "tuned_tok_s_in_study":
+               res.best_trial.measured_tokens_per_s, "tuned_tok_s_exhaustive": table[tuned], "best_known": best,
+               "ratio": known[tuned] / known[best], "table": table,
+               "study": [(r.number, r.layout, r.outcome, r.measured_tokens_per_s) for r in res.records]}
+    if figures["ratio"] < 0.9:           # measure both again, back to back, alternating
         lay = {x.short(): x for x in layouts}
-        again = {tuned: 0.0, best: 0.0}
         for order in ((tuned, best), (best, tuned)):
             for label in order:
-                again[label] = max(again[label], _measure(lay[label]) or 0.0)
-        ratio = again[tuned] / again[best]
-        figures.update(remeasured=again, ratio_remeasured=ratio)
+                known[label] = max(known[label], _measure(lay[label]) or 0.0)
+        best = max(known, key=known.get)
+        figures.update(remeasured={tuned: known[tuned], best: known[best]}, ratio=known[tuned] / known[best])
     CACHE.mkdir(parents=True, exist_ok=True)
     (CACHE / "finds-best-last.json").write_text(json.dumps(figures, indent=1))
-    print(json.dumps(figures, indent=1))
-    assert ratio >= 0.9, figures
+    print(json.dumps({k: v for k, v in figures.items() if k not in ("table", "study")}, indent=1))
+    assert figures["ratio"] >= 0.9, figures

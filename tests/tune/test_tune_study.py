@@ -14,9 +14,9 @@ from autopar.cost import Estimator
 from autopar.errors import AutoparInputError
 from autopar.specs import ModelSpec, TrainingSpec
 from autopar.specs.loaders import load_hardware
-from autopar.tune import TuneInterrupted, plan_document, read_plan_document, tune
-from autopar.tune._study import ATTR_SPACE
+from autopar.tune import TuneInterrupted, format_summary, plan_document, read_plan_document, tune
 from autopar.tune._space import TuneSpace
+from autopar.tune._study import ATTR_SPACE
 
 from .conftest import CPU_TRAIN, FAST, TINY, BookRunner
 
@@ -34,7 +34,7 @@ def _trials(storage, study="s"):
 
 def test_budget_is_real_runs_and_the_solver_seeds_come_first(sqlite_url):
     r = BookRunner()
-    res = _tune(r, sqlite_url, 6, seeds=3)
+    res = _tune(r, sqlite_url, 6, seeds=3, confirm=0)
     assert len(r.calls) == 6 == res.runs == res.budget
     space = TuneSpace.from_dict(optuna.load_study(study_name="s", storage=sqlite_url).user_attrs[ATTR_SPACE])
     assert [lay.model_dump() for lay in r.calls[:3]] == [
@@ -168,3 +168,32 @@ def test_bad_arguments(kw, needle, sqlite_url):
     kw = {"storage": sqlite_url, "trials": 2, **kw}
     with pytest.raises(AutoparInputError, match=needle):
         _tune(BookRunner(), kw.pop("storage"), kw.pop("trials"), **kw)
+
+
+def test_the_package_is_callable_as_autopar_tune(sqlite_url):
+    import autopar
+    import autopar.tune
+    res = autopar.tune(TINY, "h100_sxm", CPU_TRAIN, 2, FAST, trials=2, storage=sqlite_url, backend="gloo",
+                       runner=BookRunner(), progress=lambda m: None)
+    assert res.runs == 2 and callable(autopar.tune) and autopar.tune.tune is not None
+
+
+def test_the_last_trials_re_measure_a_runner_up_that_a_busy_machine_slowed_down(sqlite_url):
+    from autopar.search.space import SearchOptions
+
+    class Busy(BookRunner):             # the first run of the pipeline layout meets a busy machine
+        def __call__(self, model, layout, training, **kw):
+            res = super().__call__(model, layout, training, **kw)
+            if layout.pp == 2 and sum(c.pp == 2 for c in self.calls) == 1:
+                res.step_time_s *= 2.0
+                res.tokens_per_s /= 2.0
+            return res
+
+    opts = SearchOptions(time_limit_s=10, cp=[1], mbs=[4], recompute=["none"], zero=[1], vpp=[1])
+    r = Busy()
+    res = _tune(r, sqlite_url, 4, options=opts, seeds=3, confirm=1)
+    assert res.space_size == 3 and len(r.calls) == 4 == res.runs
+    assert [c.pp for c in r.calls].count(2) == 2                     # the runner-up (pp2) was measured again
+    again = next(x for x in res.records if x.remeasure_of is not None)
+    assert again.layout == res.best_trial.layout and res.best.layout.pp == 2
+    assert "fastest of its 2 runs" in format_summary(res)
