@@ -39,10 +39,16 @@ STEPS, WARMUP = 8, 2
 CACHE = Path(os.environ.get("AUTOPAR_TUNE_TEST_CACHE", Path(tempfile.gettempdir()) / "autopar-tune-tests"))
 
 
-def _measure(layout):
+def _measure(layout, attempts: int = 3):
+    """Tokens/s of one run (a run that fails for a passing reason, e.g. a port taken by another process's
+    rendezvous, is tried again); None with the failures printed when every attempt failed."""
     from autopar.profile.launch import run_layout
-    r = run_layout(TINY, layout, TRAIN, world=GPUS, steps=STEPS, warmup=WARMUP, timeout_s=120, backend="gloo")
-    return r.tokens_per_s if r.ok else None
+    for _ in range(attempts):
+        r = run_layout(TINY, layout, TRAIN, world=GPUS, steps=STEPS, warmup=WARMUP, timeout_s=120, backend="gloo")
+        if r.ok:
+            return r.tokens_per_s
+        print(f"{layout.short()}: run failed: {r.failure} (log {r.log_path})")
+    return None
 
 
 def _runner_digest() -> str:
@@ -64,8 +70,9 @@ def exhaustive():
         table = json.loads(path.read_text())
     else:
         table = {lay.short(): _measure(lay) for lay in layouts}
-        CACHE.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(table, indent=1))
+        if all(table.values()):          # only a complete table is kept
+            CACHE.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(table, indent=1))
     return layouts, table
 
 
