@@ -81,6 +81,11 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
         meshes.append(mi)
         mesh_bad.append(bad)
     nm = len(meshes)
+    cap = int((hw.hbm_gib - hw.reserve_gib) / (1 + hw.fragmentation) * SCALE_M)
+    if nm == 0:   # every mesh breaks a rule: nothing to choose from (the caller explains why)
+        empty = np.zeros(0, np.int64)
+        return Candidates(np.zeros((0, 5), np.int64), empty, empty,
+                          {g: np.zeros(0, bool) for g in ALL_GROUPS}, cap, 0, time.perf_counter() - t0, first_problem)
     slots = max((len(est.stages(space.layout(mi, 1, "none", 1, 1).stage_layers)) for mi in meshes), default=1)
     steady = np.zeros((nm, J, R))
     bubble = np.zeros((nm, J, R, K))
@@ -136,7 +141,6 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
     mem_mib = np.ceil(mem / GIB * SCALE_M).astype(np.int64).reshape(nm, -1)
     b_bad = np.broadcast_to(~batch_ok[:, :, None, None, None], shape).reshape(nm, -1)
     i_bad = np.broadcast_to(~inter_ok[:, :, None, :, None], shape).reshape(nm, -1)
-    cap = int((hw.hbm_gib - hw.reserve_gib) / (1 + hw.fragmentation) * SCALE_M)
     keep = _prune(step_us, mem_mib, b_bad, i_bad, top_k, cap)
     # Cutoff (an incumbent bound, as a branch-and-bound solver would use): when at least top_k candidates break
     # no rule and fit, nothing slower than the top_k-th of them can be an answer.

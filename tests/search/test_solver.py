@@ -57,3 +57,12 @@ def test_infeasible_problem_names_the_hbm_group_and_a_gpu_count():
     assert not res.plans
     text = "\n".join(res.explanation)
     assert "hbm capacity" in text and "smallest per-GPU memory" in text and "GPU count" in text
+
+
+def test_pins_that_no_mesh_satisfies_give_no_plans_and_an_explanation():
+    model = ModelSpec(name="four_heads", num_layers=4, hidden_size=256, ffn_hidden_size=1024, num_attention_heads=4,
+                      vocab_size=512)
+    tr = TrainingSpec(seq_len=2048, global_batch=32)
+    res = solve(model, "h100_sxm", tr, 8, SearchOptions(**{**OPTS, "tp": [8]}), with_heuristic=False)
+    assert not res.plans and res.status == "INFEASIBLE"
+    assert any("tensor parallel" in line for line in res.explanation)
