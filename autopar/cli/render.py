@@ -33,7 +33,7 @@ APPROX_NOTE = ("Predictions are analytical (autopar/cost/, each formula cites it
 
 
 def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=120)
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=170)
 
 
 def header(model: ModelSpec, hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:

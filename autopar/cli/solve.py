@@ -63,26 +63,29 @@ def run(args: argparse.Namespace) -> int:
         for line in res.explanation:
             out.print(line)
         return 1
-    t = Table(title="Fastest layouts that fit (predicted)", title_justify="left")
-    for col in ("#", "TP", "PP", "VPP", "CP", "EP", "ETP", "DP", "SP", "ZeRO", "MBS", "GA", "recompute",
-                "W", "G", "O", "Act", "Tot GiB", "comp s", "TP s", "CP s", "EP s", "DP s", "bubble s", "step s",
+    t = Table(title="Fastest layouts that fit (predicted; memory in GiB per GPU, times in s per step)",
+              title_justify="left")
+    for col in ("#", "layout", "W+G+O", "act", "total", "compute", "tp", "cp", "ep", "dp", "bubble", "step",
                 "tok/s/GPU", "MFU", "bottleneck"):
-        t.add_column(col, justify="right" if col not in ("recompute", "bottleneck") else "left")
+        t.add_column(col, justify="left" if col in ("layout", "bottleneck") else "right")
     for p in res.plans:
-        L, e, m, ts = p.layout, p.estimate, p.estimate.memory_gib, p.estimate.time_s
-        t.add_row(str(p.rank), str(L.tp), str(L.pp), str(L.vpp), str(L.cp), str(L.ep), str(L.etp), str(L.dp),
-                  "y" if L.sp else "n", "FSDP" if L.zero_stage == 3 else str(L.zero_stage), str(L.micro_batch),
-                  str(L.grad_accum), L.recompute, f"{m.weights:.1f}", f"{m.grads:.1f}", f"{m.optimizer:.1f}",
-                  f"{m.activations:.1f}", f"{m.total:.1f}", f"{ts.compute:.2f}", f"{ts.tp:.2f}", f"{ts.cp:.2f}",
-                  f"{ts.ep:.2f}", f"{ts.dp:.2f}", f"{ts.pp_bubble:.2f}", f"{e.step_time_s:.3f}",
-                  f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.mfu:.1%}", e.bottleneck)
+        e, m, ts = p.estimate, p.estimate.memory_gib, p.estimate.time_s
+        t.add_row(str(p.rank), p.layout.short(), f"{m.weights + m.grads + m.optimizer:.1f}", f"{m.activations:.1f}",
+                  f"{m.total:.1f}", f"{ts.compute:.2f}", f"{ts.tp:.2f}", f"{ts.cp:.2f}", f"{ts.ep:.2f}",
+                  f"{ts.dp:.2f}", f"{ts.pp_bubble:.2f}", f"{e.step_time_s:.3f}", f"{e.tokens_per_s_per_gpu:,.0f}",
+                  f"{e.mfu:.1%}", e.bottleneck)
     out.print(t)
     best = res.plans[0]
     if res.heuristic:
         h = res.heuristic.estimate
-        verdict = "fits" if h.fits else f"[red]does not fit ({h.memory_gib.total:.1f} GiB)[/red]"
+        if h.fits:
+            verdict = (f"fits; autopar's best is predicted {h.step_time_s / best.estimate.step_time_s:.2f}x "
+                       "as fast")
+        else:
+            verdict = (f"[red]does not fit[/red] ({h.memory_gib.total:.1f} of {h.hbm_gib:.1f} GiB), so it is no "
+                       "usable baseline")
         out.print(f"Rules-of-thumb starting point: {res.heuristic.layout.short()} — {h.step_time_s:.3f} s/step, "
-                  f"{verdict}; autopar's best is predicted {h.step_time_s / best.estimate.step_time_s:.2f}x as fast.")
+                  f"{verdict}.")
         for r in res.heuristic_reasons:
             out.print(f"  [dim]rule: {r}[/dim]")
     out.print("\n[bold]Best layout in detail[/bold]")
