@@ -80,7 +80,7 @@ class Estimator:
                     round(lay.between(k, st.first, st.last), 3) for k in lay.__dataclass_fields__)
                 if sig not in seen:
                     seen.add(sig)
-                    hit.append(st)
+                    hit.append(st.with_sums(self.profile))
             self._stages[stage_layers] = hit
         return hit
 
@@ -93,17 +93,17 @@ class Estimator:
                 cp_time_per_microbatch(prof, st, L, tr, hw, net, self.flops_per_s),
                 ep_time_per_microbatch(prof, st, L, tr, hw, net) * self.imbalance, t_fwd)
 
-    def stage_tail(self, L: Layout, st: Stage) -> tuple[float, float]:
+    def stage_tail(self, L: Layout, st: Stage, t_fwd: float | None = None) -> tuple[float, float]:
         """(exposed DP/FSDP communication, optimizer) seconds per step of stage ``st``.
 
         The communication hides behind the gradient math of a micro-batch (forward t_f, backward 2·t_f);
-        recomputation is not counted as hiding time (a conservative simplification)."""
+        recomputation is not counted as hiding time (a conservative simplification). ``t_fwd`` (the
+        forward time, which does not depend on the recompute policy) may be passed when already known."""
         prof, tr, hw = self.profile, self.training, self.hardware
         dense, expert = stage_params(prof, st, L)
-        base = L if L.recompute == "none" else L.model_construct(**{**dict(L), "recompute": "none"})
-        t_fwd = _compute.microbatch_time(prof, st, base, tr,
-                                         self.flops_per_s, self.hbm_bytes_per_s, self.elementwise,
-                                         self.imbalance)[1]
+        if t_fwd is None:
+            t_fwd = _compute.microbatch_time(prof, st, L, tr, self.flops_per_s, self.hbm_bytes_per_s,
+                                             self.elementwise, self.imbalance)[1]
         dp_exposed, _ = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd)
         sd, se = shard_groups(L)
         p_local = dense / (sd if L.zero_stage >= 1 else 1) + expert / (se if L.zero_stage >= 1 else 1)
@@ -121,11 +121,11 @@ class Estimator:
             mem = stage_memory(prof, st, L, tr, hw)
             if worst_mem is None or mem.total > worst_mem.total:
                 worst_mem, worst_stage = mem, st.index
-            t_comp, t_tp, t_cp, t_ep, _ = self.stage_times(L, st)
+            t_comp, t_tp, t_cp, t_ep, t_fwd = self.stage_times(L, st)
             t_mb = t_comp + t_tp + t_cp + t_ep
             if slow is None or t_mb > slow[0]:
                 slow = (t_mb, t_comp, t_tp, t_cp, t_ep)
-            dp_t, opt_t = self.stage_tail(L, st)
+            dp_t, opt_t = self.stage_tail(L, st, t_fwd)
             if dp_t + opt_t > tail:
                 tail, tail_terms = dp_t + opt_t, (dp_t, opt_t)
         return self.assemble(L, worst_mem, worst_stage, slow, tail_terms)

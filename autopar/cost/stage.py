@@ -15,6 +15,7 @@ class Stage:
     pp: int
     first: int
     last: int
+    sums: dict | None = None     # per-token totals of every per-layer quantity, filled once by the Estimator
 
     @property
     def n_layers(self) -> int:
@@ -30,7 +31,14 @@ class Stage:
 
     def sum(self, prof: ModelProfile, name: str) -> float:
         """Per-token total of a per-layer quantity over this stage's layers."""
+        if self.sums is not None:
+            return self.sums[name]
         return prof.layers.between(name, self.first, self.last)
+
+    def with_sums(self, prof: ModelProfile) -> "Stage":
+        lay = prof.layers
+        return Stage(self.index, self.pp, self.first, self.last,
+                     {k: lay.between(k, self.first, self.last) for k in lay.__dataclass_fields__})
 
 
 def split_stages(stage_layers: tuple[int, ...]) -> list[Stage]:
