@@ -117,20 +117,25 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
             for k, v in enumerate(space.vpp):
                 inter_ok[pos, j, k] = v == 1 or (pp > 1 and M % pp == 0)
                 p2p[pos, j, k] = p2p_time(space.layout(mi, mbs, "none", v, 1), tr, prof.hidden, hw, est.net)
-            for z_i, z in enumerate(space.zero):
-                L = space.layout(mi, mbs, "none", 1, z)
-                tail[pos, z_i, j] = max(sum(est.stage_tail(L, st)) for st in stages)
-                for s, st in enumerate(slot_stage):
-                    buf[s, pos, z_i, j] = buffer_bytes(prof, st, L, tr)
+            t_fwd = {}   # forward time per stage: the same for every recompute policy
             for r, rc in enumerate(space.recompute):
                 L = space.layout(mi, mbs, rc, 1, 1)
-                t_mb = max(sum(est.stage_times(L, st)[:4]) for st in stages)
+                t_mb = 0.0
+                for st in stages:
+                    times = est.stage_times(L, st)
+                    t_mb = max(t_mb, times[0] + times[1] + times[2] + times[3])
+                    t_fwd[st.index] = times[4]
                 steady[pos, j, r] = M * t_mb
                 for k, v in enumerate(space.vpp):
                     bubble[pos, j, r, k] = (pp - 1) * t_mb / v
                     Lv = space.layout(mi, mbs, rc, v, 1) if v > 1 else L
                     for s, st in enumerate(slot_stage):
                         act[s, pos, j, r, k] = activation_bytes(prof, st, Lv, tr, elems[r, s])
+            for z_i, z in enumerate(space.zero):
+                L = space.layout(mi, mbs, "none", 1, z)
+                tail[pos, z_i, j] = max(sum(est.stage_tail(L, st, t_fwd[st.index])) for st in stages)
+                for s, st in enumerate(slot_stage):
+                    buf[s, pos, z_i, j] = buffer_bytes(prof, st, L, tr)
     # Compose every (m, j, r, k, z): axes order of the candidate grid.
     step = (steady[:, :, :, None, None] + bubble[:, :, :, :, None] + p2p[:, :, None, :, None]
             + np.transpose(tail, (0, 2, 1))[:, :, None, None, :])
