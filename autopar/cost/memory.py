@@ -80,11 +80,19 @@ def inflight_layer_microbatches(st: Stage, L: Layout) -> float:
     return chunks / L.vpp
 
 
-def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout) -> tuple[float, float]:
+def linear_input_scale(tr: TrainingSpec) -> float:
+    """Stored size of a GEMM input relative to the activation dtype. FP8 recipes (Transformer Engine) keep the
+    FP8 cast of each linear layer's input for the weight-gradient GEMM instead of the bf16 tensor: 1 byte, not 2."""
+    return 1.0 / tr.activation_bytes if tr.precision in _FP8 else 1.0
+
+
+def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
+                               lin: float = 1.0) -> tuple[float, float]:
     """(stored elements per token of one micro-batch over the stage, working set of one layer) per GPU.
 
     Tokens here are the b·s tokens of a micro-batch of one data-parallel rank; divided by tp·cp (or cp for
-    norm tensors without SP)."""
+    norm tensors without SP). ``lin`` scales the tensors that are GEMM inputs (norm outputs, attention
+    output, the MLP activation output, routed tokens entering the experts): see :func:`linear_input_scale`."""
     sp_div = L.tp * L.cp if L.sp else L.cp
     tp_div = L.tp * L.cp
     n = st.n_layers
@@ -115,6 +123,14 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout) -> tupl
         moe -= st.sum(prof, "act_moe_act")
     if "mla_up_proj" in mods:
         qkv -= st.sum(prof, "act_mla_up")
+    if lin != 1.0:
+        gated = prof.model.gated_mlp
+        norm_out *= lin
+        attn_out *= lin
+        mlp -= (1 - lin) * mlp / (3 if gated else 2)          # the activation output feeds the down projection
+        if "moe" not in mods:
+            act = 0.0 if "moe_act" in mods else st.sum(prof, "act_moe_act")
+            moe -= (1 - lin) * (st.sum(prof, "act_moe_io") / 2 + act)
     kept = (norm_in + norm_out) / sp_div + (qkv + attn_out + mlp + shared + moe) / tp_div
     return kept, (working if mods else 0.0)
 
@@ -133,10 +149,11 @@ def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec
 def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
                      elems: tuple[float, float] | None = None) -> float:
     """Stored activations of the in-flight micro-batches (+ logits and MTP on the last stage).
-    ``elems`` = activation_elems_per_token(prof, st, L) when the caller has it already."""
+    ``elems`` = activation_elems_per_token(prof, st, L, linear_input_scale(tr)) when the caller has it."""
     mb_tokens = L.micro_batch * tr.seq_len
     e = tr.activation_bytes
-    kept, working = elems if elems is not None else activation_elems_per_token(prof, st, L)
+    kept, working = elems if elems is not None else activation_elems_per_token(prof, st, L,
+                                                                                 linear_input_scale(tr))
     act = mb_tokens * e * (kept * inflight_layer_microbatches(st, L) + working)
     if st.is_last:
         act += mb_tokens / (L.cp * L.tp) * prof.vocab * (e + 4) * (1 + prof.model.mtp_layers)

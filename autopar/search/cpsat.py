@@ -32,7 +32,8 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autopar.cost import Estimator
-from autopar.cost.memory import activation_bytes, activation_elems_per_token, buffer_bytes, model_state_bytes
+from autopar.cost.memory import (activation_bytes, activation_elems_per_token, buffer_bytes, linear_input_scale,
+                                 model_state_bytes)
 from autopar.cost.pipeline import p2p_time
 from autopar.cost.result import GIB
 from autopar.search.space import Space
@@ -110,7 +111,7 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
         for r, rc in enumerate(space.recompute):
             L = space.layout(mi, 1, rc, 1, 1)
             for s, st in enumerate(slot_stage):
-                elems[r, s] = activation_elems_per_token(prof, st, L)
+                elems[r, s] = activation_elems_per_token(prof, st, L, linear_input_scale(tr))
         for j, mbs in enumerate(space.mbs):
             batch_ok[pos, j] = B % (dp * mbs) == 0
             M = max(1, B // (dp * mbs))
