@@ -165,7 +165,7 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         est = Estimator(model, hw, training, gpus)
         best = None
         for v in range(1, 9):
-            split = stage if stage is None else balanced_stage_layers(model.num_layers, pp, v)
+            split = None if stage is None else balanced_stage_layers(model.num_layers, pp, v)
             try:
                 cand = resolve_layout(layout.model_copy(update={"vpp": v, "stage_layers": split, "dp": None,
                                                                "grad_accum": None}), model, training, gpus)

@@ -18,7 +18,7 @@ def options_from_args(args: argparse.Namespace):
             for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")}
     if args.no_cp:
         pins["cp"] = [1]
-    zero = [3] if args.fsdp else ([int(x) for x in parse_int_list(args.zero, "--zero")] if args.zero else None)
+    zero = [3] if args.fsdp else (parse_int_list(args.zero, "--zero") if args.zero else None)
     rc = [x.strip() for x in args.recompute.split(";")] if args.recompute else None
     return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp, allow_cross_domain=args.allow_cross_domain,
                          top_k=args.top_k, time_limit_s=args.time_limit, sequence_parallel=False if args.no_sp else None)

@@ -48,13 +48,6 @@ def recompute_flops_per_token(prof: ModelProfile, st: Stage, layout: Layout) -> 
     return f
 
 
-def microbatch_flops(prof: ModelProfile, st: Stage, layout: Layout, seq_len: int) -> tuple[float, float]:
-    """(forward FLOPs, total FLOPs incl. backward and recompute) per GPU for one micro-batch."""
-    tokens = layout.micro_batch * seq_len / (layout.tp * layout.cp)
-    fwd = forward_flops_per_token(prof, st) * tokens
-    return fwd, 3.0 * fwd + recompute_flops_per_token(prof, st, layout) * tokens
-
-
 def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, flops_per_s: float,
                     hbm_bytes_per_s: float, elementwise_passes: float = 0.0,
                     imbalance: float = 1.0) -> tuple[float, float]:

@@ -66,7 +66,7 @@ def _all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], gr
 def all_to_all_dispatch(moe: MoE, tokens: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, *,
                         group: dist.ProcessGroup, ep: int, etp: int) -> torch.Tensor:
     E = moe.num_experts
-    el, ranks, h = E // ep, ep * etp, tokens.shape[-1]
+    el, ranks = E // ep, ep * etp
     x, order, counts = sort_by_expert(tokens, experts, E)
     # 1. tokens per (destination rank, local expert): each EP block goes to its etp ranks.
     per_ep = counts.view(ep, el)

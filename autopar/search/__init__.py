@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autopar.cost import Estimate, Estimator
+from autopar.cost import Estimator
 from autopar.errors import AutoparInputError
 from autopar.search.cpsat import LayoutModel, build_candidates
 from autopar.search.exhaustive import exhaustive_search
@@ -141,7 +141,3 @@ def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, tr
             explanation = explain_infeasible(model, hardware, training, gpus, options, blamed, cands.first_problem)
     return SolveResult(plans, status, gap, time.perf_counter() - t0, space.size, len(space.meshes), method,
                        heur, reasons, explanation)
-
-
-def estimate_plan(e: Estimate) -> Plan:
-    return Plan(1, e, "estimate")
