@@ -75,7 +75,19 @@ def run(args: argparse.Namespace) -> int:
                   f"{ts.dp:.2f}", f"{ts.pp_bubble:.2f}", f"{e.step_time_s:.3f}", f"{e.tokens_per_s_per_gpu:,.0f}",
                   f"{e.mfu:.1%}", e.bottleneck)
     out.print(t)
+    out.print("[dim]layout: TPn PPn(vV virtual stages) CP/EP/ETP degrees, DP data-parallel, SP sequence parallel, "
+              "Z ZeRO stage (FSDP = ZeRO-3), mbs micro-batch, GA gradient accumulation, rc recompute, "
+              "layers = transformer layers per pipeline stage[/dim]")
     best = res.plans[0]
+    used = best.estimate.memory_gib.total / best.estimate.hbm_gib
+    if used > 0.95:
+        roomy = next((p for p in res.plans if p.estimate.memory_gib.total / p.estimate.hbm_gib <= 0.9), None)
+        alt = (f"#{roomy.rank} leaves {1 - roomy.estimate.memory_gib.total / roomy.estimate.hbm_gib:.0%} free at "
+               f"{roomy.estimate.step_time_s / best.estimate.step_time_s - 1:+.1%} step time" if roomy else
+               "no listed layout leaves 10% free; see 'What to try next' for memory savings")
+        out.print(f"[yellow]note: #1 uses {used:.0%} of HBM; the memory model is approximate "
+                  f"(autopar validate), so check it with a short run (autopar profile run) or pick more headroom: "
+                  f"{alt}[/yellow]")
     if res.heuristic:
         h = res.heuristic.estimate
         if h.fits:

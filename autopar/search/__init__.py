@@ -61,6 +61,9 @@ def explain_infeasible(model: ModelSpec, hardware: HardwareSpec, training: Train
     for g in blamed:
         if g in first_problem:
             lines.append(f"  {g}: e.g. {first_problem[g]}")
+        elif g == "batch":
+            lines.append(f"  batch: global batch {training.global_batch} must be a multiple of dp·micro-batch, and no "
+                         f"valid layout on {gpus} GPUs has such a dp; change --global-batch or the GPU count")
     if "hbm capacity" in blamed or not blamed:
         space = build_space(model, hardware, training, gpus, options)
         est = Estimator(model, hardware, training, gpus)
@@ -74,8 +77,9 @@ def explain_infeasible(model: ModelSpec, hardware: HardwareSpec, training: Train
                 lines.append(f"at seq {training.seq_len} the smallest per-GPU memory reachable on {gpus} "
                              f"{hardware.name} is {e.memory_gib.total:.1f} GiB ({L.short()}), "
                              f"HBM is {hardware.hbm_gib:.1f} GiB")
-    for factor in (2, 4, 8, 16, 32, 64):
-        n = gpus * factor
+    # Larger GPU counts to try: the next powers of two and doublings of the request, up to 64x.
+    counts = sorted({gpus * 2 ** i for i in range(1, 7)} | {2 ** k for k in range(1, 40) if gpus < 2 ** k <= 64 * gpus})
+    for n in counts:
         try:
             res = solve(model, hardware, training, n, SearchOptions(**{**options.__dict__, "top_k": 1,
                                                                          "time_limit_s": 5.0}),
@@ -83,11 +87,11 @@ def explain_infeasible(model: ModelSpec, hardware: HardwareSpec, training: Train
         except AutoparInputError:
             continue
         if res.plans:
-            lines.append(f"the smallest GPU count (doubling from {gpus}) that fits is {n}: "
+            lines.append(f"the smallest GPU count that fits (trying powers of two and doublings of {gpus}) is {n}: "
                          f"{res.plans[0].layout.short()}")
             break
     else:
-        lines.append(f"nothing fits up to {gpus * 64} GPUs")
+        lines.append(f"nothing fits up to {64 * gpus} GPUs")
     return lines
 
 

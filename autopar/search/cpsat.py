@@ -226,6 +226,35 @@ class LayoutModel:
         weights = (c.mem_mib if objective == "memory" else c.step_us).tolist()
         m.Minimize(cp_model.LinearExpr.WeightedSum(self.x, weights))
 
+    def _minimal_core(self, core: list[str], workers: int) -> list[str]:
+        """Shrink CP-SAT's infeasible assumption set to a minimal one (deletion filter), then add every group that
+        is infeasible on its own, so the message names the groups that really bind."""
+        m = self.model
+        keep = list(core)
+        for g in list(core):
+            trial = [x for x in keep if x != g]
+            m.ClearAssumptions()
+            m.AddAssumptions([self.lits[x] for x in trial])
+            solver = cp_model.CpSolver()
+            solver.parameters.num_workers = workers
+            solver.parameters.max_time_in_seconds = 5.0
+            if solver.Solve(m) == cp_model.INFEASIBLE:
+                keep = trial
+        # A minimal core is one explanation among several: also name every group that is infeasible on its own.
+        for g in self.lits:
+            if g in keep:
+                continue
+            m.ClearAssumptions()
+            m.AddAssumptions([self.lits[g]])
+            solver = cp_model.CpSolver()
+            solver.parameters.num_workers = workers
+            solver.parameters.max_time_in_seconds = 5.0
+            if solver.Solve(m) == cp_model.INFEASIBLE:
+                keep.append(g)
+        m.ClearAssumptions()
+        m.AddAssumptions(list(self.lits.values()))
+        return keep
+
     def solve(self, top_k: int, time_limit_s: float, workers: int = 2) -> CpResult:
         m = self.model
         m.AddAssumptions(list(self.lits.values()))
@@ -244,7 +273,8 @@ class LayoutModel:
                     status_name = solver.StatusName(st)
                     if st == cp_model.INFEASIBLE:
                         names = {lit.Index(): g for g, lit in self.lits.items()}
-                        blamed = [names[i] for i in solver.SufficientAssumptionsForInfeasibility() if i in names]
+                        core = [names[i] for i in solver.SufficientAssumptionsForInfeasibility() if i in names]
+                        blamed = self._minimal_core(core, workers)
                 break
             chosen = next(i for i, x in enumerate(self.x) if solver.BooleanValue(x))
             if rank == 0:

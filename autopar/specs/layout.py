@@ -140,8 +140,8 @@ def balanced_stage_layers(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, 
     --account-for-embedding/loss-in-pipeline-split). None when no such split exists."""
     if num_layers % (pp * vpp) == 0:
         return (num_layers // pp,) * pp
-    if pp < 3:
-        return None
+    if pp == 1:
+        return (num_layers,)
     per = -(-num_layers // pp)
     rest = num_layers - per * (pp - 2)
     first = rest // 2
