@@ -25,8 +25,9 @@ def main() -> None:
         print(f"{label}: {dt:.2f} s, status {res.get('status')}, space {res.get('space_size')} layouts, "
               f"best step {best}")
     small = ["--model", "deepseek_v3", "--gpus", "256", "--top-k", "1"]
-    dc, rc = run(small)
-    de, re_ = run(small + ["--search", "exhaustive"])
+    # best of 3 whole-process runs each (shared machines are noisy; the ratio is what counts)
+    (dc, rc), (de, re_) = (min((run(a) for _ in range(3)), key=lambda x: x[0])
+                           for a in (small, small + ["--search", "exhaustive"]))
     bc = rc["plans"][0]["estimate"]["step_time_s"] if rc.get("plans") else None
     be = re_["plans"][0]["estimate"]["step_time_s"] if re_.get("plans") else None
     print(f"deepseek_v3 on 256: cpsat {dc:.2f} s (best {bc}), exhaustive {de:.2f} s (best {be}), "

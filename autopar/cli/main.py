@@ -24,10 +24,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"autopar: error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or (``only``) the one with just that subcommand: a command imports only its own module,
+    which keeps `autopar solve` and `autopar estimate` start-up short."""
     parser = _Parser(prog="autopar", description="Pick the parallel layout for training a transformer on GPUs.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in SUBCOMMANDS:
+        if only is not None and name != only:
+            continue
         try:
             module = importlib.import_module(f"autopar.cli.{name}")
         except ModuleNotFoundError as err:
@@ -39,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

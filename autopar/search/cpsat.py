@@ -9,7 +9,9 @@
    of every (m, j, r, k, z): each is exactly ``Estimator.estimate`` of that layout (tested). Within a mesh and
    a batch/interleaving status only the top_k fastest layouts that fit, and the smallest one that does not,
    can ever be an answer; the rest are dropped (exact pruning, see ``_prune``), and so is every candidate slower
-   than the top_k-th fully valid one (an incumbent cutoff).
+   than the top_k-th fully valid one (an incumbent cutoff). Meshes are tabulated in order of a step-time lower
+   bound, and a mesh (or a micro-batch/recompute pair of it) that cannot beat the incumbent or cannot fit is not
+   timed at all (branch and bound over meshes; exact, see ``build_candidates``).
 3. CP-SAT. One Boolean per remaining candidate, ``ExactlyOne`` of them; objective Σ step_i·x_i in integer
    microseconds. This is the one-hot (linear) form of an element constraint: CP-SAT's presolve spends
    minutes probing large element/table constraints over these tables, while the one-hot model solves in
@@ -41,6 +43,8 @@ from autopar.specs.layout import check_layout_groups
 
 SCALE_T = 1e6      # objective unit: microseconds
 SCALE_M = 1024.0   # memory unit: MiB
+UNREACHABLE_S = 1e9   # step time of candidates the branch and bound did not time (they cannot fit)
+UNREACHABLE_BYTES = 1e18   # activations of micro-batches the branch and bound did not tabulate (they cannot fit)
 MESH_GROUPS = ("world size", "min_gpus", "tensor parallel", "sequence parallel", "context parallel", "experts",
                "pipeline layers", "recompute", "topology", "sharding")
 ALL_GROUPS = MESH_GROUPS + ("batch", "interleaving", "hbm capacity")
@@ -58,9 +62,19 @@ class Candidates:
     total: int                  # layouts before pruning
     build_s: float = 0.0
     first_problem: dict[str, str] = field(default_factory=dict)
+    tabulated_meshes: int = 0   # meshes whose tables were filled (the rest were bounded out)
+    valid_meshes: int = 0
 
 
-def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes: bool = True) -> Candidates:
+def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes: bool = True,
+                     bound: bool = True) -> Candidates:
+    """Candidates of every valid mesh (see the module docstring).
+
+    With ``bound`` (branch and bound over meshes, exact): meshes are visited in order of a step-time lower bound;
+    a mesh's time tables are filled only for the (micro-batch, recompute) pairs that fit in HBM at some vpp and
+    ZeRO stage, and only when their lower bound is not slower than the top_k-th fully valid layout found so far.
+    Nothing left out could survive the incumbent cutoff below. When fewer than top_k layouts fit, every mesh is
+    tabulated after all (the infeasibility explanation needs the smallest misfits)."""
     t0 = time.perf_counter()
     J, R, K, Z = len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
     hw, tr, prof = space.hardware, space.training, est.profile
@@ -87,82 +101,225 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
         empty = np.zeros(0, np.int64)
         return Candidates(np.zeros((0, 5), np.int64), empty, empty,
                           {g: np.zeros(0, bool) for g in ALL_GROUPS}, cap, 0, time.perf_counter() - t0, first_problem)
-    slots = max((len(est.stages(space.layout(mi, 1, "none", 1, 1).stage_layers)) for mi in meshes), default=1)
-    steady = np.zeros((nm, J, R))
-    bubble = np.zeros((nm, J, R, K))
-    p2p = np.zeros((nm, J, K))
-    tail = np.zeros((nm, Z, J))
-    states = np.zeros((slots, nm, Z))
-    act = np.zeros((slots, nm, J, R, K))
-    buf = np.zeros((slots, nm, Z, J))
-    batch_ok = np.zeros((nm, J), bool)
-    inter_ok = np.zeros((nm, J, K), bool)
-    B = tr.global_batch
-    for pos, mi in enumerate(meshes):
-        tp, cp, pp, ep, etp = space.meshes[mi]
-        dp = space.gpus // (tp * cp * pp)
-        stages = est.stages(space.layout(mi, 1, "none", 1, 1).stage_layers)
-        slot_stage = [stages[min(s, len(stages) - 1)] for s in range(slots)]
-        for z_i, z in enumerate(space.zero):
-            L = space.layout(mi, space.mbs[0], "none", 1, z)
-            for s, st in enumerate(slot_stage):
-                states[s, pos, z_i] = sum(model_state_bytes(prof, st, L, tr))
-        elems = {}
-        for r, rc in enumerate(space.recompute):
-            L = space.layout(mi, 1, rc, 1, 1)
-            for s, st in enumerate(slot_stage):
-                elems[r, s] = activation_elems_per_token(prof, st, L, linear_input_scale(tr))
-        for j, mbs in enumerate(space.mbs):
-            batch_ok[pos, j] = B % (dp * mbs) == 0
-            M = max(1, B // (dp * mbs))
-            for k, v in enumerate(space.vpp):
-                inter_ok[pos, j, k] = v == 1 or (pp > 1 and M % pp == 0)
-                p2p[pos, j, k] = p2p_time(space.layout(mi, mbs, "none", v, 1), tr, prof.hidden, hw, est.net)
-            t_fwd = {}   # forward time per stage: the same for every recompute policy
-            for r, rc in enumerate(space.recompute):
-                L = space.layout(mi, mbs, rc, 1, 1)
-                t_mb = 0.0
-                for st in stages:
-                    times = est.stage_times(L, st)
-                    t_mb = max(t_mb, times[0] + times[1] + times[2] + times[3])
-                    t_fwd[st.index] = times[4]
-                steady[pos, j, r] = M * t_mb
-                for k, v in enumerate(space.vpp):
-                    bubble[pos, j, r, k] = (pp - 1) * t_mb / v
-                    Lv = space.layout(mi, mbs, rc, v, 1) if v > 1 else L
-                    for s, st in enumerate(slot_stage):
-                        act[s, pos, j, r, k] = activation_bytes(prof, st, Lv, tr, elems[r, s])
-            for z_i, z in enumerate(space.zero):
-                L = space.layout(mi, mbs, "none", 1, z)
-                tail[pos, z_i, j] = max(sum(est.stage_tail(L, st, t_fwd[st.index])) for st in stages)
-                for s, st in enumerate(slot_stage):
-                    buf[s, pos, z_i, j] = buffer_bytes(prof, st, L, tr)
-    # Compose every (m, j, r, k, z): axes order of the candidate grid.
-    step = (steady[:, :, :, None, None] + bubble[:, :, :, :, None] + p2p[:, :, None, :, None]
-            + np.transpose(tail, (0, 2, 1))[:, :, None, None, :])
-    mem = (states[:, :, None, None, None, :] + act[:, :, :, :, :, None]
-           + np.transpose(buf, (0, 1, 3, 2))[:, :, :, None, None, :]).max(axis=0)
-    shape = step.shape
-    step_us = np.rint(step * SCALE_T).astype(np.int64).reshape(nm, -1)
-    mem_mib = np.ceil(mem / GIB * SCALE_M).astype(np.int64).reshape(nm, -1)
-    b_bad = np.broadcast_to(~batch_ok[:, :, None, None, None], shape).reshape(nm, -1)
-    i_bad = np.broadcast_to(~inter_ok[:, :, None, :, None], shape).reshape(nm, -1)
+    t = _Tables(space, est, meshes)
+    if not (bound and only_valid_meshes):
+        for pos in range(nm):
+            t.fill(pos)
+    else:
+        # Bound: recomputation never makes a micro-batch faster, bubble >= (pp-1)·t_mb/max(vpp), p2p and the
+        # DP/optimizer tail >= 0. tests/search/test_solver.py checks that bounded and unbounded builds agree.
+        cap_bytes = cap / SCALE_M * GIB * (1 + 1e-9)
+        time_lb = np.array([t.time_lower_bound(pos) for pos in range(nm)])
+        best: list[int] = []   # step_us of the fastest fully valid fitting layouts so far (at most top_k)
+        for pos in np.argsort(time_lb, kind="stable"):
+            if len(best) >= top_k and np.rint(time_lb[pos] * SCALE_T) > best[top_k - 1] + 1:
+                break   # sorted by the bound: no later mesh can beat the incumbent either
+            t.fill_memory(pos, cap_bytes, best[top_k - 1] if len(best) >= top_k else None)
+            jr = t.smallest_memory(pos) <= cap_bytes   # (mbs, recompute) pairs with some layout that fits
+            if not jr.any() or (len(best) >= top_k and
+                                np.rint(t.lower_bound_of(pos, jr) * SCALE_T) > best[top_k - 1] + 1):
+                continue
+            t.fill_time(pos, jr)
+            step_us, mem_mib, b_bad, i_bad = t.compose(np.array([pos]))
+            ok = ~b_bad & ~i_bad & (mem_mib <= cap)
+            best = sorted(best + step_us[ok].tolist())[:top_k]
+        if len(best) < top_k:   # too few layouts fit: tabulate everything (explanations need the smallest misfits)
+            for pos in range(nm):
+                if not t.done[pos] or t.partial[pos] or t.mem_partial[pos]:
+                    t.fill(pos)
+    rows = np.nonzero(t.done)[0]
+    step_us, mem_mib, b_bad, i_bad = t.compose(rows)
     keep = _prune(step_us, mem_mib, b_bad, i_bad, top_k, cap)
     # Cutoff (an incumbent bound, as a branch-and-bound solver would use): when at least top_k candidates break
     # no rule and fit, nothing slower than the top_k-th of them can be an answer.
-    all_ok = np.array([not bad for bad in mesh_bad], bool)[:, None] & ~b_bad & ~i_bad & (mem_mib <= cap)
+    all_ok = np.array([not mesh_bad[p] for p in rows], bool)[:, None] & ~b_bad & ~i_bad & (mem_mib <= cap)
     ok_steps = np.sort(step_us[all_ok])
     if len(ok_steps) >= top_k:
         keep &= step_us <= ok_steps[top_k - 1]
-    grid = np.stack(np.unravel_index(np.arange(step_us.shape[1]), shape[1:]), axis=1)   # (J·R·K·Z, 4)
+    grid = np.stack(np.unravel_index(np.arange(step_us.shape[1]), (J, R, K, Z)), axis=1)   # (J·R·K·Z, 4)
     pos_idx, flat_idx = np.nonzero(keep)
-    assignment = np.column_stack([np.asarray(meshes, dtype=np.int64)[pos_idx], grid[flat_idx]]) if nm else \
-        np.zeros((0, 5), np.int64)
-    broken = {g: np.array([g in mesh_bad[p] for p in pos_idx], bool) for g in MESH_GROUPS}
+    assignment = np.column_stack([np.asarray(meshes, dtype=np.int64)[rows[pos_idx]], grid[flat_idx]])
+    broken = {g: np.array([g in mesh_bad[rows[p]] for p in pos_idx], bool) for g in MESH_GROUPS}
     broken["batch"] = b_bad[pos_idx, flat_idx]
     broken["interleaving"] = i_bad[pos_idx, flat_idx]
     return Candidates(assignment, step_us[pos_idx, flat_idx], mem_mib[pos_idx, flat_idx], broken, cap,
-                      int(step_us.size), time.perf_counter() - t0, first_problem)
+                      nm * J * R * K * Z, time.perf_counter() - t0, first_problem, int(len(rows)), nm)
+
+
+class _Tables:
+    """The term tables of the module docstring, filled one mesh (row ``pos``) at a time."""
+
+    def __init__(self, space: Space, est: Estimator, meshes: list[int]):
+        self.space, self.est, self.meshes = space, est, meshes
+        nm, J, R, K, Z = len(meshes), len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
+        self.stages = [est.stages(space.layout(mi, 1, "none", 1, 1).stage_layers) for mi in meshes]
+        self.slots = slots = max(len(s) for s in self.stages)
+        self.steady = np.zeros((nm, J, R))
+        self.bubble = np.zeros((nm, J, R, K))
+        self.p2p = np.zeros((nm, J, K))
+        self.tail = np.zeros((nm, Z, J))
+        self.states = np.zeros((slots, nm, Z))
+        self.act = np.zeros((slots, nm, J, R, K))
+        self.buf = np.zeros((slots, nm, Z, J))
+        self.batch_ok = np.zeros((nm, J), bool)
+        self.inter_ok = np.zeros((nm, J, K), bool)
+        self.done = np.zeros(nm, bool)      # time tables filled
+        self.partial = np.zeros(nm, bool)   # ... only for the (mbs, recompute) pairs that can fit
+        self.mem_done = np.zeros(nm, bool)
+        self.mem_partial = np.zeros(nm, bool)   # larger micro-batches marked unreachable, not tabulated
+        self._lb_by_mbs: dict[int, list[float]] = {}   # pos -> step-time lower bound per micro-batch
+        self._elems: dict[int, dict] = {}
+        self._times: dict[tuple[int, int, int], tuple[float, dict[int, float]]] = {}   # (pos, j, r) -> t_mb, t_fwd
+
+    def _slot_stage(self, pos: int) -> list:
+        stages = self.stages[pos]
+        return [stages[min(s, len(stages) - 1)] for s in range(self.slots)]
+
+    def _m(self, pos: int, j: int) -> int:
+        tp, cp, pp, _, _ = self.space.meshes[self.meshes[pos]]
+        dp = self.space.gpus // (tp * cp * pp)
+        return max(1, self.space.training.global_batch // (dp * self.space.mbs[j]))
+
+    def _elems_of(self, pos: int) -> dict:
+        """Activation elements per token per (recompute, slot); fills the mesh's model-state table on first use."""
+        if pos not in self._elems:
+            sp, prof, tr, mi = self.space, self.est.profile, self.space.training, self.meshes[pos]
+            slot_stage = self._slot_stage(pos)
+            for z_i, z in enumerate(sp.zero):
+                L = sp.layout(mi, sp.mbs[0], "none", 1, z)
+                for s, st in enumerate(slot_stage):
+                    self.states[s, pos, z_i] = sum(model_state_bytes(prof, st, L, tr))
+            elems = self._elems[pos] = {}
+            for r, rc in enumerate(sp.recompute):
+                L = sp.layout(mi, 1, rc, 1, 1)
+                for s, st in enumerate(slot_stage):
+                    elems[r, s] = activation_elems_per_token(prof, st, L, linear_input_scale(tr))
+        return self._elems[pos]
+
+    def _stage_max(self, pos: int, j: int, r: int) -> tuple[float, dict[int, float]]:
+        key = (pos, j, r)
+        if key not in self._times:
+            sp = self.space
+            L = sp.layout(self.meshes[pos], sp.mbs[j], sp.recompute[r], 1, 1)
+            t_mb, t_fwd = 0.0, {}
+            for st in self.stages[pos]:
+                times = self.est.stage_times(L, st)
+                t_mb = max(t_mb, times[0] + times[1] + times[2] + times[3])
+                t_fwd[st.index] = times[4]
+            self._times[key] = (t_mb, t_fwd)
+        return self._times[key]
+
+    def time_lower_bound(self, pos: int) -> float:
+        """Seconds no layout of this mesh goes below: M·t_mb + (pp-1)·t_mb/max(vpp) without recomputation."""
+        sp = self.space
+        pp = sp.meshes[self.meshes[pos]][2]
+        rs = [sp.recompute.index("none")] if "none" in sp.recompute else range(len(sp.recompute))
+        by_mbs = []
+        for j in range(len(sp.mbs)):
+            t_mb = min(self._stage_max(pos, j, r)[0] for r in rs)
+            by_mbs.append(self._m(pos, j) * t_mb + (pp - 1) * t_mb / max(sp.vpp))
+        self._lb_by_mbs[pos] = by_mbs
+        return min(by_mbs)
+
+    def fill(self, pos: int) -> None:
+        """Every table of one mesh."""
+        self.fill_memory(pos)
+        self.fill_time(pos)
+
+    def fill_memory(self, pos: int, cap_bytes: float | None = None, incumbent_us: int | None = None) -> None:
+        """Memory tables and batch/interleaving validity of one mesh. With ``cap_bytes``, micro-batches are
+        visited in increasing size and the rest are marked unreachable at the first one with nothing that fits:
+        activations and buffers never shrink as the micro-batch grows (mbs·min(in-flight, GA) grows while
+        GA = B/(dp·mbs) shrinks), so no larger micro-batch fits either. With ``incumbent_us``, a micro-batch
+        whose step-time lower bound is slower than the incumbent is marked unreachable without tabulating."""
+        if self.mem_done[pos] and not (cap_bytes is None and self.mem_partial[pos]):
+            return
+        sp, prof, tr = self.space, self.est.profile, self.space.training
+        mi = self.meshes[pos]
+        tp, cp, pp, ep, etp = sp.meshes[mi]
+        dp = sp.gpus // (tp * cp * pp)
+        slot_stage = self._slot_stage(pos)
+        elems = self._elems_of(pos)
+        self.mem_partial[pos] = exhausted = False
+        for j, mbs in enumerate(sp.mbs):
+            self.batch_ok[pos, j] = tr.global_batch % (dp * mbs) == 0
+            M = self._m(pos, j)
+            for k, v in enumerate(sp.vpp):
+                self.inter_ok[pos, j, k] = v == 1 or (pp > 1 and M % pp == 0)
+            if exhausted or (incumbent_us is not None and
+                             np.rint(self._lb_by_mbs[pos][j] * SCALE_T) > incumbent_us + 1):
+                self.act[:, pos, j] = UNREACHABLE_BYTES
+                self.mem_partial[pos] = True
+                continue
+            for r, rc in enumerate(sp.recompute):
+                for k, v in enumerate(sp.vpp):
+                    Lv = sp.layout(mi, mbs, rc, v, 1)
+                    for s, st in enumerate(slot_stage):
+                        self.act[s, pos, j, r, k] = activation_bytes(prof, st, Lv, tr, elems[r, s])
+            for z_i, z in enumerate(sp.zero):
+                L = sp.layout(mi, mbs, "none", 1, z)
+                for s, st in enumerate(slot_stage):
+                    self.buf[s, pos, z_i, j] = buffer_bytes(prof, st, L, tr)
+            if cap_bytes is not None and self.smallest_memory(pos)[j].min() > cap_bytes:
+                exhausted = True
+        self.mem_done[pos] = True
+
+    def smallest_memory(self, pos: int) -> np.ndarray:
+        """(J, R) bytes of the fullest stage at the best vpp and ZeRO stage, per micro-batch and recompute."""
+        mem = (self.states[:, pos][:, None, None, None, :] + self.act[:, pos][:, :, :, :, None]
+               + np.transpose(self.buf[:, pos], (0, 2, 1))[:, :, None, None, :]).max(axis=0)
+        return mem.min(axis=(2, 3))
+
+    def lower_bound_of(self, pos: int, jr: np.ndarray) -> float:
+        """Step-time lower bound over the (micro-batch, recompute) pairs marked in ``jr`` (J, R)."""
+        pp = self.space.meshes[self.meshes[pos]][2]
+        lb = float("inf")
+        for j, r in zip(*np.nonzero(jr)):
+            t_mb = self._stage_max(pos, int(j), int(r))[0]
+            lb = min(lb, self._m(pos, int(j)) * t_mb + (pp - 1) * t_mb / max(self.space.vpp))
+        return lb
+
+    def fill_time(self, pos: int, jr: np.ndarray | None = None) -> None:
+        """Time tables of one mesh, for the (micro-batch, recompute) pairs marked in ``jr`` (default: all); the
+        others get an infinite step time (only used once an incumbent makes them irrelevant)."""
+        sp, est, prof, tr, hw = self.space, self.est, self.est.profile, self.space.training, self.space.hardware
+        mi = self.meshes[pos]
+        pp = sp.meshes[mi][2]
+        stages = self.stages[pos]
+        for j, mbs in enumerate(sp.mbs):
+            M = self._m(pos, j)
+            for k, v in enumerate(sp.vpp):
+                self.p2p[pos, j, k] = p2p_time(sp.layout(mi, mbs, "none", v, 1), tr, prof.hidden, hw, est.net)
+            t_fwd = None   # forward time per stage: the same for every recompute policy
+            for r in range(len(sp.recompute)):
+                if jr is not None and not jr[j, r]:
+                    self.steady[pos, j, r] = np.inf
+                    continue
+                t_mb, t_fwd = self._stage_max(pos, j, r)
+                self.steady[pos, j, r] = M * t_mb
+                for k, v in enumerate(sp.vpp):
+                    self.bubble[pos, j, r, k] = (pp - 1) * t_mb / v
+            for z_i, z in enumerate(sp.zero):
+                L = sp.layout(mi, mbs, "none", 1, z)
+                self.tail[pos, z_i, j] = 0.0 if t_fwd is None else \
+                    max(sum(est.stage_tail(L, st, t_fwd[st.index])) for st in stages)
+        self.done[pos] = True
+        self.partial[pos] = jr is not None and not jr.all()
+
+    def compose(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Step time (us), fullest stage's memory (MiB) and batch/interleaving breakage of every (m, j, r, k, z)
+        of the given rows: axes order of the candidate grid."""
+        n = len(rows)
+        step = (self.steady[rows][:, :, :, None, None] + self.bubble[rows][:, :, :, :, None]
+                + self.p2p[rows][:, :, None, :, None] + np.transpose(self.tail[rows], (0, 2, 1))[:, :, None, None, :])
+        mem = (self.states[:, rows][:, :, None, None, None, :] + self.act[:, rows][:, :, :, :, :, None]
+               + np.transpose(self.buf[:, rows], (0, 1, 3, 2))[:, :, :, None, None, :]).max(axis=0)
+        shape = step.shape
+        step_us = np.rint(np.minimum(step, UNREACHABLE_S) * SCALE_T).astype(np.int64).reshape(n, -1)
+        mem_mib = np.ceil(mem / GIB * SCALE_M).astype(np.int64).reshape(n, -1)
+        b_bad = np.broadcast_to(~self.batch_ok[rows][:, :, None, None, None], shape).reshape(n, -1)
+        i_bad = np.broadcast_to(~self.inter_ok[rows][:, :, None, :, None], shape).reshape(n, -1)
+        return step_us, mem_mib, b_bad, i_bad
 
 
 def _prune(step: np.ndarray, mem: np.ndarray, b_bad: np.ndarray, i_bad: np.ndarray, top_k: int, cap: int

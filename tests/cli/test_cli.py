@@ -47,3 +47,24 @@ def test_solve_small_problem_prints_a_ranked_table():
     d = json.loads(r.stdout)
     assert d["status"] == "OPTIMAL" and len(d["plans"]) == 2
     assert d["plans"][0]["estimate"]["step_time_s"] <= d["plans"][1]["estimate"]["step_time_s"]
+
+
+def test_zoo_lists_every_model_and_hardware_file_with_their_figures():
+    from autopar.specs.loaders import zoo_names
+    r = run("zoo", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert [m["name"] for m in d["models"]] == zoo_names("models")
+    assert [h["name"] for h in d["hardware"]] == zoo_names("hardware")
+    v3 = next(m for m in d["models"] if m["name"] == "deepseek_v3")
+    assert v3["total_params_b"] == pytest.approx(671, rel=0.02) and v3["experts"] == 256 and v3["mla"]
+    table = run("zoo", "hardware")
+    assert table.returncode == 0 and "h100_sxm" in table.stdout and "deepseek_v3" not in table.stdout
+
+
+def test_help_lists_every_command():
+    r = run("--help")
+    assert r.returncode == 0
+    for cmd in ("solve", "estimate", "validate", "profile", "tune", "zoo"):
+        assert cmd in r.stdout
+    assert "invalid choice" in run("nope").stderr

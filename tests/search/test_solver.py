@@ -66,3 +66,43 @@ def test_pins_that_no_mesh_satisfies_give_no_plans_and_an_explanation():
     res = solve(model, "h100_sxm", tr, 8, SearchOptions(**{**OPTS, "tp": [8]}), with_heuristic=False)
     assert not res.plans and res.status == "INFEASIBLE"
     assert any("tensor parallel" in line for line in res.explanation)
+
+
+def _best_steps(cands, top_k):
+    from autopar.search.cpsat import LayoutModel
+    res = LayoutModel(cands).solve(top_k, 30.0)
+    return res.status, [s.objective_s for s in res.solutions]
+
+
+@settings(max_examples=12, deadline=None)
+@given(moe=st.booleans(), layers=st.sampled_from([8, 12, 30]), gpus=st.sampled_from([8, 16, 32]),
+       gb=st.sampled_from([16, 64, 96]), seq=st.sampled_from([2048, 8192]), top_k=st.integers(1, 4),
+       hidden=st.sampled_from([2048, 8192]))
+def test_branch_and_bound_over_meshes_loses_nothing(moe, layers, gpus, gb, seq, top_k, hidden):
+    """The bounded table build (meshes skipped by lower bounds) gives the same top-k as tabulating every mesh,
+    including problems where nothing or only a few layouts fit."""
+    from autopar.search.cpsat import build_candidates
+    from autopar.search.space import build_space
+    model = ModelSpec(name="m", num_layers=layers, hidden_size=hidden, ffn_hidden_size=4 * hidden,
+                      num_attention_heads=16, num_kv_heads=4, vocab_size=32000,
+                      moe=MoESpec(num_experts=16, top_k=2, expert_ffn_hidden_size=hidden) if moe else None)
+    hw, tr = load_hardware("h100_sxm"), TrainingSpec(seq_len=seq, global_batch=gb)
+    space = build_space(model, hw, tr, gpus, SearchOptions(top_k=top_k))
+    est = Estimator(model, hw, tr, gpus)
+    full = build_candidates(space, est, top_k, bound=False)
+    bounded = build_candidates(space, est, top_k, bound=True)
+    assert bounded.tabulated_meshes <= full.tabulated_meshes == full.valid_meshes
+    assert _best_steps(bounded, top_k) == _best_steps(full, top_k)
+
+
+def test_branch_and_bound_on_deepseek_v3_skips_most_meshes_and_keeps_the_optimum():
+    from autopar.search.cpsat import build_candidates
+    from autopar.search.space import build_space
+    from autopar.specs.loaders import load_model
+    model, hw = load_model("deepseek_v3"), load_hardware("h100_sxm")
+    tr = TrainingSpec(seq_len=4096, global_batch=512)
+    space = build_space(model, hw, tr, 256, SearchOptions(top_k=3))
+    est = Estimator(model, hw, tr, 256)
+    full, bounded = build_candidates(space, est, 3, bound=False), build_candidates(space, est, 3)
+    assert bounded.tabulated_meshes < full.valid_meshes / 3
+    assert _best_steps(bounded, 3) == _best_steps(full, 3)

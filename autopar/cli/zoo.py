@@ -1,0 +1,76 @@
+"""`autopar zoo`: the models and hardware shipped with autopar (names accepted by --model and --hardware)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from autopar.cli.common import dump_json
+from autopar.cli.render import console
+from autopar.specs.loaders import load_hardware, load_model, zoo_dir, zoo_names
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("zoo", help="list the zoo models and hardware (names for --model / --hardware)",
+                       description="List the models in models/ and the hardware in hardware/ with their key figures.")
+    p.add_argument("kind", nargs="?", choices=("models", "hardware", "all"), default="all",
+                   help="what to list (default: all)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    p.set_defaults(func=run)
+
+
+def _models() -> list[dict]:
+    rows = []
+    for name in zoo_names("models"):
+        m = load_model(name)
+        rows.append({"name": name, "total_params_b": round(m.total_params / 1e9, 2),
+                     "active_params_b": round(m.active_params / 1e9, 2), "layers": m.num_layers,
+                     "hidden": m.hidden_size, "heads": m.num_attention_heads, "kv_heads": m.kv_heads,
+                     "experts": m.moe.num_experts if m.moe else None, "top_k": m.moe.top_k if m.moe else None,
+                     "mla": m.mla is not None, "vocab": m.vocab_size})
+    return rows
+
+
+def _hardware() -> list[dict]:
+    rows = []
+    for name in zoo_names("hardware"):
+        h = load_hardware(name)
+        rows.append({"name": name, "bf16_tflops": h.peak_tflops_bf16, "fp8_tflops": h.peak_tflops_fp8,
+                     "fp4_tflops": h.peak_tflops_nvfp4, "hbm_gib": h.hbm_gib, "hbm_tbps": h.hbm_tbps,
+                     "nvlink_domain": h.nvlink_domain_size, "nvlink_gbps": h.nvlink_gbps,
+                     "scaleout_gbps": h.scaleout_gbps})
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    out = {}
+    if args.kind in ("models", "all"):
+        out["models"] = _models()
+    if args.kind in ("hardware", "all"):
+        out["hardware"] = _hardware()
+    if args.json:
+        print(dump_json(out))
+        return 0
+    c = console()
+    if "models" in out:
+        t = Table(title=f"Models ({zoo_dir('models')}; --model NAME)", title_justify="left")
+        for col in ("name", "total B", "active B", "layers", "hidden", "heads/kv", "experts (top-k)", "MLA"):
+            t.add_column(col, justify="left" if col == "name" else "right")
+        for r in out["models"]:
+            t.add_row(r["name"], f"{r['total_params_b']:.1f}", f"{r['active_params_b']:.1f}", str(r["layers"]),
+                      str(r["hidden"]), f"{r['heads']}/{r['kv_heads']}",
+                      f"{r['experts']} ({r['top_k']})" if r["experts"] else "-", "yes" if r["mla"] else "")
+        c.print(t)
+    if "hardware" in out:
+        t = Table(title=f"Hardware ({zoo_dir('hardware')}; --hardware NAME); dense peaks per GPU",
+                  title_justify="left")
+        for col in ("name", "BF16 TFLOP/s", "FP8 TFLOP/s", "FP4 TFLOP/s", "HBM GiB", "HBM TB/s", "NVLink domain",
+                    "NVLink GB/s", "scale-out GB/s"):
+            t.add_column(col, justify="left" if col == "name" else "right")
+        for r in out["hardware"]:
+            t.add_row(r["name"], f"{r['bf16_tflops']:g}", f"{r['fp8_tflops']:g}" if r["fp8_tflops"] else "-",
+                      f"{r['fp4_tflops']:g}" if r["fp4_tflops"] else "-", f"{r['hbm_gib']:g}", f"{r['hbm_tbps']:g}",
+                      str(r["nvlink_domain"]), f"{r['nvlink_gbps']:g}", f"{r['scaleout_gbps']:g}")
+        c.print(t)
+    return 0
