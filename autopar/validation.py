@@ -23,12 +23,13 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import dataclass, field
+from itertools import combinations
 from pathlib import Path
 
 from autopar.cost import Estimator
 from autopar.errors import AutoparInputError
 from autopar.specs.hardware import HardwareSpec
-from autopar.specs.layout import Layout, balanced_stage_layers, resolve_layout
+from autopar.specs.layout import RECOMPUTE_MODULES, Layout, balanced_stage_layers, resolve_layout
 from autopar.specs.loaders import load_hardware, load_model
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
@@ -110,6 +111,15 @@ def megatron_core_flops_per_token(m: ModelSpec, s: int, causal: bool = False) ->
     return 12.0 * l * h * h * (attn + mlp + m.vocab_size / (2 * l * h))
 
 
+def _recompute_choices(model: ModelSpec) -> list[str]:
+    """Every recompute policy that applies to the model: none, full, and each non-empty set of modules."""
+    mods = [m for m in RECOMPUTE_MODULES if (model.is_moe or not m.startswith(("moe", "shared")))
+            and (model.mla is not None or m != "mla_up_proj")
+            and (m != "shared_experts" or (model.moe is not None and model.moe.num_shared_experts))]
+    subsets = [",".join(c) for n in range(1, len(mods) + 1) for c in combinations(mods, n)]
+    return ["none", "full", *subsets]
+
+
 def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] | None = None) -> Case:
     rid = row["id"]
     src = rid.split("-")[0]
@@ -150,33 +160,49 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
     if src == "mlm21":
         sp = False
     rc = row["recompute"].strip() or "none"
-    if not row["recompute"].strip():
-        notes.append("recompute n/f: none")
+    choose_rc = not row["recompute"].strip()
     stage = None
     if model.num_layers % (pp * vpp):
         stage = balanced_stage_layers(model.num_layers, pp, vpp)
         notes.append(f"uneven pipeline: {stage[0]}/{stage[1]}../{stage[-1]} layers" if stage else "")
+    # "activation offloading required" without the modules: the offloaded share is chosen below like V.
+    offload = "activation offloading" in row.get("notes", "")
     layout = Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch=mbs, zero_stage=zero,
-                    sequence_parallel=sp, recompute=rc, stage_layers=stage)
+                    sequence_parallel=sp, recompute=rc, stage_layers=stage, offload_activations=1.0 if offload else 0)
     layout = resolve_layout(layout, model, training, gpus)
-    if choose_vpp:
-        # The source ran an (often interleaved) schedule without printing V: fill it the way autopar would for a
-        # user, with the fastest valid V in 1..8 that fits, by its own prediction (stated with the row).
+    if choose_vpp or choose_rc or offload:
+        # The source ran the layout without printing V (often interleaved) or the recompute policy: fill them the
+        # way autopar would for a user, with the fastest valid choice that fits by its own prediction (V in 1..8;
+        # recompute: none, full or any set of the modules Megatron-Core can recompute; the offloaded share in
+        # eighths when the source says it offloaded activations), and state it with the row.
+        # The run fitted, so fitting comes first; then V >= 2 when the source says it ran interleaved.
         est = Estimator(model, hw, training, gpus)
         best = None
-        for v in range(1, 9):
-            split = None if stage is None else balanced_stage_layers(model.num_layers, pp, v)
-            try:
-                cand = resolve_layout(layout.model_copy(update={"vpp": v, "stage_layers": split, "dp": None,
-                                                               "grad_accum": None}), model, training, gpus)
-            except AutoparInputError:
-                continue
-            e = est.estimate(cand, resolved=True)
-            key = (not e.fits, e.step_time_s)    # the source's run fitted: prefer V that fit, then the fastest
-            if best is None or key < best[0]:
-                best = (key, cand)
+        interleaved = "interleaved" in row.get("notes", "")   # the source says V > 1 without giving it
+        for v in (range(1, 9) if choose_vpp else [layout.vpp]):
+            split = stage if (stage is None or not choose_vpp) else balanced_stage_layers(model.num_layers, pp, v)
+            for policy in (_recompute_choices(model) if choose_rc else [layout.recompute]):
+                for share in ([k / 8 for k in range(1, 9)] if offload else [0.0]):
+                    try:
+                        cand = resolve_layout(layout.model_copy(update={
+                            "vpp": v, "stage_layers": split, "dp": None, "grad_accum": None, "recompute": policy,
+                            "offload_activations": share}), model, training, gpus)
+                    except AutoparInputError:
+                        continue
+                    e = est.estimate(cand, resolved=True)
+                    key = (not e.fits, interleaved and v == 1, e.step_time_s)
+                    if best is None or key < best[0]:
+                        best = (key, cand)
         layout = best[1]
-        notes.append(f"vpp n/f: autopar's fastest valid V = {layout.vpp}")
+        if choose_vpp:
+            notes.append(f"vpp n/f: autopar's fastest valid V = {layout.vpp}" + (
+                " (the source ran interleaved, but no V >= 2 fits autopar's memory model, which holds Megatron's "
+                "in-flight count; Llama 3's modified schedule holds fewer)" if interleaved and layout.vpp == 1
+                else ""))
+        if choose_rc:
+            notes.append(f"recompute n/f: autopar's fastest that fits = {layout.recompute}")
+        if offload:
+            notes.append(f"offloaded share n/f: autopar's fastest that fits = {layout.offload_activations:.0%}")
 
     tokens = _float(row["tokens_per_s_per_gpu"])
     step = _float(row["step_time_s"])

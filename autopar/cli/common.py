@@ -23,6 +23,16 @@ def positive_int(text: str) -> int:
     return v
 
 
+def fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got '{text}'") from None
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {v}")
+    return v
+
+
 def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True) -> None:
     g = p.add_argument_group("problem")
     g.add_argument("--model", required=True, help="zoo name (see `autopar zoo`), a model YAML, or a HF config.json")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from autopar.cli.common import add_problem_args, dump_json, load_problem, parse_int_list, positive_int
+from autopar.cli.common import add_problem_args, dump_json, fraction, load_problem, parse_int_list, positive_int
 from autopar.cli.render import console, print_estimate
 from autopar.cost import Estimator
 from autopar.specs.layout import Layout
@@ -28,13 +28,17 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
                    help="none | selective | full | comma list of modules (core_attn,layernorm,mlp,moe,moe_act,"
                         "mla_up_proj,shared_experts) (default: none)")
     g.add_argument("--stage-layers", default=None, help="layers per pipeline stage, e.g. 2,4,4,...,3 (uneven split)")
+    g.add_argument("--offload-activations", type=fraction, nargs="?", const=1.0, default=0.0, metavar="FRACTION",
+                   help="send this fraction of the stored activations to host memory and back (alone: 1 = all; "
+                        "needs host_link_gbps in the hardware file; default: 0)")
 
 
 def layout_from_args(args: argparse.Namespace) -> Layout:
     stage = tuple(parse_int_list(args.stage_layers, "--stage-layers")) if args.stage_layers else None
     return build_spec(Layout, dict(tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, etp=args.etp,
                   sequence_parallel=args.sp, zero_stage=3 if args.fsdp else args.zero, fsdp=args.fsdp,
-                  hsdp_shard=args.hsdp, micro_batch=args.mbs, recompute=args.recompute, stage_layers=stage),
+                  hsdp_shard=args.hsdp, micro_batch=args.mbs, recompute=args.recompute, stage_layers=stage,
+                  offload_activations=args.offload_activations),
                       "layout flags")
 
 

@@ -58,6 +58,9 @@ def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]
     if scale:
         model = scale_model(model, **scale)
     layout = layout_from_args(args)
+    if layout.offload_activations:
+        raise AutoparInputError("--offload-activations: the profiling runner does not offload activations yet; "
+                                "profile without it (autopar estimate models the offload)")
     gb = args.global_batch
     if gb is None:
         gb = max(1, args.gpus // (layout.tp * layout.cp * layout.pp)) * layout.micro_batch * layout.pp

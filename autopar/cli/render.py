@@ -27,6 +27,7 @@ TIME_LEGEND = {
     "pp_bubble": "pipeline fill + drain: (PP-1)/(VPP*M+PP-1) of the step",
     "pp_p2p": "exposed pipeline send/recv",
     "optimizer": "Adam update (HBM-bandwidth bound)",
+    "offload": "exposed activation-offload copies to/from host memory",
 }
 APPROX_NOTE = ("Predictions are analytical (autopar/cost/, each formula cites its source) and approximate; "
                "see `autopar validate` for the error on published runs.")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from autopar.cli.common import add_problem_args, dump_json, load_problem, parse_int_list, positive_int
+from autopar.cli.common import add_problem_args, dump_json, fraction, load_problem, parse_int_list, positive_int
 from autopar.cli.render import APPROX_NOTE, console, header, print_estimate
 from autopar.errors import AutoparInputError
 
@@ -21,7 +21,8 @@ def options_from_args(args: argparse.Namespace):
     zero = [3] if args.fsdp else (parse_int_list(args.zero, "--zero") if args.zero else None)
     rc = [x.strip() for x in args.recompute.split(";")] if args.recompute else None
     return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp, allow_cross_domain=args.allow_cross_domain,
-                         top_k=args.top_k, time_limit_s=args.time_limit, sequence_parallel=False if args.no_sp else None)
+                         top_k=args.top_k, time_limit_s=args.time_limit, sequence_parallel=False if args.no_sp else None,
+                         offload_activations=args.offload_activations)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,6 +129,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-tp", type=positive_int, default=None, help="largest TP to consider")
     g.add_argument("--no-cp", action="store_true", help="no context parallelism")
     g.add_argument("--no-sp", action="store_true", help="no sequence parallelism")
+    g.add_argument("--offload-activations", type=fraction, nargs="?", const=1.0, default=0.0, metavar="FRACTION",
+                   help="every layout sends this fraction of its stored activations to host memory (alone: 1 = all; "
+                        "default: 0; not searched)")
     g.add_argument("--allow-cross-domain", action="store_true",
                    help="let TP and EP·ETP span NVLink domains (default: forbidden)")
     p.add_argument("--search", choices=("cpsat", "exhaustive", "heuristic"), default="cpsat",

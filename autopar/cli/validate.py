@@ -30,7 +30,7 @@ def run_fit(args: argparse.Namespace) -> int:
     for k, v in res.shared.items():
         t.add_row(k, f"{v:.3f}", "all")
     out.print(t)
-    out.print(f"mean |log error|: {res.loss_before:.3f} before, {res.loss_after:.3f} after")
+    out.print(f"mean absolute error: {res.loss_before:.2%} before, {res.loss_after:.2%} after")
     if args.cv:
         cv = cross_validate(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
         out.print("held-out source (fit on the others) mean absolute error: "
@@ -38,8 +38,8 @@ def run_fit(args: argparse.Namespace) -> int:
     if args.write:
         d = zoo_dir("hardware")
         chips = {k[0] for k in res.gemm} | {n for n in zoo_names("hardware") if INHERIT.get(n) in {k[0] for k in res.gemm}}
-        note = (f"fitted {date.today()} on {Path(args.csv).name} ({len(cases)} rows): mean |log error| "
-                f"{res.loss_before:.3f} -> {res.loss_after:.3f}")
+        note = (f"fitted {date.today()} on {Path(args.csv).name} ({len(cases)} rows): mean absolute error "
+                f"{res.loss_before:.2%} -> {res.loss_after:.2%}")
         for name in sorted(chips):
             hw = load_hardware(name)
             write_efficiency(d / f"{name}.yaml", res.efficiency_for(hw), note)
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     out.print(t)
     for rid, why in rep.skipped:
         out.print(f"skipped {rid}: {why}")
-    out.print(f"[bold]{len(rep.rows)} rows: mean absolute error {rep.mape:.1%}, max {rep.max_abs_error:.1%}; "
+    out.print(f"[bold]{len(rep.rows)} rows: mean absolute error {rep.mape:.2%}, max {rep.max_abs_error:.1%}; "
               f"predicted OOM for {len(rep.predicted_oom)} layouts that ran[/bold]")
     return 0
 

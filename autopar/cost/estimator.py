@@ -2,8 +2,9 @@
 
 Step time (the critical path of the slowest pipeline stage, Narayanan et al. 2021 sec. 3.5's composition):
 
-    t_mb   = compute_mb + tp_mb + cp_mb + ep_mb            (slowest stage, one micro-batch)
+    t_mb   = compute_mb + tp_mb + cp_mb + ep_mb + off_mb   (slowest stage, one micro-batch)
     T_step = M·compute_mb + M·tp_mb + M·cp_mb + M·ep_mb     (steady state: compute, tp, cp, ep)
+           + M·off_mb                                        (offload: exposed activation-offload copies)
            + (p − 1)·t_mb / v                                (pp_bubble)
            + exposed p2p                                     (pp_p2p)
            + max over stages of (exposed DP/FSDP + optimizer) (dp, optimizer)
@@ -20,11 +21,12 @@ from autopar.cost.collectives import Network
 from autopar.cost.cp import cp_time_per_microbatch
 from autopar.cost.dp import dp_time_per_step
 from autopar.cost.ep import ep_time_per_microbatch
-from autopar.cost.memory import shard_groups, stage_memory, stage_params
+from autopar.cost.memory import offloaded_activation_bytes, shard_groups, stage_memory, stage_params
+from autopar.cost.offload import offload_time_per_microbatch
 from autopar.cost.optimizer import optimizer_time
 from autopar.cost.pipeline import bubble_time, p2p_time
 from autopar.cost.profile import ModelProfile
-from autopar.cost.result import Estimate, MemoryBreakdown, TimeBreakdown
+from autopar.cost.result import GIB, Estimate, MemoryBreakdown, TimeBreakdown
 from autopar.cost.stage import Stage, split_stages
 from autopar.cost.tp import tp_time_per_microbatch
 from autopar.specs.hardware import HardwareSpec
@@ -84,14 +86,16 @@ class Estimator:
             self._stages[stage_layers] = hit
         return hit
 
-    def stage_times(self, L: Layout, st: Stage) -> tuple[float, float, float, float, float]:
-        """(compute, tp, cp, ep, forward-only compute) seconds of one micro-batch on stage ``st``."""
+    def stage_times(self, L: Layout, st: Stage) -> tuple[float, float, float, float, float, float]:
+        """(compute, tp, cp, ep, forward-only compute, exposed offload) seconds of one micro-batch on stage
+        ``st``; the micro-batch time is the sum of all but the forward-only compute."""
         prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
         t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.flops_per_s, self.hbm_bytes_per_s,
                                                 self.elementwise, self.imbalance)
         return (t_tot, tp_time_per_microbatch(prof, st, L, tr, hw, net),
                 cp_time_per_microbatch(prof, st, L, tr, hw, net, self.flops_per_s),
-                ep_time_per_microbatch(prof, st, L, tr, hw, net) * self.imbalance, t_fwd)
+                ep_time_per_microbatch(prof, st, L, tr, hw, net) * self.imbalance, t_fwd,
+                offload_time_per_microbatch(prof, st, L, tr, hw, t_fwd, t_tot) if L.offload_activations else 0.0)
 
     def stage_tail(self, L: Layout, st: Stage, t_fwd: float | None = None) -> tuple[float, float]:
         """(exposed DP/FSDP communication, optimizer) seconds per step of stage ``st``.
@@ -115,34 +119,43 @@ class Estimator:
         prof, tr, hw = self.profile, self.training, self.hardware
         worst_mem: MemoryBreakdown | None = None
         worst_stage = 0
-        slow = None  # (t_mb, compute, tp, cp, ep) of the slowest stage
+        slow = None  # (t_mb, compute, tp, cp, ep, offload) of the slowest stage
+        host = 0.0   # offloaded activation bytes in host memory (fullest stage)
         tail, tail_terms = -1.0, (0.0, 0.0)
         for st in self.stages(L.stage_layers):
             mem = stage_memory(prof, st, L, tr, hw)
             if worst_mem is None or mem.total > worst_mem.total:
                 worst_mem, worst_stage = mem, st.index
-            t_comp, t_tp, t_cp, t_ep, t_fwd = self.stage_times(L, st)
-            t_mb = t_comp + t_tp + t_cp + t_ep
+            t_comp, t_tp, t_cp, t_ep, t_fwd, t_off = self.stage_times(L, st)
+            t_mb = t_comp + t_tp + t_cp + t_ep + t_off
             if slow is None or t_mb > slow[0]:
-                slow = (t_mb, t_comp, t_tp, t_cp, t_ep)
+                slow = (t_mb, t_comp, t_tp, t_cp, t_ep, t_off)
+            if L.offload_activations:
+                host = max(host, offloaded_activation_bytes(prof, st, L, tr))
             dp_t, opt_t = self.stage_tail(L, st, t_fwd)
             if dp_t + opt_t > tail:
                 tail, tail_terms = dp_t + opt_t, (dp_t, opt_t)
-        return self.assemble(L, worst_mem, worst_stage, slow, tail_terms)
+        return self.assemble(L, worst_mem, worst_stage, slow, tail_terms, host / GIB)
 
     def assemble(self, L: Layout, worst_mem: MemoryBreakdown, worst_stage: int,
-                 slow: tuple[float, float, float, float, float], tail_terms: tuple[float, float]) -> Estimate:
+                 slow: tuple[float, float, float, float, float, float], tail_terms: tuple[float, float],
+                 host_gib: float = 0.0) -> Estimate:
         prof, tr, hw = self.profile, self.training, self.hardware
         M = L.grad_accum
-        t_mb, t_comp, t_tp, t_cp, t_ep = slow
+        t_mb, t_comp, t_tp, t_cp, t_ep, t_off = slow
         times = TimeBreakdown(
             compute=M * t_comp, tp=M * t_tp, cp=M * t_cp, ep=M * t_ep, dp=tail_terms[0],
             pp_bubble=bubble_time(L, t_mb), pp_p2p=p2p_time(L, tr, prof.hidden, hw, self.net),
-            optimizer=tail_terms[1])
+            optimizer=tail_terms[1], offload=M * t_off)
+        notes = ()
+        if hw.host_memory_gib is not None and host_gib > hw.host_memory_gib:
+            notes = (f"offloaded activations need {host_gib:.0f} GiB of host memory per GPU, more than the "
+                     f"{hw.host_memory_gib:.0f} GiB {hw.name}'s reference server has",)
         step = times.total
         tok = tr.global_batch * tr.seq_len / (step * self.gpus)
         model_tflops = prof.model_flops_per_token * tok / 1e12
         return Estimate(
             layout=L, gpus=self.gpus, fits=worst_mem.total <= hw.hbm_gib, hbm_gib=hw.hbm_gib,
             memory_gib=worst_mem, time_s=times, tokens_per_s_per_gpu=tok, model_tflops_per_gpu=model_tflops,
-            mfu=model_tflops * 1e12 / self.peak, bottleneck=times.largest(), worst_stage=worst_stage)
+            mfu=model_tflops * 1e12 / self.peak, bottleneck=times.largest(), worst_stage=worst_stage, notes=notes,
+            host_offload_gib=host_gib)

@@ -17,6 +17,13 @@ micro-batches; with the interleaved schedule rank i holds min(2(pp − i − 1) 
 model chunks of L_stage/v layers each (Megatron-LM's warm-up count), i.e. (1 + (pp−1)/(pp·v)) times the
 1F1B figure on rank 0 (Korthikanti et al. sec. 4.2.3).
 
+Activation offloading (Megatron-Core's CPU and fine-grained activation offloading; PyTorch's ``save_on_cpu``
+saved-tensor hooks): a fraction f of the stored activations leaves for host memory as each layer's forward
+finishes and comes back before its backward, double-buffered, so for that fraction the GPU holds two layers'
+worth of one micro-batch (the one computing and the one in transfer) instead of all in-flight micro-batches;
+the rest sits in host DRAM (reported, see :func:`offloaded_activation_bytes`). f < 1 stands for offloading some
+modules' tensors, approximated as a share of the bytes. The transfer time is in :mod:`autopar.cost.offload`.
+
 Logits: the last stage keeps one micro-batch's vocab-parallel logits, b·s/cp · V/tp elements in the
 activation dtype plus their fp32 softmax for the loss (Megatron's vocab-parallel cross entropy).
 
@@ -89,6 +96,8 @@ def linear_input_scale(tr: TrainingSpec) -> float:
 def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
                                lin: float = 1.0) -> tuple[float, float]:
     """(stored elements per token of one micro-batch over the stage, working set of one layer) per GPU.
+    The working set is what backward re-materialises for one layer at a time: the whole layer under full
+    recompute, the dropped tensors of one layer under module recompute, nothing without recompute.
 
     Tokens here are the b·s tokens of a micro-batch of one data-parallel rank; divided by tp·cp (or cp for
     norm tensors without SP). ``lin`` scales the tensors that are GEMM inputs (norm outputs, attention
@@ -132,7 +141,8 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
             act = 0.0 if "moe_act" in mods else st.sum(prof, "act_moe_act")
             moe -= (1 - lin) * (st.sum(prof, "act_moe_io") / 2 + act)
     kept = (norm_in + norm_out) / sp_div + (qkv + attn_out + mlp + shared + moe) / tp_div
-    return kept, (working if mods else 0.0)
+    # Selective recompute re-materialises, during one layer's backward, only what that layer dropped.
+    return kept, (max(full_layers - kept, 0.0) / max(n, 1) if mods else 0.0)
 
 
 def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> tuple[float, float, float]:
@@ -154,12 +164,31 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
     e = tr.activation_bytes
     kept, working = elems if elems is not None else activation_elems_per_token(prof, st, L,
                                                                                  linear_input_scale(tr))
-    act = mb_tokens * e * (kept * inflight_layer_microbatches(st, L) + working)
+    f = L.offload_activations
+    layers = inflight_layer_microbatches(st, L)
+    if f:
+        layers = (1 - f) * layers + f * resident_offload_layers(st)
+    act = mb_tokens * e * (kept * layers + working)
     if st.is_last:
         act += mb_tokens / (L.cp * L.tp) * prof.vocab * (e + 4) * (1 + prof.model.mtp_layers)
         if prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight micro-batch
             act += mb_tokens * e * (kept / max(st.n_layers, 1)) * prof.model.mtp_layers * min(st.pp, L.grad_accum)
     return act
+
+
+def resident_offload_layers(st: Stage) -> float:
+    """With activation offloading: micro-batches' worth of the stage's layer activations left on the GPU,
+    two layers of one micro-batch (double buffering), as a fraction of the stage's layers."""
+    return min(2, st.n_layers) / max(st.n_layers, 1)
+
+
+def offloaded_activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
+    """Host-memory bytes of offloaded activations at the 1F1B peak (0 without offloading)."""
+    if not L.offload_activations:
+        return 0.0
+    kept, _ = activation_elems_per_token(prof, st, L, linear_input_scale(tr))
+    return L.offload_activations * L.micro_batch * tr.seq_len * tr.activation_bytes * kept * max(
+        inflight_layer_microbatches(st, L) - resident_offload_layers(st), 0.0)
 
 
 def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:

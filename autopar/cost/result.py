@@ -37,7 +37,8 @@ class TimeBreakdown:
     compute: GEMMs and attention of all micro-batches of the slowest stage, recomputation included;
     tp/cp/ep: exposed (not overlapped) tensor/context/expert-parallel communication; dp: exposed data-parallel
     gradient reduction and FSDP parameter gathers; pp_bubble: pipeline fill and drain; pp_p2p: exposed
-    stage-to-stage sends; optimizer: the memory-bound Adam update."""
+    stage-to-stage sends; optimizer: the memory-bound Adam update; offload: exposed activation-offload copies
+    (0 unless the layout offloads activations)."""
 
     compute: float
     tp: float
@@ -47,11 +48,12 @@ class TimeBreakdown:
     pp_bubble: float
     pp_p2p: float
     optimizer: float
+    offload: float = 0.0
 
     @property
     def total(self) -> float:
         return (self.compute + self.tp + self.cp + self.ep + self.dp + self.pp_bubble + self.pp_p2p
-                + self.optimizer)
+                + self.optimizer + self.offload)
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -77,6 +79,7 @@ class Estimate:
     bottleneck: str
     worst_stage: int
     notes: tuple[str, ...] = ()
+    host_offload_gib: float = 0.0   # offloaded activations in host memory per GPU (fullest stage)
 
     @property
     def step_time_s(self) -> float:
@@ -100,5 +103,6 @@ class Estimate:
             "worst_stage": self.worst_stage,
             "gpus": self.gpus,
             "layout": lay,
+            "host_offload_gib": self.host_offload_gib,
             "notes": list(self.notes),
         }

@@ -38,6 +38,8 @@ Layout field -> flags:
 - recompute: selective -> ``--recompute-granularity selective`` (Megatron's default module is core_attn);
   a module list -> ``--recompute-granularity selective --recompute-modules m1 m2 ...``; full ->
   ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``.
+- offload_activations f -> ``--cpu-offloading --cpu-offloading-num-layers N`` with N = round(f·layers per stage),
+  at least 1 and at most one less than the stage's layers (Megatron-Core keeps one layer on the GPU).
 - precision: bf16 -> ``--bf16``; fp16 -> ``--fp16``; fp8 -> ``--bf16 --fp8-format hybrid --fp8-recipe
   delayed``; fp8_block -> ``--fp8-recipe blockwise``; mxfp8 -> ``--fp8-recipe mxfp8``; nvfp4 -> ``--bf16
   --fp4-format e2m1 --fp4-recipe nvfp4`` (Transformer Engine >= 2.7).
@@ -142,6 +144,12 @@ def megatron_args(layout: Layout, model: ModelSpec, training: TrainingSpec, *,
     args += ["--micro-batch-size", str(L.micro_batch), "--global-batch-size", str(training.global_batch),
              "--seq-length", str(training.seq_len)]
     args += _recompute_args(L)
+    if L.offload_activations:
+        # Megatron-Core offloads whole layers and keeps at least one on the GPU: the share f of a stage's n layers
+        # becomes round(f·n) layers, between 1 and n - 1.
+        n = max(L.stage_layers) if L.stage_layers else model.num_layers // L.pp
+        args += ["--cpu-offloading", "--cpu-offloading-num-layers",
+                 str(max(1, min(round(L.offload_activations * n), n - 1)))]
     args += precision_args(training.precision)
     return args
 

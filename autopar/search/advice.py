@@ -281,6 +281,10 @@ def bottleneck_hint(est: Estimator, plan_estimate: Estimate, items: list[Advice]
     if name == "pp_p2p":
         return (f"exposed pipeline send/recv is {secs:.3f} s ({share:.0%} of the step) over PP={L.pp}: fewer "
                 "stages or a larger micro-batch (fewer, larger sends) help")
+    if name == "offload":
+        return (f"exposed activation-offload copies are {secs:.3f} s ({share:.0%} of the step) over a "
+                f"{hw.host_link_gbps or 0:g} GB/s host link: they outrun the compute they hide behind; recompute "
+                "or more PP/CP instead of offloading, or a larger micro-batch per copy")
     return (f"the optimizer update is {secs:.3f} s ({share:.0%} of the step): it is HBM-bandwidth bound; "
             f"ZeRO-1 or higher shards it over DP (now ZeRO-{L.zero_stage})")
 

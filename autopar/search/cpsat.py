@@ -204,7 +204,7 @@ class _Tables:
             t_mb, t_fwd = 0.0, {}
             for st in self.stages[pos]:
                 times = self.est.stage_times(L, st)
-                t_mb = max(t_mb, times[0] + times[1] + times[2] + times[3])
+                t_mb = max(t_mb, times[0] + times[1] + times[2] + times[3] + times[5])
                 t_fwd[st.index] = times[4]
             self._times[key] = (t_mb, t_fwd)
         return self._times[key]

@@ -36,6 +36,7 @@ class SearchOptions:
     recompute: list[str] | None = None
     max_tp: int | None = None
     sequence_parallel: bool | None = None
+    offload_activations: float = 0.0   # fraction of stored activations sent to host memory (pinned, not searched)
     allow_cross_domain: bool = False
     top_k: int = 5
     time_limit_s: float = 20.0
@@ -78,7 +79,8 @@ class Space:
             tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp, sequence_parallel=(tp > 1 if sp is None else sp),
             zero_stage=zero, fsdp=zero == 3, hsdp_shard=None, micro_batch=mbs,
             grad_accum=max(1, self.training.global_batch // (dp * mbs)), recompute=rc,
-            stage_layers=self.splits[pp] or (self.model.num_layers // pp,) * pp))
+            stage_layers=self.splits[pp] or (self.model.num_layers // pp,) * pp,
+            offload_activations=self.options.offload_activations))
 
 
 def _fast_layout(values: dict) -> Layout:

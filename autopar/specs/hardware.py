@@ -43,6 +43,8 @@ class Efficiency(Spec):
     nvlink: float = Field(default=0.75, gt=0, le=1, description="Achieved/peak bandwidth of collectives on NVLink.")
     scaleout: float = Field(default=0.75, gt=0, le=1, description="Achieved/peak bandwidth on the scale-out network.")
     hbm: float = Field(default=0.8, gt=0, le=1, description="Achieved/peak HBM bandwidth (optimizer step).")
+    host_link: float = Field(default=0.8, gt=0, le=1,
+                             description="Achieved/peak GPU<->host copy bandwidth (pinned memory, activation offload).")
     dp_overlap: float = Field(default=0.8, ge=0, le=1,
                               description="Fraction of DP/FSDP communication hidden behind compute.")
     tp_overlap: float = Field(default=0.0, ge=0, le=1,
@@ -83,13 +85,21 @@ class HardwareSpec(Spec):
     nvlink_domain_size: int = Field(gt=0, description="GPUs in one NVLink/xGMI domain (8 on HGX, 72 on NVL72).")
     nvlink_gbps: float = Field(gt=0, description="NVLink bandwidth per GPU per direction, GB/s.")
     scaleout_gbps: float = Field(gt=0, description="Scale-out (InfiniBand/RoCE) bandwidth per GPU per direction, GB/s.")
+    host_link_gbps: float | None = Field(
+        default=None, gt=0, description="GPU<->host-memory bandwidth per GPU per direction, GB/s (PCIe or "
+                                        "NVLink-C2C); None = unknown, activation offloading is then unavailable.")
+    host_memory_gib: float | None = Field(
+        default=None, gt=0, description="Host DRAM per GPU on the reference server (total / GPUs per node), GiB; "
+                                        "room for offloaded activations.")
     nvlink_latency_us: float = Field(default=3.0, ge=0, description="Per-step latency (alpha) inside the domain, us.")
     scaleout_latency_us: float = Field(default=8.0, ge=0, description="Per-step latency across the network, us.")
     reserve_gib: float = Field(default=3.0, ge=0,
                                description="HBM the framework keeps (CUDA context, allocator fragmentation), GiB.")
-    fragmentation: float = Field(default=0.05, ge=0, le=1,
+    fragmentation: float = Field(default=0.02, ge=0, le=1,
                                  description="Extra HBM lost to caching-allocator fragmentation, as a fraction of "
-                                             "the modelled memory (calibrated).")
+                                             "the modelled memory. Default 2%: PyTorch's allocator with "
+                                             "expandable_segments (as Megatron/NeMo launchers run it) leaves little "
+                                             "fragmentation; raise it for the default allocator.")
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions (calibrated).")
     measured_busbw_gbps: MeasuredCollectives | None = Field(
         default=None, description="Measured collective bus bandwidths; used instead of the alpha-beta model.")

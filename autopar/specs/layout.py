@@ -68,6 +68,11 @@ class Layout(Spec):
                                                        f"({', '.join(RECOMPUTE_MODULES)}).")
     stage_layers: tuple[int, ...] | None = Field(
         default=None, description="Transformer layers per pipeline stage (uneven split); None = even.")
+    offload_activations: float = Field(
+        default=0.0, ge=0, le=1,
+        description="Fraction of the stored layer activations sent to host memory in the forward pass and brought "
+                    "back for the backward pass: 1 = all (Megatron-Core --cpu-offloading, torch save_on_cpu), less = "
+                    "some modules (Megatron-Core fine-grained activation offloading), 0 = none.")
 
     @field_validator("recompute", mode="before")
     @classmethod
@@ -126,6 +131,8 @@ class Layout(Spec):
             parts.append("SP")
         shard = "FSDP" if self.fsdp else (f"HSDP{self.hsdp_shard}" if self.hsdp_shard else f"Z{self.zero_stage}")
         parts += [shard, f"mbs{self.micro_batch}", f"GA{self.grad_accum}", f"rc:{self.recompute}"]
+        if self.offload_activations:
+            parts.append(f"offload{self.offload_activations:.0%}")
         if self.stage_layers and len(set(self.stage_layers)) > 1:
             parts.append("layers=" + "/".join(map(str, self.stage_layers)))
         return " ".join(parts)
@@ -273,6 +280,8 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
             add(f"tp ({L.tp}) exceeds the NVLink domain ({dom} GPUs on {hardware.name})")
         if L.ep * L.etp > dom:
             add(f"ep·etp = {L.ep * L.etp} exceeds the NVLink domain ({dom} GPUs on {hardware.name})")
+    if L.offload_activations and hardware is not None and hardware.host_link_gbps is None:
+        add(f"activation offloading needs host_link_gbps (GPU<->host bandwidth) in the hardware file of {hardware.name}")
     return p
 
 
