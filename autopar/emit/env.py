@@ -20,7 +20,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 def env_vars(layout: Layout, training: TrainingSpec, gpus: int) -> dict[str, str]:
     """AUTOPAR_* variables of a resolved layout. Booleans are "1"/"0"; AUTOPAR_STAGE_LAYERS is a comma list
     (layers per pipeline stage); AUTOPAR_RECOMPUTE is none | selective | full | a comma list of modules.
-    AUTOPAR_HSDP_SHARD is added only for HSDP layouts."""
+    AUTOPAR_HSDP_SHARD is added only for HSDP layouts, AUTOPAR_OFFLOAD_ACTIVATIONS (the offloaded share of stored
+    activations, 0..1) only for layouts that offload."""
     require_resolved(layout, gpus=gpus)
     L = layout
     env = {
@@ -33,6 +34,8 @@ def env_vars(layout: Layout, training: TrainingSpec, gpus: int) -> dict[str, str
     }
     if L.hsdp_shard is not None:
         env["AUTOPAR_HSDP_SHARD"] = L.hsdp_shard
+    if L.offload_activations:
+        env["AUTOPAR_OFFLOAD_ACTIVATIONS"] = L.offload_activations
     return {k: str(v) for k, v in env.items()}
 
 

@@ -105,6 +105,10 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec) 
     notes += _ep_warnings(L, shard)
     if L.tp > 1 and not L.sp:
         notes.append("NOTE: torchtitan always uses sequence parallel with TP; this layout has SP off")
+    if L.offload_activations:
+        notes.append(f"NOTE: this layout offloads {L.offload_activations:.0%} of the stored activations to host memory; "
+                     "torchtitan has no setting for that (wrap the model's forward in "
+                     "torch.autograd.graph.save_on_cpu) or the memory prediction does not hold")
     par: list[tuple[str, object]] = [
         ("data_parallel_replicate_degree", replicate),
         ("data_parallel_shard_degree", shard),

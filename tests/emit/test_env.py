@@ -75,3 +75,9 @@ def test_emit_dispatches_and_resolves():
     with pytest.raises(LayoutError):
         emit("megatron", Layout(ep=2), LLAMA3_8B, TRAIN, 8)  # EP on a dense model (pitfall 5)
     assert "AUTOPAR_EP=8" in emit("env", Layout(tp=2, ep=8), DSV3, TRAIN, 8)
+
+
+def test_offloaded_share_is_added_when_set():
+    layout = resolve_layout(Layout(tp=2, offload_activations=0.25), LLAMA3_8B, TRAIN, 8)
+    assert env_vars(layout, TRAIN, 8)["AUTOPAR_OFFLOAD_ACTIVATIONS"] == "0.25"
+    assert "AUTOPAR_OFFLOAD_ACTIVATIONS" not in env_vars(resolve_layout(Layout(tp=2), LLAMA3_8B, TRAIN, 8), TRAIN, 8)

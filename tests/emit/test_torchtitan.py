@@ -103,3 +103,9 @@ def test_heuristic_layouts_parse_and_multiply_to_the_world(gpus, seq):
         assert cfg["training"]["seq_len"] == seq and cfg["training"]["global_batch_size"] == 1024
         p = cfg["parallelism"]
         assert p["context_parallel_degree"] == layout.cp and p["expert_parallel_degree"] == layout.ep
+
+
+def test_offloading_layout_says_torchtitan_has_no_setting_for_it():
+    text = torchtitan_config(resolve_layout(Layout(tp=2, offload_activations=0.5), LLAMA3_8B, TRAIN, 8), LLAMA3_8B,
+                             TRAIN)
+    assert "offloads 50% of the stored activations" in text
