@@ -127,8 +127,9 @@ def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, tr
         res = None
         if len(cands.step_us):
             if progress:
-                progress(f"solving CP-SAT over {len(cands.step_us):,} candidate layouts "
-                         f"(of {cands.total:,} on valid meshes, after exact Pareto pruning)")
+                progress(f"solving CP-SAT over {len(cands.step_us):,} candidate layouts (of {cands.total:,} on "
+                         f"{cands.valid_meshes:,} valid meshes; {cands.tabulated_meshes:,} meshes tabulated after "
+                         "branch and bound, then exact Pareto pruning)")
             res = LayoutModel(cands).solve(options.top_k, options.time_limit_s, options.workers)
         plans = []
         for sol in res.solutions if res else []:
