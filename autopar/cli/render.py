@@ -67,6 +67,8 @@ def print_estimate(est: Estimate, model: ModelSpec, hw: HardwareSpec, tr: Traini
     tt.add_column("what it counts")
     step = est.step_time_s
     for k, v in est.time_s.to_dict().items():
+        if k == "offload" and not est.layout.offload_activations:
+            continue
         tt.add_row(k, f"{v:.4f}", f"{v / step:.1%}", TIME_LEGEND[k])
     tt.add_row("[bold]step[/bold]", f"[bold]{step:.4f}[/bold]", "100%", "")
     out.print(tt)
@@ -74,6 +76,8 @@ def print_estimate(est: Estimate, model: ModelSpec, hw: HardwareSpec, tr: Traini
               f"{est.model_tflops_per_gpu:,.0f} model TFLOP/s/GPU, MFU {est.mfu:.1%} "
               f"(of the {tr.precision} dense peak {hw.peak_tflops(tr.precision):,.0f} TFLOP/s)")
     out.print(f"Bottleneck: [bold]{est.bottleneck}[/bold] ({TIME_LEGEND[est.bottleneck]})")
+    if est.layout.offload_activations:
+        out.print(f"Offloaded activations in host memory: {est.host_offload_gib:.1f} GiB per GPU")
     for n in est.notes:
         out.print(f"note: {n}")
     out.print(f"[dim]{APPROX_NOTE}[/dim]")

@@ -295,6 +295,8 @@ def _detail_section(title: str, est: Estimator, e: Estimate, hw: HardwareSpec, t
     step = e.step_time_s
     trows = []
     for k, v in e.time_s.to_dict().items():
+        if k == "offload" and not L.offload_activations:
+            continue
         what = TIME_LEGEND[k]
         if k == "pp_bubble" and L.pp > 1:
             frac = bubble_fraction(L.pp, L.vpp, L.grad_accum)
