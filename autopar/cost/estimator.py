@@ -35,6 +35,12 @@ from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
 
+def microbatch_seconds(times: tuple[float, float, float, float, float, float]) -> float:
+    """t_mb of one stage from :meth:`Estimator.stage_times`: compute + tp + cp + ep + offload (not the forward-only
+    compute, which is part of compute)."""
+    return times[0] + times[1] + times[2] + times[3] + times[5]
+
+
 class Estimator:
     """Predicts memory and step time of layouts for one (model, hardware, training, gpus).
 
@@ -126,8 +132,9 @@ class Estimator:
             mem = stage_memory(prof, st, L, tr, hw)
             if worst_mem is None or mem.total > worst_mem.total:
                 worst_mem, worst_stage = mem, st.index
-            t_comp, t_tp, t_cp, t_ep, t_fwd, t_off = self.stage_times(L, st)
-            t_mb = t_comp + t_tp + t_cp + t_ep + t_off
+            times = self.stage_times(L, st)
+            t_comp, t_tp, t_cp, t_ep, t_fwd, t_off = times
+            t_mb = microbatch_seconds(times)
             if slow is None or t_mb > slow[0]:
                 slow = (t_mb, t_comp, t_tp, t_cp, t_ep, t_off)
             if L.offload_activations:

@@ -21,20 +21,11 @@ def scale_model(model: ModelSpec, *, layers: int | None = None, hidden: int | No
     changes, the head dim becomes hidden / heads (MLA head dims are scaled by the same ratio). ``experts``
     sets the routed expert count (top_k is clamped to it). Leading dense MoE layers are scaled in proportion
     to ``layers``. Divisibility by the layout's degrees is checked later by ``resolve_layout``."""
-    upd: dict = {"name": f"{model.name}_scaled", "mtp_layers": 0}
-    if layers is not None:
-        upd["num_layers"] = layers
-    if vocab is not None:
-        upd["vocab_size"] = vocab
-    if ffn is not None:
-        upd["ffn_hidden_size"] = ffn
-    if hidden is not None:
-        upd["hidden_size"] = hidden
-    if heads is not None:
-        upd["num_attention_heads"] = heads
-    if kv_heads is not None:
-        upd["num_kv_heads"] = kv_heads
-    elif heads is not None and model.num_kv_heads is not None:
+    given = {"num_layers": layers, "vocab_size": vocab, "ffn_hidden_size": ffn, "hidden_size": hidden,
+             "num_attention_heads": heads, "num_kv_heads": kv_heads}
+    upd: dict = {"name": f"{model.name}_scaled", "mtp_layers": 0,
+                 **{field: v for field, v in given.items() if v is not None}}
+    if kv_heads is None and heads is not None and model.num_kv_heads is not None:
         # keep the GQA ratio a/g
         ratio = model.num_attention_heads // model.kv_heads
         upd["num_kv_heads"] = max(1, heads // ratio)

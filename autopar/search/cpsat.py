@@ -34,6 +34,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from autopar.cost import Estimator
+from autopar.cost.estimator import microbatch_seconds
 from autopar.cost.memory import (activation_bytes, activation_elems_per_token, buffer_bytes, linear_input_scale,
                                  model_state_bytes)
 from autopar.cost.pipeline import p2p_time
@@ -43,8 +44,10 @@ from autopar.specs.layout import check_layout_groups
 
 SCALE_T = 1e6      # objective unit: microseconds
 SCALE_M = 1024.0   # memory unit: MiB
-UNREACHABLE_S = 1e9   # step time of candidates the branch and bound did not time (they cannot fit)
-UNREACHABLE_BYTES = 1e18   # activations of micro-batches the branch and bound did not tabulate (they cannot fit)
+# Placeholders for what the branch and bound did not tabulate (cannot fit, or cannot beat the incumbent): such
+# candidates are then cut by the incumbent cutoff, and when there is no incumbent everything is tabulated.
+UNREACHABLE_S = 1e9        # step time
+UNREACHABLE_BYTES = 1e18   # activations
 MESH_GROUPS = ("world size", "min_gpus", "tensor parallel", "sequence parallel", "context parallel", "experts",
                "pipeline layers", "recompute", "topology", "sharding")
 ALL_GROUPS = MESH_GROUPS + ("batch", "interleaving", "hbm capacity")
@@ -77,7 +80,7 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
     tabulated after all (the infeasibility explanation needs the smallest misfits)."""
     t0 = time.perf_counter()
     J, R, K, Z = len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
-    hw, tr, prof = space.hardware, space.training, est.profile
+    hw, tr = space.hardware, space.training
     cross = space.options.allow_cross_domain
     first_problem: dict[str, str] = {}
     meshes, mesh_bad = [], []
@@ -204,20 +207,23 @@ class _Tables:
             t_mb, t_fwd = 0.0, {}
             for st in self.stages[pos]:
                 times = self.est.stage_times(L, st)
-                t_mb = max(t_mb, times[0] + times[1] + times[2] + times[3] + times[5])
+                t_mb = max(t_mb, microbatch_seconds(times))
                 t_fwd[st.index] = times[4]
             self._times[key] = (t_mb, t_fwd)
         return self._times[key]
 
+    def _bound(self, pos: int, j: int, r: int) -> float:
+        """Step-time lower bound of mesh ``pos`` at micro-batch j and recompute r: M·t_mb + (pp-1)·t_mb/max(vpp)
+        (the bubble at the most virtual stages, no p2p, no DP/optimizer tail)."""
+        t_mb = self._stage_max(pos, j, r)[0]
+        return self._m(pos, j) * t_mb + (self.space.meshes[self.meshes[pos]][2] - 1) * t_mb / max(self.space.vpp)
+
     def time_lower_bound(self, pos: int) -> float:
-        """Seconds no layout of this mesh goes below: M·t_mb + (pp-1)·t_mb/max(vpp) without recomputation."""
+        """Seconds no layout of this mesh goes below: the bound without recomputation (it never speeds up a
+        micro-batch), at the best micro-batch."""
         sp = self.space
-        pp = sp.meshes[self.meshes[pos]][2]
         rs = [sp.recompute.index("none")] if "none" in sp.recompute else range(len(sp.recompute))
-        by_mbs = []
-        for j in range(len(sp.mbs)):
-            t_mb = min(self._stage_max(pos, j, r)[0] for r in rs)
-            by_mbs.append(self._m(pos, j) * t_mb + (pp - 1) * t_mb / max(sp.vpp))
+        by_mbs = [min(self._bound(pos, j, r) for r in rs) for j in range(len(sp.mbs))]
         self._lb_by_mbs[pos] = by_mbs
         return min(by_mbs)
 
@@ -236,7 +242,7 @@ class _Tables:
             return
         sp, prof, tr = self.space, self.est.profile, self.space.training
         mi = self.meshes[pos]
-        tp, cp, pp, ep, etp = sp.meshes[mi]
+        tp, cp, pp, _, _ = sp.meshes[mi]
         dp = sp.gpus // (tp * cp * pp)
         slot_stage = self._slot_stage(pos)
         elems = self._elems_of(pos)
@@ -272,16 +278,11 @@ class _Tables:
 
     def lower_bound_of(self, pos: int, jr: np.ndarray) -> float:
         """Step-time lower bound over the (micro-batch, recompute) pairs marked in ``jr`` (J, R)."""
-        pp = self.space.meshes[self.meshes[pos]][2]
-        lb = float("inf")
-        for j, r in zip(*np.nonzero(jr)):
-            t_mb = self._stage_max(pos, int(j), int(r))[0]
-            lb = min(lb, self._m(pos, int(j)) * t_mb + (pp - 1) * t_mb / max(self.space.vpp))
-        return lb
+        return min((self._bound(pos, int(j), int(r)) for j, r in zip(*np.nonzero(jr))), default=float("inf"))
 
     def fill_time(self, pos: int, jr: np.ndarray | None = None) -> None:
         """Time tables of one mesh, for the (micro-batch, recompute) pairs marked in ``jr`` (default: all); the
-        others get an infinite step time (only used once an incumbent makes them irrelevant)."""
+        others get an unreachable step time (only used once an incumbent makes them irrelevant)."""
         sp, est, prof, tr, hw = self.space, self.est, self.est.profile, self.space.training, self.space.hardware
         mi = self.meshes[pos]
         pp = sp.meshes[mi][2]
@@ -293,7 +294,7 @@ class _Tables:
             t_fwd = None   # forward time per stage: the same for every recompute policy
             for r in range(len(sp.recompute)):
                 if jr is not None and not jr[j, r]:
-                    self.steady[pos, j, r] = np.inf
+                    self.steady[pos, j, r] = UNREACHABLE_S
                     continue
                 t_mb, t_fwd = self._stage_max(pos, j, r)
                 self.steady[pos, j, r] = M * t_mb
@@ -315,7 +316,7 @@ class _Tables:
         mem = (self.states[:, rows][:, :, None, None, None, :] + self.act[:, rows][:, :, :, :, :, None]
                + np.transpose(self.buf[:, rows], (0, 1, 3, 2))[:, :, :, None, None, :]).max(axis=0)
         shape = step.shape
-        step_us = np.rint(np.minimum(step, UNREACHABLE_S) * SCALE_T).astype(np.int64).reshape(n, -1)
+        step_us = np.rint(step * SCALE_T).astype(np.int64).reshape(n, -1)
         mem_mib = np.ceil(mem / GIB * SCALE_M).astype(np.int64).reshape(n, -1)
         b_bad = np.broadcast_to(~self.batch_ok[rows][:, :, None, None, None], shape).reshape(n, -1)
         i_bad = np.broadcast_to(~self.inter_ok[rows][:, :, None, :, None], shape).reshape(n, -1)
