@@ -23,7 +23,7 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import dataclass, field
-from itertools import combinations
+from itertools import combinations, product
 from pathlib import Path
 
 from autopar.cost import Estimator
@@ -111,12 +111,10 @@ def megatron_core_flops_per_token(m: ModelSpec, s: int, causal: bool = False) ->
     return 12.0 * l * h * h * (attn + mlp + m.vocab_size / (2 * l * h))
 
 
-def _recompute_choices(model: ModelSpec) -> list[str]:
-    """Every recompute policy that applies to the model: none, full, and each non-empty set of modules."""
-    mods = [m for m in RECOMPUTE_MODULES if (model.is_moe or not m.startswith(("moe", "shared")))
-            and (model.mla is not None or m != "mla_up_proj")
-            and (m != "shared_experts" or (model.moe is not None and model.moe.num_shared_experts))]
-    subsets = [",".join(c) for n in range(1, len(mods) + 1) for c in combinations(mods, n)]
+def _recompute_choices() -> list[str]:
+    """Every recompute policy: none, full, and each non-empty set of modules (the layout rules reject the sets
+    that do not apply to the model)."""
+    subsets = [",".join(c) for n in range(1, len(RECOMPUTE_MODULES) + 1) for c in combinations(RECOMPUTE_MODULES, n)]
     return ["none", "full", *subsets]
 
 
@@ -179,25 +177,26 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         est = Estimator(model, hw, training, gpus)
         best = None
         interleaved = "interleaved" in row.get("notes", "")   # the source says V > 1 without giving it
-        for v in (range(1, 9) if choose_vpp else [layout.vpp]):
+        choices = product(range(1, 9) if choose_vpp else [layout.vpp],
+                          _recompute_choices() if choose_rc else [layout.recompute],
+                          [k / 8 for k in range(1, 9)] if offload else [0.0])
+        for v, policy, share in choices:
             split = stage if (stage is None or not choose_vpp) else balanced_stage_layers(model.num_layers, pp, v)
-            for policy in (_recompute_choices(model) if choose_rc else [layout.recompute]):
-                for share in ([k / 8 for k in range(1, 9)] if offload else [0.0]):
-                    try:
-                        cand = resolve_layout(layout.model_copy(update={
-                            "vpp": v, "stage_layers": split, "dp": None, "grad_accum": None, "recompute": policy,
-                            "offload_activations": share}), model, training, gpus)
-                    except AutoparInputError:
-                        continue
-                    e = est.estimate(cand, resolved=True)
-                    key = (not e.fits, interleaved and v == 1, e.step_time_s)
-                    if best is None or key < best[0]:
-                        best = (key, cand)
+            try:
+                cand = resolve_layout(layout.model_copy(update={
+                    "vpp": v, "stage_layers": split, "dp": None, "grad_accum": None, "recompute": policy,
+                    "offload_activations": share}), model, training, gpus)
+            except AutoparInputError:
+                continue
+            e = est.estimate(cand, resolved=True)
+            key = (not e.fits, interleaved and v == 1, e.step_time_s)
+            if best is None or key < best[0]:
+                best = (key, cand)
         layout = best[1]
         if choose_vpp:
             notes.append(f"vpp n/f: autopar's fastest valid V = {layout.vpp}" + (
-                " (the source ran interleaved, but no V >= 2 fits autopar's memory model, which holds Megatron's "
-                "in-flight count; Llama 3's modified schedule holds fewer)" if interleaved and layout.vpp == 1
+                " (the source ran interleaved, but no V >= 2 fits autopar's memory model, which counts Megatron's "
+                "in-flight micro-batches; the source's schedule must hold fewer)" if interleaved and layout.vpp == 1
                 else ""))
         if choose_rc:
             notes.append(f"recompute n/f: autopar's fastest that fits = {layout.recompute}")
