@@ -121,9 +121,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "global batch by model size. " + APPROX_NOTE)
     add_problem_args(p)
     g = p.add_argument_group("pins and ranges (comma lists)")
+    searched = {"vpp": "1,2,4,8", "mbs": "1,2,4"}
     for ax in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
-        g.add_argument(f"--{ax}", default=None, help=f"allowed {ax} values, e.g. --{ax} 2,4")
-    g.add_argument("--zero", default=None, help="allowed ZeRO stages, e.g. 1,3")
+        g.add_argument(f"--{ax}", default=None, help=f"allowed {ax} values, e.g. --{ax} 2,4 (default: "
+                       + (searched[ax] if ax in searched else "the divisors of the GPU count the rules allow") + ")")
+    g.add_argument("--zero", default=None, help="allowed ZeRO stages, e.g. 1,3 (default: 0,1,2,3)")
     g.add_argument("--fsdp", action="store_true", help="only FSDP (ZeRO-3) layouts")
     g.add_argument("--recompute", default=None, help="allowed policies separated by ';' (default: none;selective;full)")
     g.add_argument("--max-tp", type=positive_int, default=None, help="largest TP to consider")

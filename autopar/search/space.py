@@ -131,7 +131,7 @@ def build_space(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec
     rcs = [normalize_recompute(r) for r in (o.recompute or RECOMPUTE_POLICIES)]
     space = Space(model, hardware, training, gpus, o, meshes,
                   mbs=sorted(set(o.mbs or [1, 2, 4])), recompute=list(dict.fromkeys(rcs)),
-                  vpp=sorted(set(o.vpp or [1, 2, 4])), zero=sorted(set(o.zero if o.zero is not None else [0, 1, 2, 3])))
+                  vpp=sorted(set(o.vpp or [1, 2, 4, 8])), zero=sorted(set(o.zero if o.zero is not None else [0, 1, 2, 3])))
     for pp in {m[2] for m in meshes}:
         space.splits[pp] = balanced_stage_layers(model.num_layers, pp, 1) if model.num_layers >= pp else None
     return space
