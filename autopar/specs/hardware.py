@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from autopar.specs._base import Spec
 
@@ -31,6 +31,63 @@ class MeasuredCollectives(Spec):
     all_to_all: dict[int, float] = Field(default_factory=dict, description="All-to-all bus GB/s by group size.")
     send_recv: dict[int, float] = Field(default_factory=dict, description="Point-to-point GB/s (key 2).")
     message_mib: float = Field(default=64.0, gt=0, description="Message size the table was measured at (MiB).")
+
+
+MemoryBoundKernel = Literal["copy", "rmsnorm", "swiglu", "cross_entropy"]
+HostCopy = Literal["h2d", "d2h"]
+
+
+class KernelTables(Spec):
+    """Measured throughput of each kernel class (``autopar profile hardware``; schema in docs/measurement.md).
+
+    Every rate is achieved on the device named in ``provenance``; the cost model reads them instead of a
+    datasheet peak times a fitted efficiency. Rows are lists so the YAML stays one line per measurement."""
+
+    provenance: str = Field(min_length=1, description="Device, driver, CUDA, torch, ISO date and host of the "
+                                                      "measurement, or a citation (paper/table, repo/file).")
+    gemm: dict[Precision, list[tuple[int, int, int, float]]] = Field(
+        default_factory=dict, description="Dense GEMM by shape, per precision: [M, N, K, achieved TFLOP/s] "
+                                          "(FLOPs 2*M*N*K).")
+    grouped_gemm: dict[Precision, list[tuple[int, int, int, int, float]]] = Field(
+        default_factory=dict, description="Grouped (per-expert) GEMM: [tokens_per_expert, N, K, num_experts, "
+                                          "achieved TFLOP/s] (FLOPs 2*tokens*N*K per expert).")
+    attention: dict[Precision, list[tuple[int, int, int, float, float]]] = Field(
+        default_factory=dict, description="Flash attention: [seq, head_dim, causal 0|1, fwd TFLOP/s, bwd TFLOP/s]; "
+                                          "forward FLOPs 4*s*s*d per head (causal: half), backward 2.5x forward.")
+    memory_bound_gbps: dict[MemoryBoundKernel, float] = Field(
+        default_factory=dict, description="Achieved GB/s (1e9 B/s) of memory-bound kernels, bytes counted as "
+                                          "each tensor read once plus each output written once.")
+    host_copy_gbps: dict[HostCopy, float] = Field(
+        default_factory=dict, description="Pinned host<->device copy GB/s per direction.")
+
+    @field_validator("gemm", "grouped_gemm")
+    @classmethod
+    def _positive_rows(cls, table: dict) -> dict:
+        for prec, rows in table.items():
+            for row in rows:
+                if any(v <= 0 for v in row):
+                    raise ValueError(f"{prec}: every entry of {list(row)} must be positive")
+        return table
+
+    @field_validator("attention")
+    @classmethod
+    def _attention_rows(cls, table: dict) -> dict:
+        for prec, rows in table.items():
+            for seq, d, causal, fwd, bwd in rows:
+                if causal not in (0, 1):
+                    raise ValueError(f"{prec}: causal must be 0 or 1 (got {causal} in {[seq, d, causal, fwd, bwd]})")
+                if min(seq, d, fwd, bwd) <= 0:
+                    raise ValueError(f"{prec}: seq, head_dim and TFLOP/s must be positive (got "
+                                     f"{[seq, d, causal, fwd, bwd]})")
+        return table
+
+    @field_validator("memory_bound_gbps", "host_copy_gbps")
+    @classmethod
+    def _positive_rates(cls, table: dict) -> dict:
+        bad = {k: v for k, v in table.items() if v <= 0}
+        if bad:
+            raise ValueError(f"rates must be positive GB/s (got {bad})")
+        return table
 
 
 class Efficiency(Spec):
@@ -103,6 +160,8 @@ class HardwareSpec(Spec):
     efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions (calibrated).")
     measured_busbw_gbps: MeasuredCollectives | None = Field(
         default=None, description="Measured collective bus bandwidths; used instead of the alpha-beta model.")
+    kernels: KernelTables | None = Field(
+        default=None, description="Measured per-kernel-class throughput tables (autopar profile hardware).")
 
     @model_validator(mode="after")
     def _check(self) -> "HardwareSpec":
