@@ -3,8 +3,8 @@
     autopar profile run  --model llama3_8b --gpus 4 --tp 2 --pp 2 --layers 4 --hidden 256 --heads 8 ...
     autopar profile spec --model llama3_8b --gpus 4 --tp 2 ... -o spec.json   # for a hand-run torchrun
 
-``autopar profile hardware`` and ``autopar profile compare`` are registered here too; they live in
-autopar/profile/hardware.py and autopar/profile/compare.py.
+``autopar profile hardware`` and ``autopar profile compare`` are registered here too; their command lines are
+in autopar/cli/measure.py, the work in autopar/measure/.
 
 torch is never imported here: the run happens in torchrun's worker processes (autopar.profile.worker).
 """
@@ -12,13 +12,13 @@ torch is never imported here: the run happens in torchrun's worker processes (au
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
 
 from autopar.cli.common import dump_json, positive_int
 from autopar.cli.estimate import add_layout_args, layout_from_args
+from autopar.cli.measure import register_compare, register_hardware
 from autopar.errors import AutoparInputError
 from autopar.profile._scale import scale_model
 from autopar.specs.layout import resolve_layout
@@ -133,16 +133,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("-o", "--out", default="spec.json", help="file to write (default: spec.json)")
     s.set_defaults(func=spec)
 
-    # Measurement subcommands that live in autopar.profile.hardware / .compare (another module's owners).
-    for module, fn in (("autopar.profile.hardware", "register_hardware"),
-                       ("autopar.profile.compare", "register_compare")):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name == module:
-                continue
-            raise
-        getattr(mod, fn)(psub)
+    # Measurement subcommands: autopar.measure (command lines in autopar.cli.measure).
+    register_hardware(psub)
+    register_compare(psub)
 
     def _usage(args: argparse.Namespace) -> int:
         p.print_help()

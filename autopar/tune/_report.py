@@ -70,7 +70,7 @@ def format_summary(result: TuneResult) -> str:
         if r.layout not in fastest or r.measured_tokens_per_s > fastest[r.layout].measured_tokens_per_s:
             fastest[r.layout] = r
     if len(fastest) >= 2:
-        from autopar.profile.calibrate import kendall_tau
+        from autopar.measure.calibrate import kendall_tau
         rows = list(fastest.values())
         tau = kendall_tau([r.predicted_step_s for r in rows], [r.measured_step_s for r in rows])
         if math.isfinite(tau):

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from autopar.cli.measure import parse_float_list, register_hardware
 from autopar.errors import AutoparInputError
-from autopar.profile import hardware as hwmod
-from autopar.profile.hardware import (OPS, ProfileError, bus_factor, busbw_gbps, gemm_shapes, group_sizes,
-                                      message_elems, profile_hardware, register_hardware, run_collectives,
-                                      write_new_file)
+from autopar.measure import ProfileError
+from autopar.measure import hwfile as hwmod
+from autopar.measure.collectives import OPS, bus_factor, busbw_gbps, group_sizes, message_elems, run_collectives
+from autopar.measure.hwfile import profile_hardware, write_new_file
+from autopar.measure.kernels import gemm_shapes
 from autopar.specs.loaders import load_hardware
 from autopar.specs.model import ModelSpec
 
@@ -152,11 +154,11 @@ def test_bad_input_is_an_input_error():
     with pytest.raises(AutoparInputError, match="positive"):
         profile_hardware(None, world=2, sizes_mib=[0], ops=["all_reduce"], model=None, timeout_s=10)
     with pytest.raises(AutoparInputError):
-        hwmod.parse_float_list("1,x", "--sizes")
+        parse_float_list("1,x", "--sizes")
 
 
 def test_planning_import_does_not_load_torch():
-    code = ("import sys; import autopar.profile.hardware, autopar.profile.compare, autopar.profile.calibrate; "
+    code = ("import sys; import autopar.measure.hwfile, autopar.measure.compare, autopar.measure.calibrate, autopar.cli.measure; "
             "print('torch' in sys.modules)")
     env = dict(os.environ, PYTHONPATH=str(Path(hwmod.__file__).resolve().parents[2]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)

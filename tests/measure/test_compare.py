@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from autopar.errors import AutoparInputError
-from autopar.profile.calibrate import fit_efficiency, kendall_tau, leave_one_out, with_constants
-from autopar.profile.compare import (compare_layouts, format_comparison, parse_layouts,
-                                     register_compare)
+from autopar.cli.measure import register_compare
+from autopar.measure.calibrate import fit_efficiency, kendall_tau, leave_one_out, with_constants
+from autopar.measure.compare import compare_layouts, format_comparison, parse_layouts
 from autopar.specs.hardware import Efficiency
 from autopar.specs.layout import Layout
 from autopar.specs.loaders import load_hardware
@@ -217,7 +217,7 @@ def test_repeats_alternate_the_order_and_keep_the_fastest_run():
 
 
 def test_layouts_from_solve_are_the_solvers_top_k():
-    from autopar.profile.compare import layouts_from_solve
+    from autopar.measure.compare import layouts_from_solve
     model, tr = _tiny()
     lays = layouts_from_solve(model, load_hardware("h100_sxm"), tr, 2, 3)
     assert 1 <= len(lays) <= 3 and all(lay.world == 2 for lay in lays)

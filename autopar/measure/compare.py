@@ -3,7 +3,7 @@
 For each layout: the cost model's prediction (``autopar.cost.estimate``: step time, per-GPU memory) and a
 real run (``autopar.profile.launch.run_layout``: median step time, peak memory per rank), side by side with
 the relative error. Then the hardware file's efficiency constants are fitted to the measured step times
-(:func:`autopar.profile.calibrate.fit_efficiency`) and, with ``--out``, written to a new hardware file, so the
+(:func:`autopar.measure.calibrate.fit_efficiency`) and, with ``--out``, written to a new hardware file, so the
 next ``autopar solve`` on that file is calibrated. Rank agreement is Kendall's tau-b between predicted and
 measured step times, before and after the fit, and out of sample (leave-one-out) when there are enough layouts.
 
@@ -13,8 +13,6 @@ fields), or ``--from-solve K`` (the solver's top K, when the search is available
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -22,14 +20,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from autopar.errors import AutoparInputError
-from autopar.profile.calibrate import FitReport, fit_efficiency, kendall_tau, leave_one_out
+from autopar.measure.calibrate import FitReport, fit_efficiency, kendall_tau, leave_one_out
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout, check_layout, resolve_layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
 __all__ = ["ComparisonRow", "compare_layouts", "fit_efficiency", "format_comparison", "kendall_tau",
-           "parse_layouts", "register_compare"]
+           "parse_layouts"]
 
 # Short names accepted in --layouts, mapped to Layout fields.
 _ALIASES = {"mbs": "micro_batch", "mb": "micro_batch", "ga": "grad_accum", "zero": "zero_stage", "z": "zero_stage",
@@ -163,7 +161,7 @@ def _default_runner() -> Callable[..., Any]:
 
 
 def _default_estimator() -> Callable[..., Any]:
-    from autopar.profile.calibrate import _default_estimator as d
+    from autopar.measure.calibrate import _default_estimator as d
     return d()
 
 
@@ -297,110 +295,3 @@ def calibrate(hardware: HardwareSpec, rows: Sequence[ComparisonRow], *, loo: boo
         rep.notes.append(f"leave-one-out (each layout predicted by constants fitted to the others): "
                          f"Kendall tau-b {tau:+.3f}")
     return hw, rep, out_of_sample
-
-
-# ---- CLI ------------------------------------------------------------------------------------------------
-def register_compare(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``compare`` to the ``autopar profile`` subparsers."""
-    p = subparsers.add_parser(
-        "compare", help="run layouts for real, compare with the cost model, fit the hardware's efficiency constants",
-        description="Run each layout with real processes, print predicted vs measured step time and memory, fit "
-                    "the hardware file's efficiency constants (GEMM, collectives, overlaps) to the measured step "
-                    "times by bounded least squares and, with --out, write the calibrated hardware file.")
-    p.add_argument("--model", required=True, help="model zoo name or file (a small one: it really runs)")
-    p.add_argument("--hardware", required=True, help="hardware zoo name or file (e.g. from 'autopar profile hardware')")
-    p.add_argument("--training", type=Path, default=None, help="TrainingSpec YAML (default: TrainingSpec defaults "
-                   "with the overrides below)")
-    p.add_argument("--seq-len", type=int, default=None, help="override training seq_len")
-    p.add_argument("--global-batch", type=int, default=None, help="override training global_batch")
-    p.add_argument("--precision", default=None, help="override training precision")
-    p.add_argument("--world", type=int, default=2, help="processes (GPUs) to run on (default 2)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--layouts", default=None, help="'tp=2,pp=1;tp=1,pp=2,mbs=2;...' (';' between layouts)")
-    src.add_argument("--layouts-file", type=Path, default=None, help="JSON/YAML list of layouts")
-    src.add_argument("--from-solve", type=int, default=None, metavar="K",
-                     help="the solver's top K layouts (needs the search)")
-    p.add_argument("--steps", type=int, default=4, help="training steps per layout (default 4)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per layout run (default 600)")
-    p.add_argument("--repeats", type=int, default=1, help="run the list this many times in alternating order and "
-                   "keep each layout's fastest run (for shared machines; default 1)")
-    p.add_argument("--out", type=Path, default=None, help="write the calibrated hardware file here (never "
-                   "overwritten without --force)")
-    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    p.add_argument("--no-fit", action="store_true", help="only compare; do not fit")
-    p.add_argument("--json", type=Path, default=None, help="also write the rows and the fit as JSON here")
-    p.set_defaults(func=_cmd_compare)
-    return p
-
-
-def _training(args: argparse.Namespace) -> TrainingSpec:
-    from autopar.specs.loaders import build_spec, read_structured_file
-    data: dict[str, Any] = {}
-    if args.training is not None:
-        if not args.training.exists():
-            raise AutoparInputError(f"training file not found: {args.training}")
-        data = read_structured_file(args.training) or {}
-        if not isinstance(data, dict):
-            raise AutoparInputError(f"{args.training}: expected a mapping of TrainingSpec fields")
-    for key, val in (("seq_len", args.seq_len), ("global_batch", args.global_batch), ("precision", args.precision)):
-        if val is not None:
-            data[key] = val
-    return build_spec(TrainingSpec, data, str(args.training or "training"))
-
-
-def _cmd_compare(args: argparse.Namespace) -> int:
-    from autopar.profile.hardware import write_new_file
-    from autopar.specs.loaders import load_hardware, load_model
-    for path in (args.out, args.json):
-        if path is not None and path.exists() and not args.force:
-            raise AutoparInputError(f"{path} exists; pass --force to overwrite it (or choose another path)")
-    if args.no_fit and args.out is not None:
-        raise AutoparInputError("--out writes the fitted hardware file; it cannot go with --no-fit")
-    model = load_model(args.model)
-    hardware = load_hardware(args.hardware)
-    training = _training(args)
-    if args.layouts is not None:
-        layouts = parse_layouts(args.layouts)
-    elif args.layouts_file is not None:
-        layouts = load_layouts_file(args.layouts_file)
-    else:
-        if args.from_solve < 1:
-            raise AutoparInputError(f"--from-solve K needs K >= 1 (got {args.from_solve})")
-        layouts = layouts_from_solve(model, hardware, training, args.world, args.from_solve)
-    rows = compare_layouts(model, hardware, training, layouts, world=args.world, steps=args.steps,
-                           timeout_s=args.timeout, repeats=args.repeats)
-    ok = [r for r in rows if r.ok and r.measured_step_s]
-    report = None
-    after = loo = None
-    if not args.no_fit and len(ok) >= 2:
-        fitted, report, loo = calibrate(hardware, rows)
-        after = report.predicted_after
-    print(format_comparison(rows, after, loo))
-    if report is not None:
-        print()
-        print(report.format())
-    elif not args.no_fit:
-        print(f"no fit: {len(ok)} layout(s) ran successfully, a fit needs at least 2", file=sys.stderr)
-    if args.json is not None:
-        doc = {"rows": [r.to_dict() for r in rows],
-               "fit": None if report is None else {
-                   "constants": {k: {"before": b, "after": a, "sd": report.sd.get(k)}
-                                 for k, (b, a) in report.constants.items()},
-                   "not_identifiable": report.not_identifiable, "tau_before": report.tau_before,
-                   "tau_after": report.tau_after, "rms_log_err_before": report.rms_log_err_before,
-                   "rms_log_err_after": report.rms_log_err_after, "loo_predicted": loo, "notes": report.notes}}
-        args.json.write_text(json.dumps(doc, indent=1))
-    if args.out is not None:
-        if report is None:
-            print("autopar: nothing written: no fit", file=sys.stderr)
-            return 1
-        header = "\n".join(
-            [f"# Calibrated by 'autopar profile compare' from {args.hardware} on {len(ok)} layouts of {model.name} "
-             f"({args.world} processes, seq_len {training.seq_len}, global_batch {training.global_batch})."]
-            + [f"#   {k}: {b:.4g} -> {a:.4g}" for k, (b, a) in report.constants.items()]
-            + [f"#   step-time rms error {math.expm1(report.rms_log_err_before):.1%} -> "
-               f"{math.expm1(report.rms_log_err_after):.1%}; Kendall tau-b {report.tau_before:+.3f} -> "
-               f"{report.tau_after:+.3f}"])
-        write_new_file(fitted, args.out, header, force=args.force)
-        print(f"wrote {args.out}", file=sys.stderr)
-    return 0 if ok else 1
