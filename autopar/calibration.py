@@ -1,147 +1,94 @@
-"""Fit the cost model's physical constants to the published runs (``autopar validate --fit``).
+"""``autopar validate --fit``: the published runs as rows of the one fitter (:mod:`autopar.measure.calibrate`).
 
-What is fitted — only constants of a chip, a precision or the software stack, never anything per row:
-  * ``efficiency.gemm[precision]`` per (chip, precision) present in the data;
-  * shared by every chip: ``hbm`` (achieved/peak HBM bandwidth), ``nvlink`` and ``scaleout`` (collective
-    efficiency), ``dp_overlap``, ``tp_overlap``, ``ep_overlap``, ``cp_overlap`` and ``elementwise_passes``.
-Chips without data inherit from the same silicon: h200 from h100_sxm (same GH100 die), b200/b300 and gb300_nvl72
-from gb200_nvl72 (Blackwell); a (chip, precision) seen in only one row is tied to its closest sibling
-(gb300 mxfp8 = gb200 mxfp8) so that no constant is fitted to a single run.
+What is fitted — only constants of a chip, a precision or the software stack, never anything per row. The list
+is data (change it here, not in the fitter):
+  * ``PER_CHIP``: ``efficiency.<field>[precision]`` per (chip, precision) present in the data — today
+    ``gemm``. A (chip, precision) seen in only one row is tied to its closest sibling (``TIES``: gb300 mxfp8 =
+    gb200 mxfp8) so that no constant is fitted to a single run;
+  * ``SHARED``: one value for every chip.
+Bounds, loss (mean |predicted / measured − 1| of tokens/s/GPU, the figure ``autopar validate`` reports) and the
+solver are the fitter's. Chips without data inherit from the same silicon when written (``INHERIT``: h200 from
+h100_sxm, the same GH100 die; b200/b300 and gb300_nvl72 from gb200_nvl72, Blackwell).
 
-Loss: mean |predicted / measured − 1| tokens/s/GPU, the mean absolute error ``autopar validate`` reports and the
-issue's target is stated in (an earlier version fitted mean |log(predicted / measured)|, which is symmetric in over-
-and under-prediction but optimises a different figure than the one reported), minimised by coordinate descent over
-a grid inside each constant's physical bounds (deterministic, numpy-free). Honesty
-check: a grouped cross-validation that refits without each source (Megatron 2021, Megatron-Core, Llama 3,
-NeMo, Megatron-MoE) and predicts that source's rows.
+Honesty check (``--cv``): leave one source out (Megatron 2021, Megatron-Core, Llama 3, NeMo, Megatron-MoE):
+refit without the source and predict its rows.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from autopar.cost import Estimator
+from autopar.measure.calibrate import Constant, FitReport, FitRow, HeldOut, cross_validate, fit as fit_rows
 from autopar.specs.hardware import Efficiency, HardwareSpec
 from autopar.validation import Case
 
-SHARED_BOUNDS = {"hbm": (0.3, 1.0), "nvlink": (0.3, 1.0), "scaleout": (0.3, 1.0), "dp_overlap": (0.0, 1.0),
-                 "tp_overlap": (0.0, 0.9), "ep_overlap": (0.0, 0.9), "cp_overlap": (0.0, 1.0),
-                 "elementwise_passes": (0.0, 200.0), "moe_dropless_imbalance": (1.0, 2.5)}
-GEMM_BOUNDS = (0.15, 0.95)
+PER_CHIP: tuple[str, ...] = ("gemm",)
+SHARED: tuple[str, ...] = ("hbm", "nvlink", "scaleout", "dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap",
+                           "elementwise_passes", "moe_dropless_imbalance")
 TIES = {("gb300_nvl72", "mxfp8"): ("gb200_nvl72", "mxfp8")}
 INHERIT = {"h200": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72", "gb300_nvl72": "gb200_nvl72"}
 
 
-@dataclass
-class FitResult:
-    gemm: dict[tuple[str, str], float]
-    shared: dict[str, float]
-    loss_before: float
-    loss_after: float
-    rows_per_gemm: dict[tuple[str, str], int] = field(default_factory=dict)
-    cv_mape: dict[str, float] = field(default_factory=dict)
-
-    def efficiency_for(self, hw: HardwareSpec) -> Efficiency:
-        gemm = dict(hw.efficiency.gemm)
-        for (chip, prec), v in self.gemm.items():
-            if chip == hw.name or INHERIT.get(hw.name) == chip and (hw.name, prec) not in self.gemm:
-                gemm[prec] = v
-        for (chip, prec), (src_chip, src_prec) in TIES.items():
-            if chip == hw.name and (src_chip, src_prec) in self.gemm:
-                gemm[prec] = self.gemm[src_chip, src_prec]
-        for (chip, prec), v in self.gemm.items():
-            if prec == "fp8" and (chip == hw.name or INHERIT.get(hw.name) == chip) and (chip, "fp8_block") \
-                    not in self.gemm:
-                gemm["fp8_block"] = v   # no blockwise-FP8 run in the data: assumed as fast as per-tensor FP8
-        return hw.efficiency.model_copy(update={"gemm": gemm, **self.shared})
+def rows_from_cases(cases: list[Case]) -> list[FitRow]:
+    """One fit row per published run: predicted tokens/s/GPU on the given hardware (the model profile is built
+    once per row and reused); grouped by source (the row id's prefix)."""
+    rows = []
+    for c in cases:
+        est = Estimator(c.model, c.hardware, c.training, c.gpus)
+        rows.append(FitRow(label=c.row_id, hardware=c.hardware, measured=c.measured_tokens,
+                           group=c.row_id.split("-")[0],
+                           predict=lambda hw, est=est, c=c: est.with_hardware(hw).estimate(
+                               c.layout, resolved=True).tokens_per_s_per_gpu))
+    return rows
 
 
-class _Rows:
-    """Estimators built once per row; hardware swapped per evaluation (the model profile is reused)."""
-
-    def __init__(self, cases: list[Case]):
-        self.cases = cases
-        self.est = [Estimator(c.model, c.hardware, c.training, c.gpus) for c in cases]
-
-    def loss(self, gemm: dict, shared: dict, idx: list[int]) -> float:
-        tot = 0.0
-        for i in idx:
-            c = self.cases[i]
-            key = TIES.get((c.hardware.name, c.training.precision), (c.hardware.name, c.training.precision))
-            eff = c.hardware.efficiency.model_copy(update={
-                "gemm": {**c.hardware.efficiency.gemm, c.training.precision: gemm.get(key, 0.5)}, **shared})
-            est = self.est[i].with_hardware(c.hardware.model_copy(update={"efficiency": eff}))
-            pred = est.estimate(c.layout, resolved=True).tokens_per_s_per_gpu
-            tot += abs(pred / c.measured_tokens - 1)
-        return tot / max(len(idx), 1)
+def constants_for(cases: list[Case], per_chip: tuple[str, ...] = PER_CHIP,
+                  shared: tuple[str, ...] = SHARED) -> list[Constant]:
+    """The constants the published runs can fit: per (chip, precision) for ``per_chip`` fields (tied chips
+    share one), and the ``shared`` fields."""
+    keys: dict[tuple[str, str], list[str]] = {}
+    for c in cases:
+        own = (c.hardware.name, c.training.precision)
+        chips = keys.setdefault(TIES.get(own, own), [TIES.get(own, own)[0]])
+        if own[0] not in chips:
+            chips.append(own[0])
+    return ([Constant(f, prec, tuple(keys[chip, prec])) for f in per_chip for chip, prec in sorted(keys)]
+            + [Constant(f) for f in shared])
 
 
-def _grid(lo: float, hi: float, centre: float, width: float, n: int = 9) -> list[float]:
-    a, b = max(lo, centre - width), min(hi, centre + width)
-    return sorted({round(a + (b - a) * i / (n - 1), 4) for i in range(n)} | {centre})
+def fit(cases: list[Case], progress: Callable[[str], None] | None = None) -> FitReport:
+    """Fit :func:`constants_for` to every case."""
+    if progress:
+        progress(f"fitting {len(constants_for(cases))} constants to {len(cases)} published runs")
+    return fit_rows(rows_from_cases(cases), constants_for(cases))
 
 
-def fit(cases: list[Case], idx: list[int] | None = None, sweeps: int = 6, progress=None) -> FitResult:
-    rows = _Rows(cases)
-    idx = list(range(len(cases))) if idx is None else idx
-    keys = sorted({TIES.get((cases[i].hardware.name, cases[i].training.precision),
-                            (cases[i].hardware.name, cases[i].training.precision)) for i in idx})
-    counts = {k: sum(1 for i in idx if TIES.get((cases[i].hardware.name, cases[i].training.precision),
-                                                  (cases[i].hardware.name, cases[i].training.precision)) == k)
-              for k in keys}
-    base = cases[idx[0]].hardware.efficiency
-    gemm = {k: next(cases[i].hardware.efficiency.gemm[k[1]] for i in idx
-                    if cases[i].hardware.name == k[0] or TIES.get((cases[i].hardware.name, k[1])) == k)
-            for k in keys}
-    shared = {k: float(getattr(base, k)) for k in SHARED_BOUNDS}
-    before = best = rows.loss(gemm, shared, idx)
-    for sweep in range(sweeps):
-        width = 0.5 / (2 ** sweep)
-        for k in keys:
-            for v in _grid(*GEMM_BOUNDS, gemm[k], width):
-                trial = {**gemm, k: v}
-                val = rows.loss(trial, shared, idx)
-                if val < best - 1e-9:
-                    best, gemm = val, trial
-        for k, (lo, hi) in SHARED_BOUNDS.items():
-            span = (hi - lo) * width
-            for v in _grid(lo, hi, shared[k], span):
-                trial = {**shared, k: v}
-                val = rows.loss(gemm, trial, idx)
-                if val < best - 1e-9:
-                    best, shared = val, trial
-        if progress:
-            progress(f"sweep {sweep + 1}/{sweeps}: mean absolute error {best:.2%}")
-    return FitResult(gemm, shared, before, best, counts)
+def cross_validate_sources(cases: list[Case], progress: Callable[[str], None] | None = None) -> HeldOut:
+    """Each source's rows predicted by constants fitted to the other sources."""
+    return cross_validate(rows_from_cases(cases), constants_for(cases), progress=progress)
 
 
-def cross_validate(cases: list[Case], sweeps: int = 3, progress=None) -> dict[str, float]:
-    """Mean absolute % error of each source's rows predicted by a fit to the other sources."""
-    sources = sorted({c.row_id.split("-")[0] for c in cases})
-    out = {}
-    rows = _Rows(cases)
-    for src in sources:
-        train = [i for i, c in enumerate(cases) if not c.row_id.startswith(src + "-")]
-        test = [i for i, c in enumerate(cases) if c.row_id.startswith(src + "-")]
-        res = fit(cases, train, sweeps)
-        errs = []
-        for i in test:
-            c = cases[i]
-            key = TIES.get((c.hardware.name, c.training.precision), (c.hardware.name, c.training.precision))
-            g = res.gemm.get(key)
-            if g is None:   # chip/precision only in the held-out source: nothing to predict it from
-                continue
-            eff = c.hardware.efficiency.model_copy(update={
-                "gemm": {**c.hardware.efficiency.gemm, c.training.precision: g}, **res.shared})
-            pred = rows.est[i].with_hardware(c.hardware.model_copy(update={"efficiency": eff})).estimate(
-                c.layout, resolved=True).tokens_per_s_per_gpu
-            errs.append(abs(pred / c.measured_tokens - 1))
-        if errs:
-            out[src] = sum(errs) / len(errs)
-        if progress:
-            progress(f"held out {src}: {out.get(src, float('nan')):.1%}")
-    return out
+def efficiency_for(report: FitReport, hw: HardwareSpec) -> Efficiency:
+    """The efficiency section of ``hw`` after the fit: its own fitted constants, else its silicon sibling's
+    (``INHERIT``); blockwise FP8 as fast as per-tensor FP8 when no blockwise run was fitted."""
+    fitted = {c: v for c, v in report.values.items() if c.name in {fc.name for fc in report.constants}}
+    eff = hw.efficiency.model_dump()
+    own = {(c.field, c.key) for c in fitted if c.chips and hw.name in c.chips}
+    for c, v in fitted.items():
+        mine = not c.chips or hw.name in c.chips
+        inherited = c.chips and INHERIT.get(hw.name) in c.chips and (c.field, c.key) not in own
+        if not (mine or inherited):
+            continue
+        if c.key is None:
+            eff[c.field] = v
+        else:
+            eff[c.field] = {**eff[c.field], c.key: v}
+            if c.field == "gemm" and c.key == "fp8" and not any(
+                    k.key == "fp8_block" and (hw.name in k.chips or INHERIT.get(hw.name) in k.chips) for k in fitted):
+                eff["gemm"]["fp8_block"] = v   # no blockwise-FP8 run in the data: assumed as fast as per-tensor FP8
+    return Efficiency.model_validate(eff)
 
 
 _BEGIN = "# --- calibrated efficiency (autopar validate --fit --write) ---"

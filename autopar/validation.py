@@ -21,13 +21,13 @@ Megatron-LM 2021's plain DDP) and each filled field is listed with the row.
 from __future__ import annotations
 
 import csv
-import math
 from dataclasses import dataclass, field
 from itertools import combinations, product
 from pathlib import Path
 
 from autopar.cost import Estimator
 from autopar.errors import AutoparInputError
+from autopar.measure.record import Comparison, max_abs_error, mean_abs_error
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import RECOMPUTE_MODULES, Layout, balanced_stage_layers, resolve_layout
 from autopar.specs.loaders import load_hardware, load_model
@@ -52,15 +52,22 @@ class Case:
     assumptions: list[str] = field(default_factory=list)
 
 
-@dataclass
-class RowResult:
+@dataclass(kw_only=True)
+class RowResult(Comparison):
+    """A published run: predicted vs measured tokens/s/GPU (``error`` = predicted / measured − 1)."""
+
     case: Case
-    predicted_tokens: float
-    error: float            # (predicted − measured) / measured
-    fits: bool
-    memory_gib: float
     hbm_gib: float
     bottleneck: str
+    quantity: str = "tokens_per_s_per_gpu"
+
+    @property
+    def predicted_tokens(self) -> float:
+        return self.predicted
+
+    @property
+    def memory_gib(self) -> float:
+        return self.predicted_mem_gib
 
 
 @dataclass
@@ -70,11 +77,11 @@ class Report:
 
     @property
     def mape(self) -> float:
-        return sum(abs(r.error) for r in self.rows) / len(self.rows) if self.rows else math.nan
+        return mean_abs_error(self.rows)
 
     @property
     def max_abs_error(self) -> float:
-        return max((abs(r.error) for r in self.rows), default=math.nan)
+        return max_abs_error(self.rows)
 
     @property
     def predicted_oom(self) -> list[str]:
@@ -248,8 +255,9 @@ def evaluate(cases: list[Case], hardware_override: dict[str, HardwareSpec] | Non
     for c in cases:
         hw = (hardware_override or {}).get(c.hardware.name, c.hardware)
         est = Estimator(c.model, hw, c.training, c.gpus).estimate(c.layout, resolved=True)
-        out.append(RowResult(c, est.tokens_per_s_per_gpu, est.tokens_per_s_per_gpu / c.measured_tokens - 1,
-                             est.fits, est.memory_gib.total, est.hbm_gib, est.bottleneck))
+        out.append(RowResult(label=c.row_id, case=c, predicted=est.tokens_per_s_per_gpu, measured=c.measured_tokens,
+                             fits=est.fits, predicted_mem_gib=est.memory_gib.total, hbm_gib=est.hbm_gib,
+                             bottleneck=est.bottleneck))
     return out
 
 

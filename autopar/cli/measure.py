@@ -34,10 +34,12 @@ def parse_float_list(text: str, what: str) -> list[float]:
 def register_hardware(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``hardware`` to the ``autopar profile`` subparsers."""
     p = subparsers.add_parser(
-        "hardware", help="measure GEMM TFLOP/s and collective bus bandwidth; write a hardware file",
-        description="Measure GEMM throughput and all-reduce / all-gather / reduce-scatter / all-to-all / send-recv "
-                    "bus bandwidth (nccl-tests definitions) with real processes on this machine (gloo on CPU, "
-                    "NCCL on CUDA), and write a hardware YAML with the measured table.")
+        "hardware", help="measure kernels and collective bus bandwidth; write a hardware file",
+        description="Measure each kernel class the cost model prices (GEMM by shape, grouped GEMM, flash attention "
+                    "forward/backward, memory-bound kernels, pinned host copies; tiny shapes on a CPU) and "
+                    "all-reduce / all-gather / reduce-scatter / all-to-all / send-recv bus bandwidth (nccl-tests "
+                    "definitions) with real processes on this machine (gloo on CPU, NCCL on CUDA), and write a "
+                    "hardware YAML with the measured tables (docs/measurement.md).")
     p.add_argument("--out", required=True, type=Path, help="hardware YAML to write (never overwritten without --force)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--base", default=None,
@@ -49,6 +51,9 @@ def register_hardware(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--ops", default=",".join(OPS), help=f"collectives, comma-separated (default all: {','.join(OPS)})")
     p.add_argument("--model", default=None, help="model zoo name or file: measure GEMMs at its shapes")
     p.add_argument("--tokens", type=int, default=4096, help="GEMM rows for --model: micro-batch x seq_len (default 4096)")
+    p.add_argument("--no-kernels", action="store_true",
+                   help="skip the kernel-class tables (GEMM by shape, grouped GEMM, flash attention, memory-bound "
+                        "kernels, host copies) written to the file's 'kernels:' section")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement group (default 300)")
     p.add_argument("--cpu-math", choices=("fp32", "bf16"), default="fp32",
                    help="CPU only: the measured rate to store as peak_tflops_bf16/fp16 (default fp32: autopar's CPU "
@@ -76,7 +81,7 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
     try:
         spec, raw = profile_hardware(base, world=args.world, sizes_mib=sizes, ops=ops, model=model,
                                      timeout_s=args.timeout, tokens=args.tokens, name=args.name,
-                                     cpu_math=args.cpu_math)
+                                     cpu_math=args.cpu_math, kernels=not args.no_kernels)
     except ProfileError as err:
         print(f"autopar: profile failed: {err}", file=sys.stderr)
         return 1
@@ -172,7 +177,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         layouts = layouts_from_solve(model, hardware, training, args.world, args.from_solve)
     rows = compare_layouts(model, hardware, training, layouts, world=args.world, steps=args.steps,
                            timeout_s=args.timeout, repeats=args.repeats)
-    ok = [r for r in rows if r.ok and r.measured_step_s]
+    ok = [r for r in rows if r.ok and r.measured]
     report = None
     after = loo = None
     if not args.no_fit and len(ok) >= 2:
@@ -187,11 +192,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.json is not None:
         doc = {"rows": [r.to_dict() for r in rows],
                "fit": None if report is None else {
-                   "constants": {k: {"before": b, "after": a, "sd": report.sd.get(k)}
-                                 for k, (b, a) in report.constants.items()},
+                   "loss": report.loss,
+                   "constants": {c.name: {"before": c.before, "after": c.after, "sd": c.sd, "lo": c.bound.lo,
+                                          "hi": c.bound.hi, "pinned": c.pinned} for c in report.constants},
                    "not_identifiable": report.not_identifiable, "tau_before": report.tau_before,
-                   "tau_after": report.tau_after, "rms_log_err_before": report.rms_log_err_before,
-                   "rms_log_err_after": report.rms_log_err_after, "loo_predicted": loo, "notes": report.notes}}
+                   "tau_after": report.tau_after, "mae_before": report.mae_before, "mae_after": report.mae_after,
+                   "loo_predicted": loo, "notes": report.notes}}
         args.json.write_text(json.dumps(doc, indent=1))
     if args.out is not None:
         if report is None:
@@ -200,10 +206,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         header = "\n".join(
             [f"# Calibrated by 'autopar profile compare' from {args.hardware} on {len(ok)} layouts of {model.name} "
              f"({args.world} processes, seq_len {training.seq_len}, global_batch {training.global_batch})."]
-            + [f"#   {k}: {b:.4g} -> {a:.4g}" for k, (b, a) in report.constants.items()]
-            + [f"#   step-time rms error {math.expm1(report.rms_log_err_before):.1%} -> "
-               f"{math.expm1(report.rms_log_err_after):.1%}; Kendall tau-b {report.tau_before:+.3f} -> "
-               f"{report.tau_after:+.3f}"])
+            + [f"#   {c.name}: {c.before:.4g} -> {c.after:.4g} (bounds [{c.bound.lo:g}, {c.bound.hi:g}]"
+               + (f", PINNED at its {c.pinned} bound)" if c.pinned else ")") for c in report.constants]
+            + [f"#   step-time mean |error| {report.mae_before:.1%} -> {report.mae_after:.1%}; Kendall tau-b "
+               f"{report.tau_before:+.3f} -> {report.tau_after:+.3f}"])
         write_new_file(fitted, args.out, header, force=args.force)
         print(f"wrote {args.out}", file=sys.stderr)
     return 0 if ok else 1

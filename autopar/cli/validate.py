@@ -15,34 +15,30 @@ from autopar.validation import DEFAULT_CSV, validate
 def run_fit(args: argparse.Namespace) -> int:
     from datetime import date
 
-    from autopar.calibration import INHERIT, cross_validate, fit, write_efficiency
+    from autopar.calibration import INHERIT, cross_validate_sources, efficiency_for, fit, rows_from_cases, write_efficiency
     from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
     from autopar.validation import load_cases
     err = console(stderr=True)
     cases, skipped = load_cases(Path(args.csv))
-    res = fit(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
+    rep = fit(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
     out = console()
-    t = Table(title="Fitted constants (physical: per chip/precision, or shared)", title_justify="left")
-    for c in ("constant", "value", "rows"):
-        t.add_column(c)
-    for (chip, prec), v in sorted(res.gemm.items()):
-        t.add_row(f"{chip}.gemm({prec})", f"{v:.3f}", str(res.rows_per_gemm[chip, prec]))
-    for k, v in res.shared.items():
-        t.add_row(k, f"{v:.3f}", "all")
-    out.print(t)
-    out.print(f"mean absolute error: {res.loss_before:.2%} before, {res.loss_after:.2%} after")
+    out.print(rep.format(), markup=False, highlight=False)
     if args.cv:
-        cv = cross_validate(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
+        held = cross_validate_sources(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
+        by = held.by_group(rows_from_cases(cases))
         out.print("held-out source (fit on the others) mean absolute error: "
-                  + ", ".join(f"{k} {v:.1%}" for k, v in cv.items()))
+                  + ", ".join(f"{k} {v:.1%}" for k, v in by.items()))
+        for rid, why in held.skipped.items():
+            out.print(f"  not predictable out of sample: {rid} ({why})")
     if args.write:
         d = zoo_dir("hardware")
-        chips = {k[0] for k in res.gemm} | {n for n in zoo_names("hardware") if INHERIT.get(n) in {k[0] for k in res.gemm}}
+        fitted_chips = {chip for c in rep.constants for chip in c.name.split(":")[:-1]}
+        chips = fitted_chips | {n for n in zoo_names("hardware") if INHERIT.get(n) in fitted_chips}
         note = (f"fitted {date.today()} on {Path(args.csv).name} ({len(cases)} rows): mean absolute error "
-                f"{res.loss_before:.2%} -> {res.loss_after:.2%}")
+                f"{rep.mae_before:.2%} -> {rep.mae_after:.2%}")
         for name in sorted(chips):
             hw = load_hardware(name)
-            write_efficiency(d / f"{name}.yaml", res.efficiency_for(hw), note)
+            write_efficiency(d / f"{name}.yaml", efficiency_for(rep, hw), note)
             out.print(f"wrote the calibrated efficiency of {name} to {d / (name + '.yaml')}")
     return 0
 

@@ -1,25 +1,31 @@
-"""Fit the cost model's physical constants to measured step times, and rank agreement (Kendall's tau-b).
+"""The one fitter of the cost model's efficiency constants, with the one table of their bounds.
+
+Used by ``autopar validate --fit`` (published runs, :mod:`autopar.calibration` builds the rows) and by
+``autopar profile compare`` (layouts run on this machine, :func:`fit_efficiency`).
 
 What is fitted
-  The ``efficiency`` section of a hardware file and nothing else: ``gemm[<precision>]`` (achieved/peak math),
-  ``nvlink`` and ``scaleout`` (achieved/peak link bandwidth), ``hbm`` (optimizer step) and the five overlap
-  fractions. These are properties of the machine and the software stack, shared by every layout; nothing is
-  fitted per layout, so a fit that explains six layouts has to explain them with one set of constants.
+  Named constants of a hardware file's ``efficiency`` section and nothing else; never anything per row. Which
+  ones is data, not code: a list of :class:`Constant` (an efficiency field, a key for the per-precision
+  ``gemm`` table, and optionally the chips it belongs to, so one constant can be per (chip, precision) and
+  shared by sibling chips). Each is bounded by :data:`BOUNDS` (name -> lo, hi, why). A constant that moves no
+  prediction of the given rows is left as it is and reported as not identifiable.
 
-  A constant the cost model does not react to for the given layouts (e.g. ``ep_overlap`` without experts, or
-  ``nvlink`` when the hardware file carries a measured bandwidth table, which the cost model uses instead) is
-  left as it is and reported as not identifiable.
+Loss
+  ``"mae"`` (default): mean |predicted / measured - 1|, the figure ``autopar validate`` reports. Solved as a
+  robust least-squares problem (``scipy.optimize.least_squares``, ``loss="soft_l1"``, ``f_scale`` 1%): errors
+  above 1% weigh linearly (the mean absolute error), below 1% quadratically, so the problem is smooth; the
+  reported figures are the exact mean |error|. ``"log"``: least squares on log(predicted / measured), which
+  weighs over- and under-prediction alike.
 
 How
-  Least squares on log step time, r_i = log(predicted_i / measured_i), so that every layout weighs the same
-  whatever its size, plus a weak pull towards the starting constants (weight ``prior_weight`` per constant,
-  in units of its valid range) that only matters along directions the data do not determine. Bounded by each
-  constant's valid range: a coarse space-filling sample of the box picks starting points, then projected
-  Levenberg-Marquardt (forward-difference Jacobian; constants at a bound whose gradient points outwards are
-  frozen for that iteration) refines each. numpy only.
+  Bounded trust-region reflective solver (``least_squares(method="trf")``, forward-difference Jacobian) from
+  several starting points: the file's current constants, then the best points of a fixed-seed Latin hypercube
+  over the bounds. Deterministic: the same rows give the same constants.
 
-The prediction is ``autopar.cost.estimate(model, hardware, training, layout, gpus).step_time_s``; any
-function of that signature returning an object with ``step_time_s`` can stand in (tests use one).
+After the fit
+  Each constant is printed with its bounds; a constant that ends at a bound is flagged (the cost model may lack
+  a term that constant stands in for). Standard errors and constants the rows only determine in combination
+  come from the Jacobian at the solution.
 """
 
 from __future__ import annotations
@@ -31,106 +37,238 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from autopar.errors import AutoparInputError
+from autopar.measure.record import rank_agreement
 from autopar.specs.hardware import HardwareSpec
 
 Estimator = Callable[..., Any]  # (model, hardware, training, layout, gpus) -> object with .step_time_s
 
-# Valid range of each constant. Efficiencies are fractions of a peak (the spec requires > 0); a floor of 0.02
-# keeps the search away from the pole of 1/eff. Overlaps are fractions of traffic hidden.
-BOUNDS: dict[str, tuple[float, float]] = {
-    "gemm": (0.02, 1.0), "nvlink": (0.02, 1.0), "scaleout": (0.02, 1.0), "hbm": (0.02, 1.0),
-    "dp_overlap": (0.0, 1.0), "tp_overlap": (0.0, 1.0), "ep_overlap": (0.0, 1.0), "cp_overlap": (0.0, 1.0),
-    "pp_overlap": (0.0, 1.0),
+
+@dataclass(frozen=True)
+class Bound:
+    """The valid range of one efficiency constant, and why."""
+
+    lo: float
+    hi: float
+    why: str
+
+
+# The one bounds table. Keys are fields of HardwareSpec.efficiency (the per-precision ``gemm`` table shares one
+# entry). Efficiencies are fractions of a datasheet peak; overlaps are fractions of traffic hidden.
+BOUNDS: dict[str, Bound] = {
+    "gemm": Bound(0.15, 1.0, "achieved / datasheet dense peak of the step's math: 1.0 is the datasheet; tuned "
+                             "training stacks reach 0.4-0.8 (issue 10: 0.76-0.81 for Llama-3-8B GEMMs on one "
+                             "H100), and below 0.15 the model would be missing a term"),
+    "nvlink": Bound(0.3, 1.0, "achieved / link bandwidth of NVLink collectives (nccl-tests busbw reaches "
+                              "0.7-0.9 of the link rate at large messages)"),
+    "scaleout": Bound(0.3, 1.0, "achieved / NIC bandwidth of scale-out collectives"),
+    "hbm": Bound(0.3, 1.0, "achieved / datasheet HBM bandwidth (STREAM-like copies reach 0.8-0.9)"),
+    "host_link": Bound(0.3, 1.0, "achieved / PCIe or C2C bandwidth of pinned host copies"),
+    "dp_overlap": Bound(0.0, 1.0, "fraction of DP/FSDP traffic hidden behind compute"),
+    "tp_overlap": Bound(0.0, 0.9, "fraction of TP/SP traffic hidden: Megatron's tp-comm-overlap hides the "
+                                  "all-gather/reduce-scatter inside the linear layers; the first and last "
+                                  "collective of a layer have no GEMM to hide behind"),
+    "ep_overlap": Bound(0.0, 0.9, "fraction of the expert all-to-all hidden: dispatch needs the router's "
+                                  "output first and combine feeds the next layer, so not all of it can hide"),
+    "cp_overlap": Bound(0.0, 1.0, "fraction of the ring-attention KV exchange hidden behind attention"),
+    "pp_overlap": Bound(0.0, 1.0, "fraction of pipeline send/recv hidden"),
+    "moe_dropless_imbalance": Bound(1.0, 2.5, "tokens on the busiest expert rank / the mean under dropless "
+                                              "routing: 1 is perfect balance"),
+    "elementwise_passes": Bound(0.0, 200.0, "hidden-size-wide tensors read or written per layer and token by "
+                                            "non-GEMM kernels: 0 is everything fused, 200 five times the ~40 "
+                                            "of an unfused Megatron layer"),
 }
-SCALAR_FIELDS = ("nvlink", "scaleout", "hbm", "dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap", "pp_overlap")
 
 
-class Observation(Protocol):
-    """What a row must carry to take part in a fit (compare.ComparisonRow does)."""
+@dataclass(frozen=True)
+class Constant:
+    """One fitted number: ``efficiency.<field>`` (``efficiency.gemm[<key>]`` for the per-precision table),
+    applying to the rows whose hardware is one of ``chips`` (empty: every row)."""
 
-    model: Any
-    training: Any
-    layout: Any
-    gpus: int
-    measured_step_s: float | None
+    field: str
+    key: str | None = None
+    chips: tuple[str, ...] = ()
 
+    @property
+    def name(self) -> str:
+        base = f"{self.field}[{self.key}]" if self.key else self.field
+        return f"{self.chips[0]}:{base}" if self.chips else base
 
-# ---- Kendall's tau ---------------------------------------------------------------------------------------
-def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
-    """Kendall's tau-b rank correlation of two equally long sequences (Kendall 1945, "The treatment of ties
-    in ranking problems"; as scipy.stats.kendalltau's default):
+    @property
+    def bound(self) -> Bound:
+        return BOUNDS[self.field]
 
-        tau_b = (n_c - n_d) / sqrt((n_0 - n_1)(n_0 - n_2))
+    def applies_to(self, hardware: HardwareSpec) -> bool:
+        return not self.chips or hardware.name in self.chips
 
-    n_c / n_d: concordant / discordant pairs, n_0 = n(n-1)/2, n_1 and n_2: pairs tied in a and in b.
-    With s_a = sign(a_i - a_j) and s_b likewise over pairs i < j this is sum(s_a s_b) / sqrt(sum s_a^2 sum s_b^2).
-    1 for the same order, -1 for the reverse; NaN when either sequence is constant (or shorter than 2)."""
-    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"kendall_tau needs two 1-D sequences of the same length (got {x.shape}, {y.shape})")
-    i, j = np.triu_indices(len(x), k=1)
-    sa, sb = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
-    den = math.sqrt(float(np.sum(sa * sa)) * float(np.sum(sb * sb)))
-    return float(np.sum(sa * sb) / den) if den > 0 else float("nan")
-
-
-# ---- parameters ------------------------------------------------------------------------------------------
-def _param_names(hardware: HardwareSpec, rows: Sequence[Observation]) -> list[str]:
-    precisions = sorted({r.training.precision for r in rows})
-    return [f"gemm[{p}]" for p in precisions] + list(SCALAR_FIELDS)
+    def get(self, hardware: HardwareSpec) -> float:
+        eff = hardware.efficiency
+        if self.key is not None:
+            return float(getattr(eff, self.field).get(self.key, 1.0))
+        return float(getattr(eff, self.field))
 
 
-def _bounds(name: str) -> tuple[float, float]:
-    return BOUNDS["gemm" if name.startswith("gemm[") else name]
+def parse_constant(name: str) -> Constant:
+    """``'nvlink'``, ``'gemm[bf16]'`` or ``'h100_sxm:gemm[bf16]'`` as a :class:`Constant`."""
+    chip, _, rest = name.rpartition(":")
+    fld, key = (rest[:-1].split("[", 1) if rest.endswith("]") else (rest, None))
+    if fld not in BOUNDS:
+        raise AutoparInputError(f"no bounds for efficiency constant '{fld}' (bounded: {', '.join(BOUNDS)})")
+    return Constant(fld, key, (chip,) if chip else ())
 
 
-def _get(hardware: HardwareSpec, name: str) -> float:
-    eff = hardware.efficiency
-    if name.startswith("gemm["):
-        p = name[5:-1]
-        return float(eff.gemm.get(p, 1.0))
-    return float(getattr(eff, name))
-
-
-def with_constants(hardware: HardwareSpec, values: dict[str, float]) -> HardwareSpec:
-    """A copy of ``hardware`` whose efficiency section has ``values`` (names as in FitReport: 'gemm[bf16]',
-    'nvlink', 'dp_overlap', ...)."""
+def with_values(hardware: HardwareSpec, values: dict[Constant, float]) -> HardwareSpec:
+    """A copy of ``hardware`` with the constants that apply to it set to ``values``."""
     eff = hardware.efficiency.model_dump()
-    for name, v in values.items():
-        if name.startswith("gemm["):
-            eff["gemm"][name[5:-1]] = float(v)
+    for c, v in values.items():
+        if not c.applies_to(hardware):
+            continue
+        if c.key is not None:
+            eff[c.field] = {**eff[c.field], c.key: float(v)}
         else:
-            eff[name] = float(v)
+            eff[c.field] = float(v)
     return hardware.model_copy(update={"efficiency": type(hardware.efficiency).model_validate(eff)})
 
 
-def _default_estimator() -> Estimator:
-    try:
-        from autopar.cost import estimate
-    except ImportError as err:  # pragma: no cover - the cost model is part of the package
-        raise AutoparInputError(f"the cost model (autopar.cost.estimate) is not available: {err}") from None
-    return estimate
+def with_constants(hardware: HardwareSpec, values: dict[str, float]) -> HardwareSpec:
+    """:func:`with_values` with constants given by name (``'gemm[bf16]'``, ``'nvlink'``, ...)."""
+    return with_values(hardware, {parse_constant(k): v for k, v in values.items()})
 
 
-class _Objective:
-    """log(predicted / measured) per row as a function of the free constants."""
+@dataclass
+class FitRow:
+    """One measurement to fit: ``predict(hardware)`` is the cost model's figure for it on that hardware."""
 
-    def __init__(self, hardware: HardwareSpec, rows: Sequence[Observation], names: list[str],
-                 estimator: Estimator):
-        self.hw, self.rows, self.names, self.est = hardware, list(rows), names, estimator
-        self.log_meas = np.log([r.measured_step_s for r in self.rows])
+    label: str
+    hardware: HardwareSpec
+    measured: float
+    predict: Callable[[HardwareSpec], float]
+    group: str = ""         # rows of one group are held out together by cross_validate (a source, a layout)
+
+
+@dataclass
+class FittedConstant:
+    name: str
+    before: float
+    after: float
+    bound: Bound
+    rows: int               # rows whose prediction it can move
+    sd: float = math.nan    # standard error from the Jacobian at the solution
+
+    @property
+    def pinned(self) -> str | None:
+        """'lower' or 'upper' when the fit ended at that bound."""
+        tol = 1e-6 * (self.bound.hi - self.bound.lo)
+        if self.after <= self.bound.lo + tol:
+            return "lower"
+        if self.after >= self.bound.hi - tol:
+            return "upper"
+        return None
+
+
+@dataclass
+class FitReport:
+    """What a fit changed and how well the constants explain the measurements."""
+
+    loss: str
+    constants: list[FittedConstant]
+    not_identifiable: dict[str, float]      # name -> value left as it was (moves no prediction of these rows)
+    labels: list[str]
+    measured: list[float]
+    predicted_before: list[float]
+    predicted_after: list[float]
+    values: dict[Constant, float]           # every constant after the fit (the not identifiable at their start)
+    predictions: int = 0                    # cost-model calls
+    notes: list[str] = field(default_factory=list)
+
+    def _errs(self, pred: list[float]) -> np.ndarray:
+        return np.asarray(pred) / np.asarray(self.measured) - 1.0
+
+    @property
+    def mae_before(self) -> float:
+        return float(np.mean(np.abs(self._errs(self.predicted_before))))
+
+    @property
+    def mae_after(self) -> float:
+        return float(np.mean(np.abs(self._errs(self.predicted_after))))
+
+    @property
+    def rms_log_err_before(self) -> float:
+        return float(np.sqrt(np.mean(np.log(np.asarray(self.predicted_before) / self.measured) ** 2)))
+
+    @property
+    def rms_log_err_after(self) -> float:
+        return float(np.sqrt(np.mean(np.log(np.asarray(self.predicted_after) / self.measured) ** 2)))
+
+    @property
+    def max_err_after(self) -> float:
+        e = self._errs(self.predicted_after)
+        return float(e[np.argmax(np.abs(e))])
+
+    @property
+    def tau_before(self) -> float:
+        return rank_agreement(self.predicted_before, self.measured)
+
+    @property
+    def tau_after(self) -> float:
+        return rank_agreement(self.predicted_after, self.measured)
+
+    @property
+    def pinned(self) -> list[FittedConstant]:
+        return [c for c in self.constants if c.pinned]
+
+    def constant(self, name: str) -> FittedConstant:
+        return next(c for c in self.constants if c.name == name)
+
+    def format(self) -> str:
+        loss = {"mae": "mean |relative error|", "log": "sum of squared log errors"}[self.loss]
+        lines = [f"fit of {len(self.constants)} constants to {len(self.measured)} measurements, minimising {loss} "
+                 f"({self.predictions} cost-model calls)",
+                 f"  {'constant':<24}{'before':>9}{'after':>9}{'+/- sd':>9}{'bounds':>15}{'rows':>6}"]
+        for c in self.constants:
+            sd = f"{c.sd:>9.3f}" if c.sd < 10 else f"{'>10':>9}"
+            flag = f"  PINNED at its {c.pinned} bound" if c.pinned else ""
+            lines.append(f"  {c.name:<24}{c.before:>9.3f}{c.after:>9.3f}{sd}"
+                         f"{f'[{c.bound.lo:g}, {c.bound.hi:g}]':>15}{c.rows:>6}{flag}")
+        for c in self.pinned:
+            lines.append(f"  {c.name} ended at its {c.pinned} bound ({c.bound.why}): the cost model may lack a "
+                         "term this constant is standing in for")
+        if self.not_identifiable:
+            lines.append("  not identifiable from these rows (kept): "
+                         + ", ".join(f"{k}={v:g}" for k, v in self.not_identifiable.items()))
+        lines.append(f"  mean |error| {self.mae_before:.2%} -> {self.mae_after:.2%}; rms log error "
+                     f"{math.expm1(self.rms_log_err_before):.1%} -> {math.expm1(self.rms_log_err_after):.1%}; "
+                     f"largest error after {self.max_err_after:+.1%}")
+        if len(self.measured) >= 2:
+            lines.append(f"  Kendall tau-b (predicted vs measured ranking): {self.tau_before:+.3f} -> "
+                         f"{self.tau_after:+.3f}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+class _Problem:
+    """Residuals of every row as a function of the free constants' values."""
+
+    def __init__(self, rows: Sequence[FitRow], constants: Sequence[Constant], loss: str):
+        self.rows, self.constants, self.loss = list(rows), list(constants), loss
+        self.meas = np.array([r.measured for r in self.rows], dtype=float)
+        self.applies = [[c for c in self.constants if c.applies_to(r.hardware)] for r in self.rows]
         self.calls = 0
 
     def predict(self, theta: np.ndarray) -> np.ndarray:
-        hw = with_constants(self.hw, dict(zip(self.names, theta)))
-        self.calls += len(self.rows)
-        return np.array([self.est(r.model, hw, r.training, r.layout, r.gpus).step_time_s for r in self.rows])
+        values = dict(zip(self.constants, theta))
+        out = np.empty(len(self.rows))
+        for i, r in enumerate(self.rows):
+            self.calls += 1
+            out[i] = r.predict(with_values(r.hardware, {c: values[c] for c in self.applies[i]}))
+        return out
 
-    def residuals(self, theta: np.ndarray) -> np.ndarray:
-        pred = self.predict(theta)
+    def residuals_of(self, pred: np.ndarray) -> np.ndarray:
         if np.any(~np.isfinite(pred)) or np.any(pred <= 0):
             return np.full(len(self.rows), 1e3)
-        return np.log(pred) - self.log_meas
+        return np.log(pred / self.meas) if self.loss == "log" else pred / self.meas - 1.0
+
+    def residuals(self, theta: np.ndarray) -> np.ndarray:
+        return self.residuals_of(self.predict(theta))
 
     def jacobian(self, theta: np.ndarray, r0: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         J = np.empty((len(r0), len(theta)))
@@ -143,215 +281,203 @@ class _Objective:
         return J
 
 
-def _lm(obj: _Objective, theta0: np.ndarray, lo: np.ndarray, hi: np.ndarray, prior: np.ndarray,
-        prior_w: np.ndarray, max_iter: int = 60) -> tuple[np.ndarray, float, int]:
-    """Projected Levenberg-Marquardt on the residuals plus the prior; returns (theta, cost, iterations)."""
-    span = hi - lo
-
-    def full(theta: np.ndarray, r: np.ndarray) -> np.ndarray:
-        return np.concatenate([r, prior_w * (theta - prior) / span])
-
-    theta = np.clip(theta0, lo, hi)
-    r = obj.residuals(theta)
-    cost = float(np.sum(full(theta, r) ** 2))
-    lam = 1e-2
-    it = 0
-    for it in range(1, max_iter + 1):
-        J = np.vstack([obj.jacobian(theta, r, lo, hi), np.diag(prior_w / span)])
-        f = full(theta, r)
-        g = J.T @ f
-        # Active set: a constant at a bound whose descent direction leaves the box stays put this iteration.
-        free = ~(((theta <= lo + 1e-12) & (g > 0)) | ((theta >= hi - 1e-12) & (g < 0)))
-        if not free.any():
-            break
-        Jf = J[:, free]
-        A = Jf.T @ Jf
-        improved = False
-        for _ in range(12):
-            step = np.zeros_like(theta)
-            try:
-                step[free] = np.linalg.solve(A + lam * (np.diag(np.diag(A)) + 1e-9 * np.eye(len(A))), -g[free])
-            except np.linalg.LinAlgError:
-                lam *= 10
-                continue
-            cand = np.clip(theta + step, lo, hi)
-            rc = obj.residuals(cand)
-            cc = float(np.sum(full(cand, rc) ** 2))
-            if cc < cost:
-                moved = float(np.max(np.abs(cand - theta) / span))
-                theta, r, gain, cost = cand, rc, cost - cc, cc
-                lam = max(lam / 3, 1e-9)
-                improved = True
-                break
-            lam *= 4
-        if not improved or gain <= 1e-12 * max(cost, 1e-12) or moved < 1e-9:
-            break
-    return theta, cost, it
+LOSSES = ("mae", "log")
 
 
-@dataclass
-class FitReport:
-    """What a fit changed and how well the constants explain the measurements."""
+def fit(rows: Sequence[FitRow], constants: Sequence[Constant], *, loss: str = "mae", starts: int = 4,
+        samples: int = 24, seed: int = 0, max_nfev: int = 80) -> FitReport:
+    """Fit ``constants`` to ``rows`` within :data:`BOUNDS`; see the module docstring. ``starts``: solver runs
+    (the current constants, then the best of ``samples`` Latin-hypercube points); ``max_nfev``: residual
+    evaluations per run, besides the Jacobian's.
 
-    constants: dict[str, tuple[float, float]]      # name -> (before, after), the constants that were fitted
-    sd: dict[str, float]                            # name -> standard error from the Jacobian at the solution
-    not_identifiable: dict[str, float]              # name -> value left as it was (no effect on these layouts)
-    rows: int
-    rms_log_err_before: float
-    rms_log_err_after: float
-    max_rel_err_before: float
-    max_rel_err_after: float
-    tau_before: float
-    tau_after: float
-    predicted_before: list[float]
-    predicted_after: list[float]
-    measured: list[float]
-    estimator_calls: int = 0
-    notes: list[str] = field(default_factory=list)
+    Raises AutoparInputError with fewer than two rows, an unknown loss, or a constant without bounds."""
+    if loss not in LOSSES:
+        raise AutoparInputError(f"unknown loss '{loss}' (choose from {', '.join(LOSSES)})")
+    rows = [r for r in rows if r.measured is not None and math.isfinite(r.measured) and r.measured > 0]
+    if len(rows) < 2:
+        raise AutoparInputError(f"a fit needs at least 2 measurements (got {len(rows)})")
+    for c in constants:
+        if c.field not in BOUNDS:
+            raise AutoparInputError(f"no bounds for efficiency constant '{c.field}' (bounded: {', '.join(BOUNDS)})")
+    from scipy.optimize import least_squares
 
-    def format(self) -> str:
-        lines = [f"fit of {len(self.constants)} constants to {self.rows} measured step times "
-                 f"({self.estimator_calls} cost-model calls)"]
-        lines.append(f"  {'constant':<14}{'before':>9}{'after':>9}{'+/- sd':>9}")
-        for name, (b, a) in self.constants.items():
-            sd = self.sd.get(name, float("nan"))
-            sd_text = f"{sd:>9.3f}" if sd < 10 else f"{'>10':>9}"
-            lines.append(f"  {name:<14}{b:>9.3f}{a:>9.3f}{sd_text}")
-        if self.not_identifiable:
-            lines.append("  not identifiable from these layouts (kept): "
-                         + ", ".join(f"{k}={v:g}" for k, v in self.not_identifiable.items()))
-        lines.append(f"  step-time error: rms {_pct(self.rms_log_err_before)} -> {_pct(self.rms_log_err_after)} "
-                     f"(log), max {self.max_rel_err_before:+.1%} -> {self.max_rel_err_after:+.1%}")
-        lines.append(f"  Kendall tau-b (predicted vs measured ranking): {self.tau_before:+.3f} -> {self.tau_after:+.3f}")
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
+    constants = list(dict.fromkeys(constants))
+    lo = np.array([c.bound.lo for c in constants])
+    hi = np.array([c.bound.hi for c in constants])
 
+    def start_of(c: Constant) -> float:
+        r = next((r for r in rows if c.applies_to(r.hardware)), rows[0])
+        return c.get(r.hardware)
 
-def _pct(log_err: float) -> str:
-    return f"{math.expm1(log_err):.1%}"
+    start = np.clip([start_of(c) for c in constants], lo, hi)
+    prob = _Problem(rows, constants, loss)
+    pred0 = prob.predict(start)
+    r0 = prob.residuals_of(pred0)
+    touches = np.array([sum(c.applies_to(r.hardware) for r in rows) for c in constants])
 
-
-def _max_rel(pred: np.ndarray, meas: np.ndarray) -> float:
-    rel = pred / meas - 1.0
-    return float(rel[np.argmax(np.abs(rel))])
-
-
-def fit_efficiency(hardware: HardwareSpec, rows: Sequence[Observation], *, estimator: Estimator | None = None,
-                   prior_weight: float = 1e-10, samples: int = 48, starts: int = 4,
-                   seed: int = 0) -> tuple[HardwareSpec, FitReport]:
-    """Fit the efficiency constants of ``hardware`` to the measured step times of ``rows``.
-
-    Rows without a positive measured step time (failed runs) are skipped. Returns the hardware with the fitted
-    constants (everything else unchanged) and a :class:`FitReport`. Raises AutoparInputError with fewer than
-    two usable rows."""
-    est = estimator or _default_estimator()
-    use = [r for r in rows if r.measured_step_s is not None and r.measured_step_s > 0
-           and math.isfinite(r.measured_step_s)]
-    if len(use) < 2:
-        raise AutoparInputError(f"a fit needs at least 2 layouts with a measured step time (got {len(use)})")
-    names = _param_names(hardware, use)
-    start = np.array([min(max(_get(hardware, n), _bounds(n)[0]), _bounds(n)[1]) for n in names])
-    lo = np.array([_bounds(n)[0] for n in names])
-    hi = np.array([_bounds(n)[1] for n in names])
-    obj = _Objective(hardware, use, names, est)
-    meas = np.array([r.measured_step_s for r in use])
-
-    # Coarse sample of the box (a fixed-seed Latin hypercube) for starting points and for the sensitivity check.
+    # Which constants move any prediction? Probe at the start and at a fixed-seed Latin hypercube's best points.
     rng = np.random.default_rng(seed)
-    k = len(names)
+    k = len(constants)
     lhs = (np.argsort(rng.random((k, samples)), axis=1).T + rng.random((samples, k))) / samples
-    cand = np.vstack([start, lo + lhs * (hi - lo)])
-    costs, res = [], []
-    for c in cand:
-        rr = obj.residuals(c)
-        res.append(rr)
-        costs.append(float(np.sum(rr ** 2)))
-
-    # Which constants move any prediction? Probe at the start and at the three best samples.
-    probe = [0] + [int(i) for i in np.argsort(costs)[:3]]
+    cand = lo + lhs * (hi - lo)
+    costs = [float(np.sum(prob.residuals(c) ** 2)) for c in cand]
+    order = [int(i) for i in np.argsort(costs)]
     moves = np.zeros(k, dtype=bool)
-    for i in probe:
-        J = obj.jacobian(cand[i], res[i], lo, hi)
-        moves |= np.any(np.abs(J) > 1e-7, axis=0)
-    fit_idx = np.flatnonzero(moves)
-    report_fixed = {names[i]: float(start[i]) for i in np.flatnonzero(~moves)}
-    pred0 = obj.predict(start)
+    for theta, r in [(start, r0)] + [(cand[i], prob.residuals(cand[i])) for i in order[:2]]:
+        moves |= np.any(np.abs(prob.jacobian(theta, r, lo, hi)) > 1e-7, axis=0)
+    free = np.flatnonzero(moves)
     notes: list[str] = []
-    if len(fit_idx) == 0:
-        notes.append("no efficiency constant changes any prediction for these layouts; nothing fitted")
-        theta = start.copy()
+    theta = start.copy()
+    if len(free) == 0:
+        notes.append("no constant changes any prediction for these rows; nothing fitted")
     else:
-        sub_names = [names[i] for i in fit_idx]
-        # The sub-problem: fitted constants free, the others held at their start values.
-        sub = _Objective(with_constants(hardware, dict(zip(names, start.tolist()))), use, sub_names, est)
-
-        def embed(x: np.ndarray) -> np.ndarray:
+        def sub(x: np.ndarray) -> np.ndarray:
             t = start.copy()
-            t[fit_idx] = x
-            return t
+            t[free] = x
+            return prob.residuals(t)
 
-        slo, shi, sprior = lo[fit_idx], hi[fit_idx], start[fit_idx]
-        pw = np.full(len(fit_idx), math.sqrt(prior_weight))
-        order = [0] + [int(i) for i in np.argsort(costs) if i != 0][:starts]
+        kw = dict(bounds=(lo[free], hi[free]), method="trf", x_scale=hi[free] - lo[free], diff_step=1e-6,
+                  ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=max_nfev)
+        if loss == "mae":
+            kw.update(loss="soft_l1", f_scale=0.01)
         best = None
-        for i in order:
-            x, c, _ = _lm(sub, cand[i][fit_idx], slo, shi, sprior, pw)
-            if best is None or c < best[1]:
-                best = (x, c)
-        theta = embed(best[0])
-        obj.calls += sub.calls
-        if len(use) < len(fit_idx):
-            notes.append(f"{len(use)} layouts for {len(fit_idx)} constants: the fit is underdetermined; "
+        for x0 in [start[free]] + [cand[i][free] for i in order[:max(0, starts - 1)]]:
+            # least_squares needs a strictly interior start
+            x0 = np.clip(x0, lo[free] + 1e-9 * (hi[free] - lo[free]), hi[free] - 1e-9 * (hi[free] - lo[free]))
+            res = least_squares(sub, x0, **kw)
+            if best is None or res.cost < best.cost - 1e-15:
+                best = res
+        theta[free] = best.x
+        if len(rows) < len(free):
+            notes.append(f"{len(rows)} measurements for {len(free)} constants: the fit is underdetermined; "
                          "constants the data cannot separate stay near their starting values")
-    pred1 = obj.predict(theta)
-    # Standard errors from the Jacobian at the solution: sd = sqrt(diag((J^T J)^-1) * s^2), s^2 from the residuals.
-    sd: dict[str, float] = {}
-    if len(fit_idx):
-        r1 = np.log(pred1) - np.log(meas)
-        J = obj.jacobian(theta, r1, lo, hi)[:, fit_idx]
-        dof = max(1, len(use) - len(fit_idx))
-        s2 = max(float(np.sum(r1 ** 2)) / dof, 1e-6 ** 2)
-        # Directions the data do not constrain (a zero or collinear Jacobian column) get a huge variance
-        # instead of pinv's silent zero.
+    pred1 = prob.predict(theta)
+
+    # Standard errors from the Jacobian at the solution: sd = sqrt(diag((J^T J)^-1) s^2), s^2 from the residuals.
+    sd: dict[int, float] = {}
+    if len(free):
+        r1 = prob.residuals_of(pred1)
+        J = prob.jacobian(theta, r1, lo, hi)[:, free]
+        s2 = max(float(np.sum(r1 ** 2)) / max(1, len(rows) - len(free)), 1e-12)
         lam, vec = np.linalg.eigh(J.T @ J)
         lam = np.maximum(lam, 1e-12 * max(float(lam.max()), 1e-30))
         cov = (vec / lam) @ vec.T * s2
-        for j, i in enumerate(fit_idx):
-            sd[names[i]] = float(math.sqrt(max(cov[j, j], 0.0)))
+        for j, i in enumerate(free):
+            sd[int(i)] = float(math.sqrt(max(cov[j, j], 0.0)))
         # Constants the data only determine in combination: their share of the near-null eigenvectors of J^T J.
         tiny = lam <= 1e-8 * float(lam.max())
-        weak = [names[i] for j, i in enumerate(fit_idx) if tiny.any() and np.max(np.abs(vec[j, tiny])) > 0.3]
+        weak = [constants[i].name for j, i in enumerate(free) if tiny.any() and np.max(np.abs(vec[j, tiny])) > 0.3]
         if weak:
-            notes.append("only a combination of these is determined by these layouts (they trade off): "
-                         + ", ".join(weak) + "; add layouts that separate them")
-    pinned = [f"{names[i]}={theta[i]:g}" for i in fit_idx
-              if (theta[i] <= lo[i] + 1e-9 or theta[i] >= hi[i] - 1e-9) and abs(theta[i] - start[i]) > 1e-9]
-    if pinned:
-        notes.append("ended at the bound of its valid range: " + ", ".join(pinned)
-                     + " (the cost model may lack a term this constant is standing in for)")
-    fitted_hw = with_constants(hardware, {names[i]: float(theta[i]) for i in fit_idx})
-    report = FitReport(
-        constants={names[i]: (float(start[i]), float(theta[i])) for i in fit_idx},
-        sd=sd, not_identifiable=report_fixed, rows=len(use),
-        rms_log_err_before=float(np.sqrt(np.mean((np.log(pred0) - np.log(meas)) ** 2))),
-        rms_log_err_after=float(np.sqrt(np.mean((np.log(pred1) - np.log(meas)) ** 2))),
-        max_rel_err_before=_max_rel(pred0, meas), max_rel_err_after=_max_rel(pred1, meas),
-        tau_before=kendall_tau(pred0, meas), tau_after=kendall_tau(pred1, meas),
-        predicted_before=pred0.tolist(), predicted_after=pred1.tolist(), measured=meas.tolist(),
-        estimator_calls=obj.calls, notes=notes)
-    return fitted_hw, report
+            notes.append("only a combination of these is determined by these rows (they trade off): "
+                         + ", ".join(weak) + "; add measurements that separate them")
+    fitted = [FittedConstant(constants[i].name, float(start[i]), float(theta[i]), constants[i].bound,
+                             int(touches[i]), sd.get(int(i), math.nan)) for i in free]
+    return FitReport(loss=loss, constants=fitted,
+                     not_identifiable={constants[i].name: float(start[i]) for i in np.flatnonzero(~moves)},
+                     labels=[r.label for r in rows], measured=prob.meas.tolist(),
+                     predicted_before=pred0.tolist(), predicted_after=pred1.tolist(),
+                     values=dict(zip(constants, theta.tolist())), predictions=prob.calls, notes=notes)
+
+
+@dataclass
+class HeldOut:
+    """Out-of-sample predictions of each group's rows by constants fitted to the other groups."""
+
+    predicted: dict[str, float]             # row label -> prediction
+    skipped: dict[str, str]                 # row label -> why it could not be predicted out of sample
+
+    def by_group(self, rows: Sequence[FitRow]) -> dict[str, float]:
+        """Mean |relative error| per held-out group."""
+        out: dict[str, list[float]] = {}
+        for r in rows:
+            if r.label in self.predicted:
+                out.setdefault(r.group, []).append(abs(self.predicted[r.label] / r.measured - 1))
+        return {g: sum(v) / len(v) for g, v in out.items()}
+
+
+def cross_validate(rows: Sequence[FitRow], constants: Sequence[Constant], *, loss: str = "mae",
+                   starts: int = 2, progress: Callable[[str], None] | None = None) -> HeldOut:
+    """Leave one group out: refit without each group and predict its rows with those constants.
+
+    A held-out row that depends on a constant no training row can move (a chip or precision only that group
+    has) is skipped: its only value would come from a fit that saw it."""
+    groups = list(dict.fromkeys(r.group for r in rows))
+    pred: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    for g in groups:
+        train = [r for r in rows if r.group != g]
+        test = [r for r in rows if r.group == g]
+        rep = fit(train, constants, loss=loss, starts=starts)
+        for r in test:
+            unseen = [c.name for c in constants
+                      if c.applies_to(r.hardware) and not any(c.applies_to(t.hardware) for t in train)]
+            if unseen:
+                skipped[r.label] = f"{', '.join(unseen)} only in this group"
+                continue
+            pred[r.label] = r.predict(with_values(r.hardware, rep.values))
+        if progress:
+            errs = [abs(pred[r.label] / r.measured - 1) for r in test if r.label in pred]
+            progress(f"held out {g}: " + (f"{sum(errs) / len(errs):.1%}" if errs else "nothing predictable"))
+    return HeldOut(pred, skipped)
+
+
+# ---- predicted-vs-measured step times of layouts (autopar profile compare) --------------------------------
+class Observation(Protocol):
+    """What a compare row must carry to take part in a fit (compare.ComparisonRow does)."""
+
+    label: str
+    model: Any
+    training: Any
+    layout: Any
+    gpus: int
+    measured: float | None
+
+
+SCALAR_FIELDS = ("nvlink", "scaleout", "hbm", "dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap", "pp_overlap")
+
+
+def _default_estimator() -> Estimator:
+    try:
+        from autopar.cost import estimate
+    except ImportError as err:  # pragma: no cover - the cost model is part of the package
+        raise AutoparInputError(f"the cost model (autopar.cost.estimate) is not available: {err}") from None
+    return estimate
+
+
+def step_rows(hardware: HardwareSpec, rows: Sequence[Observation], estimator: Estimator | None = None) -> list[FitRow]:
+    """Fit rows of measured step times: the prediction is ``estimator(...).step_time_s``."""
+    est = estimator or _default_estimator()
+    out = []
+    for i, r in enumerate(rows):
+        if r.measured is None or not r.measured > 0:
+            continue
+        out.append(FitRow(label=f"{i + 1}:{getattr(r, 'label', '')}", hardware=hardware, measured=float(r.measured),
+                          group=str(i),
+                          predict=lambda hw, r=r: est(r.model, hw, r.training, r.layout, r.gpus).step_time_s))
+    return out
+
+
+def layout_constants(rows: Sequence[Observation]) -> list[Constant]:
+    """What ``profile compare`` fits: gemm per precision of the rows, and the link, HBM and overlap constants."""
+    precisions = sorted({r.training.precision for r in rows})
+    return [Constant("gemm", p) for p in precisions] + [Constant(f) for f in SCALAR_FIELDS]
+
+
+def fit_efficiency(hardware: HardwareSpec, rows: Sequence[Observation], *, estimator: Estimator | None = None,
+                   loss: str = "mae", **kw: Any) -> tuple[HardwareSpec, FitReport]:
+    """Fit the efficiency constants of ``hardware`` to the measured step times of ``rows`` (failed runs, with
+    no measurement, are skipped). Returns the hardware with the fitted constants and the :class:`FitReport`."""
+    report = fit(step_rows(hardware, rows, estimator), layout_constants(rows), loss=loss, **kw)
+    fitted = {c: v for c, v in report.values.items() if any(fc.name == c.name for fc in report.constants)}
+    return with_values(hardware, fitted), report
 
 
 def leave_one_out(hardware: HardwareSpec, rows: Sequence[Observation], *, estimator: Estimator | None = None,
-                  **kw: Any) -> list[float]:
-    """Out-of-sample predictions: row i's step time predicted with constants fitted to the other rows.
+                  loss: str = "mae") -> list[float]:
+    """Out-of-sample predictions: each measured row's step time predicted with constants fitted to the others.
 
-    The honest measure of a calibration: Kendall tau of these against the measurements cannot be raised by
-    fitting the very layouts it ranks."""
-    est = estimator or _default_estimator()
-    use = [r for r in rows if r.measured_step_s is not None and r.measured_step_s > 0]
-    out = []
-    for i, r in enumerate(use):
-        hw_i, _ = fit_efficiency(hardware, use[:i] + use[i + 1:], estimator=est, **kw)
-        out.append(est(r.model, hw_i, r.training, r.layout, r.gpus).step_time_s)
-    return out
+    The honest measure of a calibration: the rank agreement of these with the measurements cannot be raised
+    by fitting the very layouts it ranks."""
+    frows = step_rows(hardware, rows, estimator)
+    held = cross_validate(frows, layout_constants(rows), loss=loss)
+    return [held.predicted[r.label] for r in frows]

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from autopar.errors import AutoparInputError
-from autopar.measure.calibrate import FitReport, fit_efficiency, kendall_tau, leave_one_out
+from autopar.measure.calibrate import FitReport, fit_efficiency, leave_one_out
+from autopar.measure.record import Comparison, max_abs_error, mean_abs_error, rank_agreement, relative_error
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout, check_layout, resolve_layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
-__all__ = ["ComparisonRow", "compare_layouts", "fit_efficiency", "format_comparison", "kendall_tau",
-           "parse_layouts"]
+__all__ = ["ComparisonRow", "compare_layouts", "fit_efficiency", "format_comparison", "parse_layouts"]
 
 # Short names accepted in --layouts, mapped to Layout fields.
 _ALIASES = {"mbs": "micro_batch", "mb": "micro_batch", "ga": "grad_accum", "zero": "zero_stage", "z": "zero_stage",
@@ -35,42 +35,26 @@ _ALIASES = {"mbs": "micro_batch", "mb": "micro_batch", "ga": "grad_accum", "zero
 _BOOLS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
 
 
-@dataclass
-class ComparisonRow:
-    """One layout: prediction, measurement and their relative errors (predicted / measured - 1)."""
+@dataclass(kw_only=True)
+class ComparisonRow(Comparison):
+    """One layout run for real: the :class:`Comparison` of predicted and measured seconds per step and per-GPU
+    memory (predicted without the reserve: what the runner can see; measured: the fullest rank)."""
 
-    label: str
     layout: Layout                       # resolved (dp, grad_accum, stage_layers filled in)
     model: ModelSpec
     training: TrainingSpec
     gpus: int
-    predicted_step_s: float | None = None
-    predicted_mem_gib: float | None = None  # per-GPU memory without the reserve (what the runner can see)
-    measured_step_s: float | None = None
-    measured_mem_gib: float | None = None  # the fullest rank
     ok: bool = False
     failure: str = ""
     estimate: Any = None                 # autopar.cost.Estimate
     run: Any = None                      # autopar.profile.launch.RunResult
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def step_err(self) -> float | None:
-        if self.predicted_step_s is None or not self.measured_step_s:
-            return None
-        return self.predicted_step_s / self.measured_step_s - 1.0
-
-    @property
-    def mem_err(self) -> float | None:
-        if self.predicted_mem_gib is None or not self.measured_mem_gib:
-            return None
-        return self.predicted_mem_gib / self.measured_mem_gib - 1.0
-
     def to_dict(self) -> dict:
         return {"label": self.label, "layout": self.layout.model_dump(mode="json"), "gpus": self.gpus,
-                "predicted_step_s": self.predicted_step_s, "measured_step_s": self.measured_step_s,
-                "step_err": self.step_err, "predicted_mem_gib": self.predicted_mem_gib,
-                "measured_mem_gib": self.measured_mem_gib, "mem_err": self.mem_err, "ok": self.ok,
+                "predicted_step_s": self.predicted, "measured_step_s": self.measured,
+                "step_err": self.error, "predicted_mem_gib": self.predicted_mem_gib,
+                "measured_mem_gib": self.measured_mem_gib, "mem_err": self.mem_error, "ok": self.ok,
                 "failure": self.failure,
                 "predicted_time_s": self.estimate.time_s.to_dict() if self.estimate is not None else None,
                 "measured_tokens_per_s": getattr(self.run, "tokens_per_s", None), "notes": self.notes}
@@ -196,12 +180,12 @@ def compare_layouts(model: ModelSpec, hardware: HardwareSpec, training: Training
     run = runner or _default_runner()
     rows = []
     for lay in resolved:
-        row = ComparisonRow(label=lay.short(), layout=lay, model=model, training=training, gpus=world)
         e = est(model, hardware, training, lay, world)
         # Memory is compared without the reserve: the runner measures what the training allocates (CUDA
         # max_memory_allocated; on CPU the peak-RSS growth after process-group init), not the context.
-        row.estimate, row.predicted_step_s = e, e.step_time_s
-        row.predicted_mem_gib = e.memory_gib.total - e.memory_gib.reserve
+        row = ComparisonRow(label=lay.short(), layout=lay, model=model, training=training, gpus=world, estimate=e,
+                            predicted=e.step_time_s, fits=e.fits,
+                            predicted_mem_gib=e.memory_gib.total - e.memory_gib.reserve)
         rows.append(row)
     n = len(rows)
     for rep in range(repeats):
@@ -209,7 +193,7 @@ def compare_layouts(model: ModelSpec, hardware: HardwareSpec, training: Training
         for i in order:
             row = rows[i]
             tag = f"[{i + 1}/{n}" + (f", round {rep + 1}/{repeats}]" if repeats > 1 else "]")
-            say(f"{tag} {row.label}: predicted {row.predicted_step_s:.4g} s; running {steps} steps ...")
+            say(f"{tag} {row.label}: predicted {row.predicted:.4g} s; running {steps} steps ...")
             res = run(model, row.layout, training, world=world, steps=steps, timeout_s=timeout_s)
             if not res.ok:
                 say(f"    failed: {res.failure}")
@@ -217,11 +201,11 @@ def compare_layouts(model: ModelSpec, hardware: HardwareSpec, training: Training
                     row.run, row.failure = res, res.failure or "failed"
                 continue
             t = float(res.step_time_s)
-            say(f"    measured {t:.4g} s ({row.predicted_step_s / t - 1:+.0%})")
-            if row.measured_step_s is None or t < row.measured_step_s:
+            say(f"    measured {t:.4g} s ({row.predicted / t - 1:+.0%})")
+            if row.measured is None or t < row.measured:
                 mems = [m for m in (res.peak_mem_gib or []) if m is not None]
                 row.run, row.ok, row.failure = res, True, ""
-                row.measured_step_s = t
+                row.measured = t
                 row.measured_mem_gib = float(max(mems)) if mems else None
     for row in rows:
         applied = getattr(row.run, "applied", None)
@@ -256,28 +240,28 @@ def format_comparison(rows: Sequence[ComparisonRow], predicted_after: Sequence[f
     if loo is not None:
         head += f" {'LOO s':>9} {'err':>7}"
     lines = [head]
-    ok = [r for r in rows if r.ok and r.measured_step_s]
+    ok = [r for r in rows if r.ok and r.measured]
     after = dict(zip((id(r) for r in ok), predicted_after or []))
     loo_d = dict(zip((id(r) for r in ok), loo or []))
     for i, r in enumerate(rows, 1):
-        line = (f"{i:>2} {r.label:<{w}} {_fmt(r.predicted_step_s, '9.4g')} {_fmt(r.measured_step_s, '9.4g')} "
-                f"{_fmt(r.step_err, '+7.1%')} {_fmt(r.predicted_mem_gib, '9.3f')} {_fmt(r.measured_mem_gib, '9.3f')} "
-                f"{_fmt(r.mem_err, '+7.1%')}")
+        line = (f"{i:>2} {r.label:<{w}} {_fmt(r.predicted, '9.4g')} {_fmt(r.measured, '9.4g')} "
+                f"{_fmt(r.error, '+7.1%')} {_fmt(r.predicted_mem_gib, '9.3f')} {_fmt(r.measured_mem_gib, '9.3f')} "
+                f"{_fmt(r.mem_error, '+7.1%')}")
         for extra, on in ((after, predicted_after is not None), (loo_d, loo is not None)):
             if on:
                 v = extra.get(id(r))
-                err = v / r.measured_step_s - 1 if v is not None and r.measured_step_s else None
+                err = relative_error(v, r.measured)
                 line += f" {_fmt(v, '9.4g')} {_fmt(err, '+7.1%')}"
         if not r.ok:
             line += f"  FAILED: {r.failure}"
         lines.append(line)
     if ok:
-        mem = [abs(r.mem_err) for r in ok if r.mem_err is not None]
-        step = [abs(r.step_err) for r in ok if r.step_err is not None]
-        lines.append(f"step time |err| mean {sum(step) / len(step):.1%} max {max(step):.1%}"
-                     + (f"; memory |err| mean {sum(mem) / len(mem):.1%} max {max(mem):.1%}" if mem else ""))
+        mem = [Comparison(label=r.label, predicted=r.predicted_mem_gib, measured=r.measured_mem_gib) for r in ok]
+        lines.append(f"step time |err| mean {mean_abs_error(ok):.1%} max {max_abs_error(ok):.1%}"
+                     + (f"; memory |err| mean {mean_abs_error(mem):.1%} max {max_abs_error(mem):.1%}"
+                        if any(m.error is not None for m in mem) else ""))
         if len(ok) >= 2:
-            tau = kendall_tau([r.predicted_step_s for r in ok], [r.measured_step_s for r in ok])
+            tau = rank_agreement([r.predicted for r in ok], [r.measured for r in ok])
             lines.append(f"Kendall tau-b, predicted vs measured step time ({len(ok)} layouts): {tau:+.3f}")
     return "\n".join(lines)
 
@@ -286,12 +270,12 @@ def calibrate(hardware: HardwareSpec, rows: Sequence[ComparisonRow], *, loo: boo
               estimator: Callable[..., Any] | None = None) -> tuple[HardwareSpec, FitReport, list[float] | None]:
     """Fit the constants to the successful rows; with ``loo`` and at least 4 rows, also the leave-one-out
     predictions (each row predicted by constants fitted without it) and their tau in the report's notes."""
-    ok = [r for r in rows if r.ok and r.measured_step_s]
+    ok = [r for r in rows if r.ok and r.measured]
     hw, rep = fit_efficiency(hardware, ok, estimator=estimator)
     out_of_sample = None
     if loo and len(ok) >= 4:
         out_of_sample = leave_one_out(hardware, ok, estimator=estimator)
-        tau = kendall_tau(out_of_sample, [r.measured_step_s for r in ok])
+        tau = rank_agreement(out_of_sample, [r.measured for r in ok])
         rep.notes.append(f"leave-one-out (each layout predicted by constants fitted to the others): "
                          f"Kendall tau-b {tau:+.3f}")
     return hw, rep, out_of_sample

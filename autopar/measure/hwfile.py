@@ -20,6 +20,7 @@ from autopar.errors import AutoparInputError
 from autopar.measure import ProfileError
 from autopar.measure.collectives import (OP_LABELS, OPS, TABLE_HEADER, _row, busbw_table, group_sizes,
                                          measured_collectives, run_collectives)
+from autopar.measure.kernel_tables import measure_kernel_tables
 from autopar.measure.kernels import _device, gemm_shapes, measure_copy_bandwidth, measure_gemm
 from autopar.specs.hardware import Efficiency, HardwareSpec, MeasuredCollectives
 from autopar.specs.model import ModelSpec
@@ -48,7 +49,7 @@ def _cpu_model() -> str:
 
 def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[float], ops: list[str],
                      model: ModelSpec | None, timeout_s: float, tokens: int = 4096, name: str | None = None,
-                     gemm: bool = True, min_time_s: float = 0.1, cpu_math: str = "fp32",
+                     gemm: bool = True, kernels: bool = True, min_time_s: float = 0.1, cpu_math: str = "fp32",
                      out: Callable[[str], None] | None = None,
                      progress: Callable[[str], None] | None = None) -> tuple[HardwareSpec, dict]:
     """Measure this machine and return (hardware spec, raw measurements).
@@ -95,6 +96,12 @@ def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[f
         copy = measure_copy_bandwidth(device=device, threads=threads if device == "cpu" else None)
         raw["copy_tbps"] = copy
         say(f"copy bandwidth, one process alone: {copy * 1e3:.1f} GB/s (read + write)")
+    if kernels:
+        say(f"kernel classes on {device}, one process alone (GEMM by shape, grouped GEMM, flash attention, "
+            "memory-bound kernels, host copies)" + (": tiny shapes, no accelerator" if device == "cpu" else ""))
+        raw["kernels"] = measure_kernel_tables(model, tokens, device=device, cpu_math=cpu_math,
+                                               threads=threads if device == "cpu" else None, progress=say,
+                                               cpu_name=raw["cpu"])
     groups = group_sizes(world)
     if not groups:
         say("world = 1: no collectives to measure")
@@ -128,10 +135,11 @@ def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[f
     table = measured_collectives(raw["records"], largest)
     raw["busbw_gbps"] = {op: {n: dict(v) for n, v in by_n.items()} for op, by_n in busbw_table(raw["records"]).items()}
     if base is not None:
-        spec = base.model_copy(update={"measured_busbw_gbps": table, **({"name": name} if name else {})})
+        spec = base.model_copy(update={"measured_busbw_gbps": table, **({"name": name} if name else {}),
+                                       **({"kernels": raw["kernels"]} if "kernels" in raw else {})})
         if device == "cpu" and base.peak_tflops_bf16 > 50:
             say(f"note: measured on CPU but the base '{base.name}' is an accelerator; its datasheet numbers are "
-                "kept and the bandwidth table describes this CPU")
+                "kept and the bandwidth and kernel tables describe this CPU")
         return HardwareSpec.model_validate(spec.model_dump()), raw
     return _describe_machine(raw, world, table, name, cpu_math), raw
 
@@ -188,6 +196,7 @@ def _describe_machine(raw: dict, world: int, table: MeasuredCollectives | None, 
         reserve_gib=round(max(rss), 3) if rss else 0.5,
         efficiency=Efficiency(gemm=gemm_eff, nvlink=1.0, scaleout=1.0, hbm=1.0),
         measured_busbw_gbps=table,
+        kernels=raw.get("kernels"),
     )
 
 
@@ -222,6 +231,8 @@ def file_header(spec: HardwareSpec, raw: dict) -> str:
             for n, by_size in sorted(by_n.items()):
                 cells = ", ".join(f"{s:g} MiB: {v:.2f}" for s, v in sorted(by_size.items()))
                 lines.append(f"#   {OP_LABELS[op]:<4}n={n}: {cells}")
+    if spec.kernels is not None:
+        lines.append(f"# kernels: {spec.kernels.provenance}")
     if spec.measured_busbw_gbps is not None:
         lines.append(f"# measured_busbw_gbps holds the {spec.measured_busbw_gbps.message_mib:g} MiB column.")
     for f in raw.get("failures", []):

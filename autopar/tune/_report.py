@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from autopar.measure.record import rank_agreement
 from autopar.tune._result import FAILED, INTERRUPTED, MEASURED, REPEAT, SKIPPED, TrialRecord, TuneResult
 
 
@@ -70,9 +71,8 @@ def format_summary(result: TuneResult) -> str:
         if r.layout not in fastest or r.measured_tokens_per_s > fastest[r.layout].measured_tokens_per_s:
             fastest[r.layout] = r
     if len(fastest) >= 2:
-        from autopar.measure.calibrate import kendall_tau
-        rows = list(fastest.values())
-        tau = kendall_tau([r.predicted_step_s for r in rows], [r.measured_step_s for r in rows])
+        rows = [r.comparison() for r in fastest.values()]
+        tau = rank_agreement([r.predicted for r in rows], [r.measured for r in rows])
         if math.isfinite(tau):
             lines.append(f"rank agreement, predicted vs measured step time ({len(rows)} layouts): Kendall tau-b "
                          f"{tau:+.2f}")

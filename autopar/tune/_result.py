@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from autopar.measure.record import Comparison, relative_error
 from autopar.search.plan import Plan
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.model import ModelSpec
@@ -49,9 +50,13 @@ class TrialRecord:
 
     @property
     def step_err(self) -> float | None:
-        if self.predicted_step_s is None or not self.measured_step_s:
-            return None
-        return self.predicted_step_s / self.measured_step_s - 1.0
+        return relative_error(self.predicted_step_s, self.measured_step_s)
+
+    def comparison(self) -> Comparison:
+        """This trial as the shared predicted-vs-measured record (seconds per step)."""
+        return Comparison(label=self.layout or f"trial {self.number}", predicted=self.predicted_step_s,
+                          measured=self.measured_step_s, predicted_mem_gib=self.predicted_mem_gib,
+                          measured_mem_gib=self.measured_mem_gib)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__} | {"step_err": self.step_err}

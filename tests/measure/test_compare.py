@@ -9,12 +9,12 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from autopar.errors import AutoparInputError
 from autopar.cli.measure import register_compare
-from autopar.measure.calibrate import fit_efficiency, kendall_tau, leave_one_out, with_constants
+from autopar.measure.calibrate import fit_efficiency, leave_one_out, with_constants
+from autopar.measure.record import rank_agreement
 from autopar.measure.compare import compare_layouts, format_comparison, parse_layouts
 from autopar.specs.hardware import Efficiency
 from autopar.specs.layout import Layout
@@ -23,28 +23,21 @@ from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
 
-# ---- Kendall's tau-b -------------------------------------------------------------------------------------
+# ---- Kendall's tau-b (scipy's, through record.rank_agreement) ---------------------------------------------
 def test_tau_identical_and_reversed():
     a = [0.3, 1.2, 0.9, 4.0, 2.2]
-    assert kendall_tau(a, a) == pytest.approx(1.0)
-    assert kendall_tau(a, [-x for x in a]) == pytest.approx(-1.0)
-    assert kendall_tau(a, [10 * x + 1 for x in a]) == pytest.approx(1.0)  # only the order matters
+    assert rank_agreement(a, a) == pytest.approx(1.0)
+    assert rank_agreement(a, [-x for x in a]) == pytest.approx(-1.0)
+    assert rank_agreement(a, [10 * x + 1 for x in a]) == pytest.approx(1.0)  # only the order matters
 
 
 def test_tau_hand_computed():
     # 6 pairs, one discordant (2 vs 3): (5 - 1) / 6.
-    assert kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    assert rank_agreement([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
     # Ties: pair (1,2) tied in a, pair (2,3) tied in b; 4 concordant; tau_b = 4 / sqrt(5 * 5).
-    assert kendall_tau([1, 2, 2, 3], [1, 2, 3, 3]) == pytest.approx(0.8)
-    assert math.isnan(kendall_tau([1, 1, 1], [1, 2, 3]))
-
-
-def test_tau_matches_scipy_with_ties():
-    stats = pytest.importorskip("scipy.stats")
-    rng = np.random.default_rng(1)
-    for _ in range(20):
-        a, b = rng.integers(0, 5, 12), rng.integers(0, 5, 12)
-        assert kendall_tau(a, b) == pytest.approx(stats.kendalltau(a, b).statistic)
+    assert rank_agreement([1, 2, 2, 3], [1, 2, 3, 3]) == pytest.approx(0.8)
+    assert math.isnan(rank_agreement([1, 1, 1], [1, 2, 3]))
+    assert math.isnan(rank_agreement([1.0], [2.0]))
 
 
 # ---- layouts ---------------------------------------------------------------------------------------------
@@ -65,7 +58,8 @@ class Row:
     training: TrainingSpec
     layout: Layout
     gpus: int
-    measured_step_s: float | None
+    measured: float | None
+    label: str = "row"
 
 
 def standin(model, hardware, training, layout, gpus):
@@ -99,7 +93,7 @@ def test_fit_recovers_standin_constants():
     truth = {"gemm[bf16]": 0.37, "nvlink": 0.55, "tp_overlap": 0.25, "dp_overlap": 0.4, "hbm": 0.7}
     fitted, rep = fit_efficiency(hw, _rows(standin, hw, truth), estimator=standin)
     for name, value in truth.items():
-        assert rep.constants[name][1] == pytest.approx(value, abs=2e-3), name
+        assert rep.constant(name).after == pytest.approx(value, abs=2e-3), name
     # The stand-in ignores these: reported, left unchanged.
     assert set(rep.not_identifiable) == {"scaleout", "ep_overlap", "cp_overlap", "pp_overlap"}
     assert fitted.efficiency.scaleout == hw.efficiency.scaleout
@@ -128,10 +122,14 @@ def test_fit_respects_bounds():
     # Measurements 3x faster than any constants in range allow: gemm must stop at its bound of 1.0.
     hw = load_hardware("h100_sxm")
     rows = _rows(standin, hw, {"gemm[bf16]": 1.0, "nvlink": 1.0, "hbm": 1.0, "dp_overlap": 1.0})
-    rows = [Row(r.model, r.training, r.layout, r.gpus, r.measured_step_s / 3) for r in rows]
+    rows = [Row(r.model, r.training, r.layout, r.gpus, r.measured / 3) for r in rows]
     fitted, rep = fit_efficiency(hw, rows, estimator=standin)
     e = fitted.efficiency
     assert e.gemm["bf16"] == pytest.approx(1.0) and 0 < e.nvlink <= 1 and 0 <= e.tp_overlap <= 1
+    # ... and the report says so, with the bound and its reason.
+    assert rep.constant("gemm[bf16]").pinned == "upper"
+    text = rep.format()
+    assert "gemm[bf16]" in text and "PINNED at its upper bound" in text and "[0.15, 1]" in text
 
 
 def test_fit_needs_two_measured_rows():
@@ -146,7 +144,7 @@ def test_leave_one_out_is_exact_on_noise_free_data():
     hw = load_hardware("h100_sxm").model_copy(update={"efficiency": Efficiency()})
     rows = _rows(standin, hw, {"gemm[bf16]": 0.5, "nvlink": 0.6, "tp_overlap": 0.1, "dp_overlap": 0.5, "hbm": 0.6})
     loo = leave_one_out(hw, rows, estimator=standin)
-    assert kendall_tau(loo, [r.measured_step_s for r in rows]) == pytest.approx(1.0)
+    assert rank_agreement(loo, [r.measured for r in rows]) == pytest.approx(1.0)
 
 
 # ---- identifiability on the real cost model ---------------------------------------------------------------
@@ -165,7 +163,7 @@ def test_fit_recovers_constants_from_the_real_cost_model():
     rows = [Row(model, tr, lay, 16, estimate(model, hw_true, tr, lay, 16).step_time_s) for lay in layouts]
     fitted, rep = fit_efficiency(hw, rows)
     for name, value in truth.items():
-        assert rep.constants[name][1] == pytest.approx(value, abs=5e-3), (name, rep.format())
+        assert rep.constant(name).after == pytest.approx(value, abs=5e-3), (name, rep.format())
     assert "ep_overlap" in rep.not_identifiable  # a dense model has no expert all-to-all
     assert rep.rms_log_err_after < 1e-4
 
@@ -191,7 +189,7 @@ def test_compare_with_a_fake_runner_builds_rows_and_table():
     rows = compare_layouts(model, hw, tr, [Layout(tp=1), Layout(tp=2)], world=2, steps=2, timeout_s=30,
                            runner=runner, progress=lambda m: None)
     assert [r.ok for r in rows] == [True, False] and calls[0].dp == 2
-    assert rows[0].measured_mem_gib == 0.3 and rows[0].step_err == pytest.approx(rows[0].predicted_step_s / 0.5 - 1)
+    assert rows[0].measured_mem_gib == 0.3 and rows[0].error == pytest.approx(rows[0].predicted / 0.5 - 1)
     text = format_comparison(rows)
     assert "FAILED: boom" in text and "TP1" in text
     with pytest.raises(AutoparInputError, match="layout 1"):
@@ -213,7 +211,7 @@ def test_repeats_alternate_the_order_and_keep_the_fastest_run():
     rows = compare_layouts(model, hw, tr, [Layout(micro_batch=1), Layout(micro_batch=2)], world=2, steps=2,
                            timeout_s=30, repeats=2, runner=runner, progress=lambda m: None)
     assert seen == [1, 2, 2, 1]
-    assert [r.measured_step_s for r in rows] == [0.6, 0.5] and rows[0].measured_mem_gib == 0.6
+    assert [r.measured for r in rows] == [0.6, 0.5] and rows[0].measured_mem_gib == 0.6
 
 
 def test_layouts_from_solve_are_the_solvers_top_k():
@@ -245,7 +243,7 @@ def test_compare_two_tiny_layouts_end_to_end():
     rows = compare_layouts(model, hw, tr, [Layout(tp=1), Layout(tp=2)], world=2, steps=2, timeout_s=120,
                            progress=lambda m: None)
     assert all(r.ok for r in rows), [r.failure for r in rows]
-    assert all(r.measured_step_s > 0 and r.predicted_step_s > 0 for r in rows)
+    assert all(r.measured > 0 and r.predicted > 0 for r in rows)
     assert all(r.measured_mem_gib is None or r.measured_mem_gib > 0 for r in rows)
     fitted, rep = fit_efficiency(hw, rows)
-    assert rep.rms_log_err_after <= rep.rms_log_err_before + 1e-9
+    assert rep.mae_after <= rep.mae_before + 1e-9

@@ -105,6 +105,9 @@ def test_real_two_process_gloo_measurement_writes_a_loadable_file(tmp_path):
     again = load_hardware(path)
     assert again == spec
     assert "Bus bandwidth" in path.read_text()
+    # the kernel-class tables went into the file's kernels: section, with where they were measured
+    assert again.kernels is not None and again.kernels.gemm["bf16"] and "CPU" in again.kernels.provenance
+    assert "\nkernels:" in path.read_text() and "# kernels: " in path.read_text()
     assert not _children()  # every worker was reaped
 
 
