@@ -151,7 +151,7 @@ class FittedConstant:
     before: float
     after: float
     bound: Bound
-    rows: int               # rows whose prediction it can move
+    rows: int               # rows whose prediction it moves
     sd: float = math.nan    # standard error from the Jacobian at the solution
 
     @property
@@ -313,7 +313,6 @@ def fit(rows: Sequence[FitRow], constants: Sequence[Constant], *, loss: str = "m
     prob = _Problem(rows, constants, loss)
     pred0 = prob.predict(start)
     r0 = prob.residuals_of(pred0)
-    touches = np.array([sum(c.applies_to(r.hardware) for r in rows) for c in constants])
 
     # Which constants move any prediction? Probe at the start and at a fixed-seed Latin hypercube's best points.
     rng = np.random.default_rng(seed)
@@ -322,9 +321,10 @@ def fit(rows: Sequence[FitRow], constants: Sequence[Constant], *, loss: str = "m
     cand = lo + lhs * (hi - lo)
     costs = [float(np.sum(prob.residuals(c) ** 2)) for c in cand]
     order = [int(i) for i in np.argsort(costs)]
-    moves = np.zeros(k, dtype=bool)
+    moved = np.zeros((len(rows), k), dtype=bool)      # row i's prediction moves with constant j
     for theta, r in [(start, r0)] + [(cand[i], prob.residuals(cand[i])) for i in order[:2]]:
-        moves |= np.any(np.abs(prob.jacobian(theta, r, lo, hi)) > 1e-7, axis=0)
+        moved |= np.abs(prob.jacobian(theta, r, lo, hi)) > 1e-7
+    moves, touches = moved.any(axis=0), moved.sum(axis=0)
     free = np.flatnonzero(moves)
     notes: list[str] = []
     theta = start.copy()

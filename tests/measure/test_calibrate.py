@@ -1,0 +1,137 @@
+"""The one calibration fitter (autopar/measure/calibrate.py) on stand-in predictions: per-(chip, precision)
+constants, the bounds table, both losses, leave-one-group-out; the shared record type; the validate adapter's
+constant list (ties, inheritance)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autopar.errors import AutoparInputError
+from autopar.measure.calibrate import (BOUNDS, Constant, FitReport, FitRow, FittedConstant, cross_validate, fit,
+                                      parse_constant, with_values)
+from autopar.measure.record import Comparison, max_abs_error, mean_abs_error, relative_error
+from autopar.specs.hardware import Efficiency
+from autopar.specs.loaders import load_hardware
+
+H100 = load_hardware("h100_sxm").model_copy(update={"efficiency": Efficiency()})
+GB200 = load_hardware("gb200_nvl72").model_copy(update={"efficiency": Efficiency()})
+
+
+def _predict(work: float, comm: float, precision: str):
+    """tokens/s of a row: math at the chip's gemm[precision] efficiency plus communication at nvlink's."""
+    def predict(hw):
+        e = hw.efficiency
+        return 1.0 / (work / e.gemm[precision] + comm / e.nvlink)
+    return predict
+
+
+def _rows(truth: dict[Constant, float]) -> list[FitRow]:
+    rows = []
+    for i, (hw, prec) in enumerate([(H100, "bf16"), (H100, "fp8"), (GB200, "bf16")] * 3):
+        work, comm = 1.0 + 0.5 * i, 0.2 + 0.1 * (i % 4)
+        p = _predict(work, comm, prec)
+        rows.append(FitRow(label=f"r{i}", hardware=hw, measured=p(with_values(hw, truth)), predict=p,
+                           group=f"src{i // 3}"))
+    return rows
+
+
+PER_CHIP = [Constant("gemm", "bf16", ("h100_sxm",)), Constant("gemm", "fp8", ("h100_sxm",)),
+            Constant("gemm", "bf16", ("gb200_nvl72",)), Constant("nvlink")]
+
+
+@pytest.mark.parametrize("loss", ["mae", "log"])
+def test_per_chip_constants_are_recovered(loss):
+    truth = dict(zip(PER_CHIP, [0.55, 0.42, 0.7, 0.65]))
+    rep = fit(_rows(truth), PER_CHIP, loss=loss)
+    for c, v in truth.items():
+        assert rep.constant(c.name).after == pytest.approx(v, abs=2e-3), rep.format()
+    assert rep.mae_after < 1e-4 < rep.mae_before
+    assert rep.constant("h100_sxm:gemm[fp8]").rows == 3      # only the fp8 rows move with it
+    assert not rep.pinned and "PINNED" not in rep.format()
+    # the same rows give the same constants
+    assert fit(_rows(truth), PER_CHIP, loss=loss).values == rep.values
+
+
+def test_a_constant_outside_its_bounds_is_pinned_and_said():
+    truth = dict(zip(PER_CHIP, [0.55, 0.42, 0.7, 0.65]))
+    rows = _rows(truth)
+    for r in rows:                     # 3x faster than any efficiency <= 1 allows
+        r.measured *= 3
+    rep = fit(rows, PER_CHIP)
+    assert {c.name for c in rep.pinned} >= {"h100_sxm:gemm[bf16]", "nvlink"}
+    assert all(c.after <= BOUNDS[c.name.split(":")[-1].split("[")[0]].hi + 1e-12 for c in rep.constants)
+    text = rep.format()
+    assert "PINNED at its upper bound" in text and BOUNDS["nvlink"].why in text
+
+
+def test_unmoved_constants_are_not_fitted():
+    truth = dict(zip(PER_CHIP, [0.55, 0.42, 0.7, 0.65]))
+    rep = fit(_rows(truth), PER_CHIP + [Constant("cp_overlap")])
+    assert "cp_overlap" in rep.not_identifiable and "cp_overlap" not in {c.name for c in rep.constants}
+
+
+def test_leave_one_group_out_predicts_each_group_from_the_others():
+    truth = dict(zip(PER_CHIP, [0.55, 0.42, 0.7, 0.65]))
+    rows = _rows(truth)
+    held = cross_validate(rows, PER_CHIP)
+    assert set(held.predicted) == {r.label for r in rows} and not held.skipped
+    assert all(v < 1e-3 for v in held.by_group(rows).values())   # noise-free: exact out of sample
+    # a chip only one group has cannot be predicted out of sample: skipped, and said why
+    only = [r for r in rows if r.hardware.name == "h100_sxm"] + [r for r in rows if r.hardware.name == "gb200_nvl72"][:1]
+    held = cross_validate(only, PER_CHIP)
+    gb = [r.label for r in only if r.hardware.name == "gb200_nvl72"][0]
+    assert gb in held.skipped and "gb200_nvl72:gemm[bf16]" in held.skipped[gb]
+
+
+def test_bad_fit_input_is_an_input_error():
+    rows = _rows(dict(zip(PER_CHIP, [0.5, 0.5, 0.5, 0.5])))
+    with pytest.raises(AutoparInputError, match="loss"):
+        fit(rows, PER_CHIP, loss="l7")
+    with pytest.raises(AutoparInputError, match="at least 2"):
+        fit(rows[:1], PER_CHIP)
+    with pytest.raises(AutoparInputError, match="no bounds"):
+        fit(rows, [Constant("warp_speed")])
+    with pytest.raises(AutoparInputError, match="no bounds"):
+        parse_constant("h100_sxm:warp[bf16]")
+    assert parse_constant("h100_sxm:gemm[bf16]") == Constant("gemm", "bf16", ("h100_sxm",))
+    assert parse_constant("nvlink").name == "nvlink"
+
+
+def test_every_bound_is_inside_the_spec_and_explained():
+    eff = Efficiency()
+    for name, b in BOUNDS.items():
+        assert b.lo < b.hi and len(b.why) > 20, name
+        value = b.hi if name != "gemm" else {"bf16": b.hi}
+        Efficiency.model_validate({**eff.model_dump(), name: value})   # the upper bound is a valid spec value
+
+
+def test_record_errors():
+    assert relative_error(110.0, 100.0) == pytest.approx(0.1)
+    assert relative_error(None, 1.0) is None and relative_error(1.0, 0.0) is None
+    recs = [Comparison(label="a", predicted=1.1, measured=1.0), Comparison(label="b", predicted=0.8, measured=1.0),
+            Comparison(label="c", predicted=1.0, measured=None)]
+    assert mean_abs_error(recs) == pytest.approx(0.15) and max_abs_error(recs) == pytest.approx(0.2)
+    assert math.isnan(mean_abs_error(recs[2:]))
+    assert Comparison(label="m", predicted_mem_gib=9.0, measured_mem_gib=10.0).mem_error == pytest.approx(-0.1)
+
+
+def test_validate_adapter_ties_and_inheritance():
+    from autopar.calibration import constants_for, efficiency_for
+    from autopar.validation import load_cases
+    cases, _ = load_cases()
+    consts = {c.name: c for c in constants_for(cases)}
+    # gb300 MXFP8 (one row) shares gb200's constant; chips are per (chip, precision)
+    assert consts["gb200_nvl72:gemm[mxfp8]"].chips == ("gb200_nvl72", "gb300_nvl72")
+    assert "h100_sxm:gemm[bf16]" in consts and "nvlink" in consts
+    assert not any(n.startswith("gb300_nvl72:") for n in consts)
+    c = consts["h100_sxm:gemm[fp8]"]
+    rep = FitReport(loss="mae", constants=[FittedConstant(c.name, 0.4, 0.61, c.bound, 3),
+                                           FittedConstant("nvlink", 0.7, 0.8, BOUNDS["nvlink"], 3)],
+                    not_identifiable={}, labels=[], measured=[], predicted_before=[], predicted_after=[],
+                    values={c: 0.61, consts["nvlink"]: 0.8})
+    h200 = efficiency_for(rep, load_hardware("h200"))          # h200 inherits h100's silicon constants
+    assert h200.gemm["fp8"] == 0.61 and h200.gemm["fp8_block"] == 0.61 and h200.nvlink == 0.8
+    a100 = efficiency_for(rep, load_hardware("a100_80gb"))
+    assert a100.gemm["fp8"] == load_hardware("a100_80gb").efficiency.gemm["fp8"] and a100.nvlink == 0.8
