@@ -58,16 +58,17 @@ def constants_for(cases: list[Case], per_chip: tuple[str, ...] = PER_CHIP,
             + [Constant(f) for f in shared])
 
 
-def fit(cases: list[Case], progress: Callable[[str], None] | None = None) -> FitReport:
+def fit(cases: list[Case], loss: str = "mae", progress: Callable[[str], None] | None = None) -> FitReport:
     """Fit :func:`constants_for` to every case."""
     if progress:
         progress(f"fitting {len(constants_for(cases))} constants to {len(cases)} published runs")
-    return fit_rows(rows_from_cases(cases), constants_for(cases))
+    return fit_rows(rows_from_cases(cases), constants_for(cases), loss=loss)
 
 
-def cross_validate_sources(cases: list[Case], progress: Callable[[str], None] | None = None) -> HeldOut:
+def cross_validate_sources(cases: list[Case], loss: str = "mae",
+                           progress: Callable[[str], None] | None = None) -> HeldOut:
     """Each source's rows predicted by constants fitted to the other sources."""
-    return cross_validate(rows_from_cases(cases), constants_for(cases), progress=progress)
+    return cross_validate(rows_from_cases(cases), constants_for(cases), loss=loss, progress=progress)
 
 
 def efficiency_for(report: FitReport, hw: HardwareSpec) -> Efficiency:

@@ -112,7 +112,7 @@ def register_compare(subparsers: Any) -> argparse.ArgumentParser:
         "compare", help="run layouts for real, compare with the cost model, fit the hardware's efficiency constants",
         description="Run each layout with real processes, print predicted vs measured step time and memory, fit "
                     "the hardware file's efficiency constants (GEMM, collectives, overlaps) to the measured step "
-                    "times by bounded least squares and, with --out, write the calibrated hardware file.")
+                    "times (autopar/measure/calibrate.py: the one fitter, bounded, mean |error| by default) and, with --out, write the calibrated hardware file.")
     p.add_argument("--model", required=True, help="model zoo name or file (a small one: it really runs)")
     p.add_argument("--hardware", required=True, help="hardware zoo name or file (e.g. from 'autopar profile hardware')")
     p.add_argument("--training", type=Path, default=None, help="TrainingSpec YAML (default: TrainingSpec defaults "
@@ -134,6 +134,8 @@ def register_compare(subparsers: Any) -> argparse.ArgumentParser:
                    "overwritten without --force)")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--no-fit", action="store_true", help="only compare; do not fit")
+    p.add_argument("--loss", choices=("mae", "log"), default="mae",
+                   help="fit loss: mean |relative error| of step time (default) or squared log error")
     p.add_argument("--json", type=Path, default=None, help="also write the rows and the fit as JSON here")
     p.set_defaults(func=_cmd_compare)
     return p
@@ -181,7 +183,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     report = None
     after = loo = None
     if not args.no_fit and len(ok) >= 2:
-        fitted, report, loo = calibrate(hardware, rows)
+        fitted, report, loo = calibrate(hardware, rows, loss=args.loss)
         after = report.predicted_after
     print(format_comparison(rows, after, loo))
     if report is not None:

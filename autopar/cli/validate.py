@@ -20,11 +20,11 @@ def run_fit(args: argparse.Namespace) -> int:
     from autopar.validation import load_cases
     err = console(stderr=True)
     cases, skipped = load_cases(Path(args.csv))
-    rep = fit(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
+    rep = fit(cases, loss=args.loss, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
     out = console()
     out.print(rep.format(), markup=False, highlight=False)
     if args.cv:
-        held = cross_validate_sources(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
+        held = cross_validate_sources(cases, loss=args.loss, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
         by = held.by_group(rows_from_cases(cases))
         out.print("held-out source (fit on the others) mean absolute error: "
                   + ", ".join(f"{k} {v:.1%}" for k, v in by.items()))
@@ -80,5 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fit", action="store_true",
                    help="fit the physical efficiency constants to the runs (see autopar/calibration.py)")
     p.add_argument("--cv", action="store_true", help="with --fit: cross-validate by holding out each source")
+    p.add_argument("--loss", choices=("mae", "log"), default="mae",
+                   help="with --fit: mean |relative error| (default) or squared log error (autopar/measure/calibrate.py)")
     p.add_argument("--write", action="store_true", help="with --fit: write the constants into hardware/*.yaml")
     p.set_defaults(func=run)

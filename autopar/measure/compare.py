@@ -266,15 +266,15 @@ def format_comparison(rows: Sequence[ComparisonRow], predicted_after: Sequence[f
     return "\n".join(lines)
 
 
-def calibrate(hardware: HardwareSpec, rows: Sequence[ComparisonRow], *, loo: bool = True,
+def calibrate(hardware: HardwareSpec, rows: Sequence[ComparisonRow], *, loo: bool = True, loss: str = "mae",
               estimator: Callable[..., Any] | None = None) -> tuple[HardwareSpec, FitReport, list[float] | None]:
     """Fit the constants to the successful rows; with ``loo`` and at least 4 rows, also the leave-one-out
     predictions (each row predicted by constants fitted without it) and their tau in the report's notes."""
     ok = [r for r in rows if r.ok and r.measured]
-    hw, rep = fit_efficiency(hardware, ok, estimator=estimator)
+    hw, rep = fit_efficiency(hardware, ok, estimator=estimator, loss=loss)
     out_of_sample = None
     if loo and len(ok) >= 4:
-        out_of_sample = leave_one_out(hardware, ok, estimator=estimator)
+        out_of_sample = leave_one_out(hardware, ok, estimator=estimator, loss=loss)
         tau = rank_agreement(out_of_sample, [r.measured for r in ok])
         rep.notes.append(f"leave-one-out (each layout predicted by constants fitted to the others): "
                          f"Kendall tau-b {tau:+.3f}")

@@ -3,7 +3,8 @@ docs/measurement.md). Each class the cost model prices separately is timed on th
 
 * **GEMM by shape** ``[M, N, K, TFLOP/s]``: (M x K) @ (K x N), 2·M·N·K FLOPs. The model's layer GEMMs at
   ``tokens`` rows, a square sweep, and small-M and small-N sweeps at the model's hidden size (small token counts
-  per micro-batch, tensor-parallel shards).
+  per micro-batch, tensor-parallel shards). In bf16, and on CUDA devices with FP8 tensor cores also in fp8
+  (``torch._scaled_mm``, e4m3 operands, per-tensor scales, bf16 output).
 * **Grouped GEMM** ``[tokens_per_expert, N, K, num_experts, TFLOP/s]``: ``num_experts`` GEMMs of
   (t x K) @ (K x N) in one call (``torch._grouped_mm`` on CUDA when it runs, else ``torch.bmm`` over equal
   groups: balanced routing), 2·t·N·K FLOPs per expert; the model's expert up/down shapes over a sweep of t.
@@ -134,22 +135,47 @@ def _oom_types() -> tuple[type[BaseException], ...]:
     return (torch.cuda.OutOfMemoryError, MemoryError) if hasattr(torch.cuda, "OutOfMemoryError") else (MemoryError,)
 
 
-def _gemm(plan: KernelPlan, timer: _Timer, dtype: Any, say: Callable[[str], None]) -> list[list[float]]:
+def _matmul(m: int, n: int, k: int, precision: str, dtype: Any, device: str) -> Callable[[], Any]:
+    """(M x K) @ (K x N) in ``precision``: a plain matmul, or for fp8 ``torch._scaled_mm`` on e4m3 operands
+    with per-tensor scales and a bf16 output (how Transformer Engine's per-tensor FP8 recipe runs a GEMM)."""
     import torch
-    rows = []
-    for m, n, k in plan.gemm:
-        try:
-            a = torch.randn(m, k, device=timer.device).to(dtype)
-            b = torch.randn(k, n, device=timer.device).to(dtype)
-            t = timer.best(lambda: a @ b)
-        except _oom_types():
-            say(f"gemm {m}x{n}x{k}: out of memory, skipped")
-            continue
-        tf = 2.0 * m * n * k / t / 1e12
-        rows.append([m, n, k, _sig(tf)])
-        say(f"gemm M={m} N={n} K={k}: {tf:,.3g} TFLOP/s")
-        del a, b
-    return rows
+    if precision == "fp8":
+        a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()      # column-major, as cuBLASLt wants
+        one = torch.ones((), device=device, dtype=torch.float32)
+        return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
+    return lambda: a @ b
+
+
+def _gemm_precisions(device: str) -> list[str]:
+    """bf16 everywhere; fp8 too on CUDA devices with FP8 tensor cores (compute capability 8.9 and up)."""
+    import torch
+    if device == "cuda" and torch.cuda.get_device_capability() >= (8, 9) and hasattr(torch, "_scaled_mm"):
+        return ["bf16", "fp8"]
+    return ["bf16"]
+
+
+def _gemm(plan: KernelPlan, timer: _Timer, dtype: Any, say: Callable[[str], None]) -> dict[str, list[list[float]]]:
+    out: dict[str, list[list[float]]] = {}
+    for prec in _gemm_precisions(timer.device):
+        rows = []
+        for m, n, k in plan.gemm:
+            try:
+                t = timer.best(_matmul(m, n, k, prec, dtype, timer.device))
+            except _oom_types():
+                say(f"gemm {prec} {m}x{n}x{k}: out of memory, skipped")
+                continue
+            except RuntimeError as err:   # e.g. an fp8 shape cuBLASLt does not take (dims must be multiples of 16)
+                say(f"gemm {prec} {m}x{n}x{k}: not run ({str(err).splitlines()[0][:80]})")
+                continue
+            tf = 2.0 * m * n * k / t / 1e12
+            rows.append([m, n, k, _sig(tf)])
+            say(f"gemm {prec} M={m} N={n} K={k}: {tf:,.3g} TFLOP/s")
+        if rows:
+            out[prec] = rows
+    return out
 
 
 def _grouped_call(x: Any, w: Any, t: int, e: int, device: str) -> tuple[Callable[[], Any], str]:
@@ -299,7 +325,7 @@ def measure_kernel_tables(model: ModelSpec | None, tokens: int = 4096, *, device
     prov = provenance(dev, cpu_name) + (f"; grouped GEMM by {how}" if how else "")
     if dev == "cpu":
         prov += f"; {cpu_math} math filed under bf16 (the CPU runner's math), tiny shapes"
-    return KernelTables(provenance=prov, gemm={"bf16": gemm} if gemm else {},
+    return KernelTables(provenance=prov, gemm=gemm,
                         grouped_gemm={"bf16": grouped} if grouped else {},
                         attention={"bf16": attention} if attention else {},
                         memory_bound_gbps=memory, host_copy_gbps=host)
