@@ -135,3 +135,22 @@ def test_validate_adapter_ties_and_inheritance():
     assert h200.gemm["fp8"] == 0.61 and h200.gemm["fp8_block"] == 0.61 and h200.nvlink == 0.8
     a100 = efficiency_for(rep, load_hardware("a100_80gb"))
     assert a100.gemm["fp8"] == load_hardware("a100_80gb").efficiency.gemm["fp8"] and a100.nvlink == 0.8
+
+
+def test_validate_fit_prints_every_constant_with_its_bounds(tmp_path, capsys):
+    from autopar.cli.main import main
+    from autopar.validation import DEFAULT_CSV
+    lines = DEFAULT_CSV.read_text().splitlines()
+    h100 = [ln for ln in lines[1:] if ",h100_sxm," in ln and ",bf16," in ln][:6]
+    csv = tmp_path / "runs.csv"
+    csv.write_text("\n".join([lines[0], *h100]) + "\n")
+    assert main(["validate", "--fit", "--csv", str(csv)]) == 0
+    out = capsys.readouterr().out
+    assert "h100_sxm:gemm[bf16]" in out and "bounds" in out and "[0.15, 1]" in out
+    assert "mean |error|" in out
+    # every fitted constant's row shows its bounds; any pinned one is flagged with its reason
+    for line in out.splitlines():
+        if line.strip().startswith(("h100_sxm:", "nvlink", "hbm", "dp_overlap")):
+            assert "[" in line and "]" in line, line
+            if "PINNED" in line:
+                assert "bound (" in out
