@@ -35,7 +35,7 @@ import platform
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -112,7 +112,6 @@ class _Timer:
     device: str
     min_time_s: float
     max_reps: int
-    log: list[str] = field(default_factory=list)
 
     def best(self, fn: Callable[[], Any]) -> float:
         """Seconds of the fastest of up to ``max_reps`` calls (at least 2), after one warm-up call."""
