@@ -156,8 +156,9 @@ class FittedConstant:
 
     @property
     def pinned(self) -> str | None:
-        """'lower' or 'upper' when the fit ended at that bound."""
-        tol = 1e-6 * (self.bound.hi - self.bound.lo)
+        """'lower' or 'upper' when the fit ended at that bound (within 0.1% of the range: the bounded solver
+        approaches a bound from inside)."""
+        tol = 1e-3 * (self.bound.hi - self.bound.lo)
         if self.after <= self.bound.lo + tol:
             return "lower"
         if self.after >= self.bound.hi - tol:
