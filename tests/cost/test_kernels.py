@@ -131,3 +131,14 @@ def test_unfused_cross_entropy_costs_time_and_memory_on_the_last_stage():
     extra = unfused.memory_gib.activations - fused.memory_gib.activations
     # 8 more bytes per logit element: b·s · V per GPU (no TP)
     assert extra == pytest.approx(4096 * 32000 * 8 / 2**30, rel=1e-6)
+
+
+def test_compute_by_kernel_class_sums_to_the_compute_term():
+    est = Estimator(load_model("qwen3_30b_a3b"), H100, TR, 8)
+    for lay in (Layout(ep=8, recompute="full"), Layout(tp=2, ep=4), Layout(pp=2, ep=4, micro_batch=2)):
+        e = est.estimate(lay)
+        by = est.compute_by_kernel(e.layout, resolved=True)
+        total = sum(v for k, v in by.items() if k != "recomputation")
+        assert total == pytest.approx(e.time_s.compute, rel=1e-9)
+        assert by["grouped GEMM (experts)"] > 0 and by["attention core"] > 0
+        assert (by.get("recomputation", 0.0) > 0) == (e.layout.recompute != "none")
