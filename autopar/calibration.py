@@ -1,17 +1,21 @@
 """``autopar validate --fit``: the published runs as rows of the one fitter (:mod:`autopar.measure.calibrate`).
 
-What is fitted — only constants of a chip, a precision or the software stack, never anything per row. The list
-is data (change it here, not in the fitter):
-  * ``PER_CHIP``: ``efficiency.<field>[precision]`` per (chip, precision) present in the data — today
-    ``gemm``. A (chip, precision) seen in only one row is tied to its closest sibling (``TIES``: gb300 mxfp8 =
-    gb200 mxfp8) so that no constant is fitted to a single run;
-  * ``SHARED``: one value for every chip.
-Bounds, loss (mean |predicted / measured − 1| of tokens/s/GPU, the figure ``autopar validate`` reports) and the
-solver are the fitter's. Chips without data inherit from the same silicon when written (``INHERIT``: h200 from
-h100_sxm, the same GH100 die; b200/b300 and gb300_nvl72 from gb200_nvl72, Blackwell).
+Kernel speeds (GEMM by shape, flash attention, grouped GEMM, memory-bound bandwidth) and link bandwidths are
+measured or published figures in ``hardware/*.yaml`` (``kernel_model``) and are NOT fitted. What is fitted is
+data (change it here, not in the fitter), today shared by every chip and run (nothing per chip, precision or row):
 
-Honesty check (``--cv``): leave one source out (Megatron 2021, Megatron-Core, Llama 3, NeMo, Megatron-MoE):
-refit without the source and predict its rows.
+  * ``dp_overlap``, ``tp_overlap``, ``ep_overlap``, ``cp_overlap``: the share of each communication a framework
+    hides behind compute (Megatron-Core's overlap features; no single-kernel benchmark measures them);
+  * ``layer_overhead_us``: time per layer and micro-batch that no kernel accounts for (launch gaps, host work);
+  * ``moe_dropless_imbalance``: busiest expert rank / mean under dropless routing (a property of the trained
+    router at that point of training, not of the hardware).
+
+``PER_CHIP`` (empty today) lists fields to fit per (chip, precision) present in the data; a (chip, precision)
+seen in only one row is tied to its closest sibling (``TIES``) so that no constant is fitted to a single run.
+Bounds (:data:`autopar.measure.calibrate.BOUNDS`, each with its reason), loss (mean |predicted / measured − 1|
+of tokens/s/GPU, the figure ``autopar validate`` reports) and solver are the fitter's; any constant that ends at
+a bound is reported, a finding about the model, not a result. Honesty check (``--cv``): leave one source out
+(Megatron 2021, Megatron-Core, Llama 3, NeMo, Megatron-MoE): refit without the source and predict its rows.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ from pathlib import Path
 from typing import Callable
 
 from autopar.cost import Estimator
-from autopar.measure.calibrate import Constant, FitReport, FitRow, HeldOut, cross_validate, fit as fit_rows
+from autopar.measure.calibrate import (Constant, FitReport, FitRow, HeldOut, cross_validate, section_of,
+                                      fit as fit_rows)
 from autopar.specs.hardware import Efficiency, HardwareSpec
 from autopar.validation import Case
 
-PER_CHIP: tuple[str, ...] = ("gemm",)
-SHARED: tuple[str, ...] = ("hbm", "nvlink", "scaleout", "dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap",
-                           "elementwise_passes", "moe_dropless_imbalance")
+PER_CHIP: tuple[str, ...] = ()
+SHARED: tuple[str, ...] = ("dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap", "layer_overhead_us",
+                           "moe_dropless_imbalance")
 TIES = {("gb300_nvl72", "mxfp8"): ("gb200_nvl72", "mxfp8")}
 INHERIT = {"h200": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72", "gb300_nvl72": "gb200_nvl72"}
 
@@ -38,7 +43,7 @@ def rows_from_cases(cases: list[Case]) -> list[FitRow]:
     for c in cases:
         est = Estimator(c.model, c.hardware, c.training, c.gpus)
         rows.append(FitRow(label=c.row_id, hardware=c.hardware, measured=c.measured_tokens,
-                           group=c.row_id.split("-")[0],
+                           group=source_of(c),
                            predict=lambda hw, est=est, c=c: est.with_hardware(hw).estimate(
                                c.layout, resolved=True).tokens_per_s_per_gpu))
     return rows
@@ -71,24 +76,22 @@ def cross_validate_sources(cases: list[Case], loss: str = "mae",
     return cross_validate(rows_from_cases(cases), constants_for(cases), loss=loss, progress=progress)
 
 
+def source_of(case: Case) -> str:
+    return case.row_id.split("-")[0]
+
+
 def efficiency_for(report: FitReport, hw: HardwareSpec) -> Efficiency:
-    """The efficiency section of ``hw`` after the fit: its own fitted constants, else its silicon sibling's
-    (``INHERIT``); blockwise FP8 as fast as per-tensor FP8 when no blockwise run was fitted."""
-    fitted = {c: v for c, v in report.values.items() if c.name in {fc.name for fc in report.constants}}
+    """The ``efficiency`` section of ``hw`` after the fit: the shared constants, its own per-chip ones, else its
+    silicon sibling's (``INHERIT``). Fitted kernel_model constants are not part of this section."""
+    fitted = {c: v for c, v in report.values.items()
+              if c.name in {fc.name for fc in report.constants} and section_of(c.field) == "efficiency"}
     eff = hw.efficiency.model_dump()
     own = {(c.field, c.key) for c in fitted if c.chips and hw.name in c.chips}
     for c, v in fitted.items():
         mine = not c.chips or hw.name in c.chips
         inherited = c.chips and INHERIT.get(hw.name) in c.chips and (c.field, c.key) not in own
-        if not (mine or inherited):
-            continue
-        if c.key is None:
-            eff[c.field] = v
-        else:
-            eff[c.field] = {**eff[c.field], c.key: v}
-            if c.field == "gemm" and c.key == "fp8" and not any(
-                    k.key == "fp8_block" and (hw.name in k.chips or INHERIT.get(hw.name) in k.chips) for k in fitted):
-                eff["gemm"]["fp8_block"] = v   # no blockwise-FP8 run in the data: assumed as fast as per-tensor FP8
+        if mine or inherited:
+            eff[c.field] = v if c.key is None else {**eff[c.field], c.key: v}
     return Efficiency.model_validate(eff)
 
 

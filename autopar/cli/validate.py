@@ -15,31 +15,35 @@ from autopar.validation import DEFAULT_CSV, validate
 def run_fit(args: argparse.Namespace) -> int:
     from datetime import date
 
-    from autopar.calibration import INHERIT, cross_validate_sources, efficiency_for, fit, rows_from_cases, write_efficiency
+    from autopar.calibration import cross_validate_sources, efficiency_for, fit, rows_from_cases, write_efficiency
     from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
     from autopar.validation import load_cases
     err = console(stderr=True)
     cases, skipped = load_cases(Path(args.csv))
     rep = fit(cases, loss=args.loss, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
     out = console()
+    # Each constant with its bounds and the rows it moves; a constant at a bound is flagged with the bound's reason
+    # (kernel speeds are measured, not fitted). The error figures are in-sample.
     out.print(rep.format(), markup=False, highlight=False)
+    if rep.pinned:
+        out.print("[yellow]constants at a bound (see README 'Accuracy'):[/yellow] "
+                  + ", ".join(c.name for c in rep.pinned))
     if args.cv:
         held = cross_validate_sources(cases, loss=args.loss, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
-        by = held.by_group(rows_from_cases(cases))
+        cv = held.by_group(rows_from_cases(cases))
+        mean = sum(cv.values()) / len(cv)
         out.print("held-out source (fit on the others) mean absolute error: "
-                  + ", ".join(f"{k} {v:.1%}" for k, v in by.items()))
+                  + ", ".join(f"{k} {v:.1%}" for k, v in cv.items()) + f"; mean over sources {mean:.1%}")
         for rid, why in held.skipped.items():
             out.print(f"  not predictable out of sample: {rid} ({why})")
     if args.write:
         d = zoo_dir("hardware")
-        fitted_chips = {chip for c in rep.constants for chip in c.name.split(":")[:-1]}
-        chips = fitted_chips | {n for n in zoo_names("hardware") if INHERIT.get(n) in fitted_chips}
         note = (f"fitted {date.today()} on {Path(args.csv).name} ({len(cases)} rows): mean absolute error "
                 f"{rep.mae_before:.2%} -> {rep.mae_after:.2%}")
-        for name in sorted(chips):
+        for name in sorted(zoo_names("hardware")):
             hw = load_hardware(name)
             write_efficiency(d / f"{name}.yaml", efficiency_for(rep, hw), note)
-            out.print(f"wrote the calibrated efficiency of {name} to {d / (name + '.yaml')}")
+            out.print(f"wrote the calibrated constants of {name} to {d / (name + '.yaml')}")
     return 0
 
 
@@ -53,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
                                    "measured_from": r.case.measured_from, "predicted": r.predicted_tokens,
                                    "error": r.error, "fits": r.fits, "memory_gib": r.memory_gib,
                                    "assumptions": r.case.assumptions} for r in rep.rows],
+                         "breakdown": {k: {g: {"rows": n, "mean_abs_error": mae, "mean_error": b}
+                                           for g, (n, mae, b) in v.items()} for k, v in rep.breakdown().items()},
                          "skipped": rep.skipped}))
         return 0
     out = console()
@@ -66,6 +72,13 @@ def run(args: argparse.Namespace) -> int:
     out.print(t)
     for rid, why in rep.skipped:
         out.print(f"skipped {rid}: {why}")
+    for grouping, groups in rep.breakdown().items():
+        g = Table(title=f"Error by {grouping}", title_justify="left")
+        for c in (grouping, "rows", "mean |error|", "mean error (+ = predicted fast)"):
+            g.add_column(c, justify="left" if c == grouping else "right")
+        for name, (n, mae, bias) in groups.items():
+            g.add_row(name, str(n), f"{mae:.1%}", f"{bias:+.1%}")
+        out.print(g)
     out.print(f"[bold]{len(rep.rows)} rows: mean absolute error {rep.mape:.2%}, max {rep.max_abs_error:.1%}; "
               f"predicted OOM for {len(rep.predicted_oom)} layouts that ran[/bold]")
     return 0

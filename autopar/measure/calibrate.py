@@ -4,11 +4,12 @@ Used by ``autopar validate --fit`` (published runs, :mod:`autopar.calibration` b
 ``autopar profile compare`` (layouts run on this machine, :func:`fit_efficiency`).
 
 What is fitted
-  Named constants of a hardware file's ``efficiency`` section and nothing else; never anything per row. Which
-  ones is data, not code: a list of :class:`Constant` (an efficiency field, a key for the per-precision
-  ``gemm`` table, and optionally the chips it belongs to, so one constant can be per (chip, precision) and
-  shared by sibling chips). Each is bounded by :data:`BOUNDS` (name -> lo, hi, why). A constant that moves no
-  prediction of the given rows is left as it is and reported as not identifiable.
+  Named constants of a hardware file's ``efficiency`` section (overlaps, per-layer overhead, dropless imbalance)
+  or ``kernel_model`` section (kernel and link speeds); never anything per row. Which ones is data, not code: a
+  list of :class:`Constant` (a field, a key for the per-precision ``gemm`` table, and optionally the chips it
+  belongs to, so one constant can be per (chip, precision) and shared by sibling chips). Each is bounded by
+  :data:`BOUNDS` (name -> lo, hi, why); a constant whose bounds are equal is held there. A constant that moves
+  no prediction of the given rows is left as it is and reported as not identifiable.
 
 Loss
   ``"mae"`` (default): mean |predicted / measured - 1|, the figure ``autopar validate`` reports. Solved as a
@@ -32,57 +33,64 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 from autopar.errors import AutoparInputError
 from autopar.measure.record import rank_agreement
-from autopar.specs.hardware import HardwareSpec
+from autopar.specs.hardware import Efficiency, HardwareSpec, KernelModel
 
 Estimator = Callable[..., Any]  # (model, hardware, training, layout, gpus) -> object with .step_time_s
 
 
-@dataclass(frozen=True)
-class Bound:
-    """The valid range of one efficiency constant, and why."""
+class Bound(NamedTuple):
+    """The valid range of one constant, and why (unpacks as ``lo, hi, why``)."""
 
     lo: float
     hi: float
     why: str
 
 
-# The one bounds table. Keys are fields of HardwareSpec.efficiency (the per-precision ``gemm`` table shares one
-# entry). Efficiencies are fractions of a datasheet peak; overlaps are fractions of traffic hidden.
+# The one bounds table. Keys are fields of HardwareSpec.efficiency (what only training runs show: overlaps, the
+# per-layer overhead, the dropless imbalance; what `autopar validate --fit` fits) or of HardwareSpec.kernel_model
+# (kernel and link speeds, measured by microbenchmarks; `autopar profile compare` can refit them to runs on the
+# machine at hand). The per-precision ``gemm`` table shares one entry.
 BOUNDS: dict[str, Bound] = {
-    "gemm": Bound(0.15, 1.0, "achieved / datasheet dense peak of the step's math: 1.0 is the datasheet; tuned "
-                             "training stacks reach 0.4-0.8 (issue 10: 0.76-0.81 for Llama-3-8B GEMMs on one "
-                             "H100), and below 0.15 the model would be missing a term"),
-    "nvlink": Bound(0.3, 1.0, "achieved / link bandwidth of NVLink collectives (nccl-tests busbw reaches "
-                              "0.7-0.9 of the link rate at large messages)"),
+    "dp_overlap": Bound(0.0, 1.0, "a share of the gradient reduce-scatter / parameter all-gather"),
+    "tp_overlap": Bound(0.0, 0.9, "a share; TP comm overlap cannot hide the first and last chunk of a layer"),
+    "ep_overlap": Bound(0.0, 0.9, "a share; the dispatch before the first expert GEMM cannot be hidden"),
+    "cp_overlap": Bound(0.0, 1.0, "a share of the ring's KV exchange"),
+    "pp_overlap": Bound(0.0, 1.0, "a share of the pipeline send/recv"),
+    "layer_overhead_us": Bound(0.0, 3000.0, "per layer and micro-batch; 3 ms is ~100 kernel launches' worth of "
+                                            "host time at 30 us each, far beyond a CUDA-graph-free layer's launches"),
+    "moe_dropless_imbalance": Bound(1.0, 2.5, "busiest/mean expert rank; 2.5 is beyond what load-balancing "
+                                              "losses leave in published traces"),
+    "gemm": Bound(0.15, 1.0, "achieved / datasheet dense peak: 1.0 is the datasheet; cuBLAS-class large GEMMs "
+                             "reach 0.7-0.8 (0.76-0.81 for Llama-3-8B GEMMs on one H100, issue 10); below 0.15 a "
+                             "term is missing"),
+    "nvlink": Bound(0.3, 1.0, "achieved / link bandwidth of NVLink collectives (nccl-tests busbw reaches 0.7-0.9 "
+                              "of the link rate at large messages)"),
     "scaleout": Bound(0.3, 1.0, "achieved / NIC bandwidth of scale-out collectives"),
     "hbm": Bound(0.3, 1.0, "achieved / datasheet HBM bandwidth (STREAM-like copies reach 0.8-0.9)"),
     "host_link": Bound(0.3, 1.0, "achieved / PCIe or C2C bandwidth of pinned host copies"),
-    "dp_overlap": Bound(0.0, 1.0, "fraction of DP/FSDP traffic hidden behind compute"),
-    "tp_overlap": Bound(0.0, 0.9, "fraction of TP/SP traffic hidden: Megatron's tp-comm-overlap hides the "
-                                  "all-gather/reduce-scatter inside the linear layers; the first and last "
-                                  "collective of a layer have no GEMM to hide behind"),
-    "ep_overlap": Bound(0.0, 0.9, "fraction of the expert all-to-all hidden: dispatch needs the router's "
-                                  "output first and combine feeds the next layer, so not all of it can hide"),
-    "cp_overlap": Bound(0.0, 1.0, "fraction of the ring-attention KV exchange hidden behind attention"),
-    "pp_overlap": Bound(0.0, 1.0, "fraction of pipeline send/recv hidden"),
-    "moe_dropless_imbalance": Bound(1.0, 2.5, "tokens on the busiest expert rank / the mean under dropless "
-                                              "routing: 1 is perfect balance"),
-    "elementwise_passes": Bound(0.0, 200.0, "hidden-size-wide tensors read or written per layer and token by "
-                                            "non-GEMM kernels: 0 is everything fused, 200 five times the ~40 "
-                                            "of an unfused Megatron layer"),
 }
+
+
+def section_of(fld: str) -> str:
+    """The HardwareSpec section holding constant ``fld``: 'efficiency' or 'kernel_model'."""
+    if fld in Efficiency.model_fields:
+        return "efficiency"
+    if fld in KernelModel.model_fields:
+        return "kernel_model"
+    raise AutoparInputError(f"'{fld}' is neither an efficiency nor a kernel_model field of a hardware file")
 
 
 @dataclass(frozen=True)
 class Constant:
-    """One fitted number: ``efficiency.<field>`` (``efficiency.gemm[<key>]`` for the per-precision table),
-    applying to the rows whose hardware is one of ``chips`` (empty: every row)."""
+    """One fitted number: ``<section>.<field>`` (``kernel_model.gemm[<key>]`` for the per-precision table; the
+    section is the one that has the field), applying to the rows whose hardware is one of ``chips`` (empty:
+    every row)."""
 
     field: str
     key: str | None = None
@@ -95,16 +103,16 @@ class Constant:
 
     @property
     def bound(self) -> Bound:
-        return BOUNDS[self.field]
+        return Bound(*BOUNDS[self.field])
 
     def applies_to(self, hardware: HardwareSpec) -> bool:
         return not self.chips or hardware.name in self.chips
 
     def get(self, hardware: HardwareSpec) -> float:
-        eff = hardware.efficiency
+        sec = getattr(hardware, section_of(self.field))
         if self.key is not None:
-            return float(getattr(eff, self.field).get(self.key, 1.0))
-        return float(getattr(eff, self.field))
+            return float(getattr(sec, self.field).get(self.key, 1.0))
+        return float(getattr(sec, self.field))
 
 
 def parse_constant(name: str) -> Constant:
@@ -118,15 +126,17 @@ def parse_constant(name: str) -> Constant:
 
 def with_values(hardware: HardwareSpec, values: dict[Constant, float]) -> HardwareSpec:
     """A copy of ``hardware`` with the constants that apply to it set to ``values``."""
-    eff = hardware.efficiency.model_dump()
+    sections = {name: getattr(hardware, name).model_dump() for name in ("efficiency", "kernel_model")}
     for c, v in values.items():
         if not c.applies_to(hardware):
             continue
+        sec = sections[section_of(c.field)]
         if c.key is not None:
-            eff[c.field] = {**eff[c.field], c.key: float(v)}
+            sec[c.field] = {**sec[c.field], c.key: float(v)}
         else:
-            eff[c.field] = float(v)
-    return hardware.model_copy(update={"efficiency": type(hardware.efficiency).model_validate(eff)})
+            sec[c.field] = float(v)
+    return hardware.model_copy(update={name: type(getattr(hardware, name)).model_validate(d)
+                                       for name, d in sections.items()})
 
 
 def with_constants(hardware: HardwareSpec, values: dict[str, float]) -> HardwareSpec:
@@ -274,6 +284,9 @@ class _Problem:
     def jacobian(self, theta: np.ndarray, r0: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         J = np.empty((len(r0), len(theta)))
         for k in range(len(theta)):
+            if hi[k] <= lo[k]:      # held at its bound
+                J[:, k] = 0.0
+                continue
             h = 1e-5 * (hi[k] - lo[k])
             step = h if theta[k] + h <= hi[k] else -h
             t = theta.copy()
@@ -326,7 +339,8 @@ def fit(rows: Sequence[FitRow], constants: Sequence[Constant], *, loss: str = "m
     for theta, r in [(start, r0)] + [(cand[i], prob.residuals(cand[i])) for i in order[:2]]:
         moved |= np.abs(prob.jacobian(theta, r, lo, hi)) > 1e-7
     moves, touches = moved.any(axis=0), moved.sum(axis=0)
-    free = np.flatnonzero(moves)
+    held = hi <= lo                                     # bounds that leave one value: held there, not fitted
+    free = np.flatnonzero(moves & ~held)
     notes: list[str] = []
     theta = start.copy()
     if len(free) == 0:
@@ -371,10 +385,11 @@ def fit(rows: Sequence[FitRow], constants: Sequence[Constant], *, loss: str = "m
         if weak:
             notes.append("only a combination of these is determined by these rows (they trade off): "
                          + ", ".join(weak) + "; add measurements that separate them")
-    fitted = [FittedConstant(constants[i].name, float(start[i]), float(theta[i]), constants[i].bound,
-                             int(touches[i]), sd.get(int(i), math.nan)) for i in free]
+    keep = set(free.tolist()) | set(np.flatnonzero(held).tolist())
+    fitted = [FittedConstant(c.name, float(start[i]), float(theta[i]), c.bound, int(touches[i]),
+                             sd.get(int(i), math.nan)) for i, c in enumerate(constants) if i in keep]
     return FitReport(loss=loss, constants=fitted,
-                     not_identifiable={constants[i].name: float(start[i]) for i in np.flatnonzero(~moves)},
+                     not_identifiable={constants[i].name: float(start[i]) for i in np.flatnonzero(~moves & ~held)},
                      labels=[r.label for r in rows], measured=prob.meas.tolist(),
                      predicted_before=pred0.tolist(), predicted_after=pred1.tolist(),
                      values=dict(zip(constants, theta.tolist())), predictions=prob.calls, notes=notes)

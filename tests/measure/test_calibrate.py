@@ -10,20 +10,21 @@ import pytest
 
 from autopar.errors import AutoparInputError
 from autopar.measure.calibrate import (BOUNDS, Constant, FitReport, FitRow, FittedConstant, cross_validate, fit,
-                                      parse_constant, with_values)
+                                      parse_constant, section_of, with_values)
 from autopar.measure.record import Comparison, max_abs_error, mean_abs_error, relative_error
-from autopar.specs.hardware import Efficiency
+from autopar.specs.hardware import Efficiency, KernelModel
 from autopar.specs.loaders import load_hardware
 
-H100 = load_hardware("h100_sxm").model_copy(update={"efficiency": Efficiency()})
-GB200 = load_hardware("gb200_nvl72").model_copy(update={"efficiency": Efficiency()})
+H100 = load_hardware("h100_sxm").model_copy(update={"efficiency": Efficiency(), "kernel_model": KernelModel()})
+GB200 = load_hardware("gb200_nvl72").model_copy(update={"efficiency": Efficiency(), "kernel_model": KernelModel()})
 
 
 def _predict(work: float, comm: float, precision: str):
-    """tokens/s of a row: math at the chip's gemm[precision] efficiency plus communication at nvlink's."""
+    """tokens/s of a row: math at the chip's gemm[precision] efficiency plus communication at nvlink's, less the
+    share tp_overlap hides."""
     def predict(hw):
-        e = hw.efficiency
-        return 1.0 / (work / e.gemm[precision] + comm / e.nvlink)
+        km = hw.kernel_model
+        return 1.0 / (work / km.gemm[precision] + comm / km.nvlink * (1 - 0.5 * hw.efficiency.tp_overlap))
     return predict
 
 
@@ -100,11 +101,18 @@ def test_bad_fit_input_is_an_input_error():
 
 
 def test_every_bound_is_inside_the_spec_and_explained():
-    eff = Efficiency()
     for name, b in BOUNDS.items():
         assert b.lo < b.hi and len(b.why) > 20, name
+        model = Efficiency if section_of(name) == "efficiency" else KernelModel
         value = b.hi if name != "gemm" else {"bf16": b.hi}
-        Efficiency.model_validate({**eff.model_dump(), name: value})   # the upper bound is a valid spec value
+        model.model_validate({**model().model_dump(), name: value})   # the upper bound is a valid spec value
+
+
+def test_a_constant_whose_bounds_meet_is_held_and_reported_pinned(monkeypatch):
+    truth = dict(zip(PER_CHIP, [0.55, 0.42, 0.7, 0.65]))
+    monkeypatch.setitem(BOUNDS, "tp_overlap", (0.25, 0.25, "pinned for the test"))
+    rep = fit(_rows(truth), PER_CHIP + [Constant("tp_overlap")])
+    assert rep.constant("tp_overlap").after == 0.25 and rep.constant("tp_overlap").pinned
 
 
 def test_record_errors():
@@ -117,41 +125,36 @@ def test_record_errors():
     assert Comparison(label="m", predicted_mem_gib=9.0, measured_mem_gib=10.0).mem_error == pytest.approx(-0.1)
 
 
-def test_validate_adapter_ties_and_inheritance():
-    from autopar.calibration import constants_for, efficiency_for
+def test_validate_adapter_constants_are_data():
+    from autopar.calibration import SHARED, constants_for, efficiency_for
     from autopar.validation import load_cases
     cases, _ = load_cases()
-    consts = {c.name: c for c in constants_for(cases)}
-    # gb300 MXFP8 (one row) shares gb200's constant; chips are per (chip, precision)
-    assert consts["gb200_nvl72:gemm[mxfp8]"].chips == ("gb200_nvl72", "gb300_nvl72")
-    assert "h100_sxm:gemm[bf16]" in consts and "nvlink" in consts
-    assert not any(n.startswith("gb300_nvl72:") for n in consts)
-    c = consts["h100_sxm:gemm[fp8]"]
-    rep = FitReport(loss="mae", constants=[FittedConstant(c.name, 0.4, 0.61, c.bound, 3),
-                                           FittedConstant("nvlink", 0.7, 0.8, BOUNDS["nvlink"], 3)],
-                    not_identifiable={}, labels=[], measured=[], predicted_before=[], predicted_after=[],
-                    values={c: 0.61, consts["nvlink"]: 0.8})
-    h200 = efficiency_for(rep, load_hardware("h200"))          # h200 inherits h100's silicon constants
-    assert h200.gemm["fp8"] == 0.61 and h200.gemm["fp8_block"] == 0.61 and h200.nvlink == 0.8
-    a100 = efficiency_for(rep, load_hardware("a100_80gb"))
-    assert a100.gemm["fp8"] == load_hardware("a100_80gb").efficiency.gemm["fp8"] and a100.nvlink == 0.8
+    assert [c.name for c in constants_for(cases)] == list(SHARED)          # today: shared by every chip and run
+    per_chip = {c.name: c for c in constants_for(cases, per_chip=("gemm",), shared=())}
+    # per (chip, precision) on request; gb300 MXFP8 (one row) shares gb200's constant
+    assert per_chip["gb200_nvl72:gemm[mxfp8]"].chips == ("gb200_nvl72", "gb300_nvl72")
+    assert not any(n.startswith("gb300_nvl72:") for n in per_chip)
+    c = Constant("layer_overhead_us")
+    rep = FitReport(loss="mae", constants=[FittedConstant(c.name, 0.0, 123.0, c.bound, 3)], not_identifiable={},
+                    labels=[], measured=[], predicted_before=[], predicted_after=[], values={c: 123.0})
+    assert efficiency_for(rep, load_hardware("h200")).layer_overhead_us == 123.0
 
 
 def test_validate_fit_prints_every_constant_with_its_bounds(tmp_path, capsys):
     from autopar.cli.main import main
     from autopar.validation import DEFAULT_CSV
     lines = DEFAULT_CSV.read_text().splitlines()
-    h100 = [ln for ln in lines[1:] if ",h100_sxm," in ln and ",bf16," in ln][:6]
+    h100 = [ln for ln in lines[1:] if ",h100_sxm," in ln and ",bf16," in ln][:8]
     csv = tmp_path / "runs.csv"
     csv.write_text("\n".join([lines[0], *h100]) + "\n")
     assert main(["validate", "--fit", "--csv", str(csv)]) == 0
     out = capsys.readouterr().out
-    assert "h100_sxm:gemm[bf16]" in out and "bounds" in out and "[0.15, 1]" in out
+    assert "layer_overhead_us" in out and "bounds" in out and "[0, 3000]" in out
     assert "mean |error|" in out
     # every fitted constant's row shows its bounds; any pinned one is flagged with its reason
-    table = [ln for ln in out.splitlines() if ln.strip().startswith(("h100_sxm:", "nvlink", "hbm", "dp_overlap"))
+    table = [ln for ln in out.splitlines() if ln.strip().startswith(("dp_overlap", "layer_overhead_us"))
              and "ended at" not in ln]
-    assert len(table) == 4 and all("[" in ln and "]" in ln for ln in table), out
+    assert len(table) == 2 and all("[" in ln and "]" in ln for ln in table), out
     for ln in table:
         if "PINNED" in ln:
             assert f"{ln.split()[0]} ended at its" in out
