@@ -20,7 +20,7 @@ from autopar.errors import AutoparInputError
 from autopar.measure import ProfileError
 from autopar.measure.collectives import (OP_LABELS, OPS, TABLE_HEADER, _row, busbw_table, group_sizes,
                                          measured_collectives, run_collectives)
-from autopar.measure.kernel_tables import measure_kernel_tables
+from autopar.measure.kernel_tables import kernel_model_from_tables, measure_kernel_tables
 from autopar.measure.kernels import _device, gemm_shapes, measure_copy_bandwidth, measure_gemm
 from autopar.specs.hardware import HardwareSpec, KernelModel, MeasuredCollectives
 from autopar.specs.model import ModelSpec
@@ -60,7 +60,8 @@ def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[f
     the process's share of the cores), hbm_gib = MemTotal / world, hbm_tbps = copy bandwidth of one process,
     nvlink and scale-out bandwidth = measured all-reduce bus bandwidth with efficiency 1.0, latency from a
     4 KiB all-reduce, reserve_gib = resident memory of an idle worker.
-    ``base`` given: a copy with ``measured_busbw_gbps`` replaced; its datasheet numbers and efficiencies are
+    ``base`` given: a copy with ``measured_busbw_gbps`` and ``kernels`` replaced and, on CUDA, ``kernel_model``
+    fitted to the kernel tables against the base's datasheet peaks; its datasheet numbers and efficiencies are
     kept (GEMM figures are in the raw dict). ``out`` receives the table rows, ``progress`` status lines."""
     if world < 1:
         raise AutoparInputError(f"world must be at least 1 (got {world})")
@@ -135,8 +136,13 @@ def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[f
     table = measured_collectives(raw["records"], largest)
     raw["busbw_gbps"] = {op: {n: dict(v) for n, v in by_n.items()} for op, by_n in busbw_table(raw["records"]).items()}
     if base is not None:
-        spec = base.model_copy(update={"measured_busbw_gbps": table, **({"name": name} if name else {}),
-                                       **({"kernels": raw["kernels"]} if "kernels" in raw else {})})
+        update: dict[str, Any] = {"measured_busbw_gbps": table, **({"name": name} if name else {})}
+        if "kernels" in raw:
+            update["kernels"] = raw["kernels"]
+            if device == "cuda":   # the base holds the datasheet peaks of the measured device
+                update["kernel_model"] = kernel_model_from_tables(raw["kernels"], base)
+                say(f"kernel_model fitted to the tables: {update['kernel_model'].source}")
+        spec = base.model_copy(update=update)
         if device == "cpu" and base.peak_tflops_bf16 > 50:
             say(f"note: measured on CPU but the base '{base.name}' is an accelerator; its datasheet numbers are "
                 "kept and the bandwidth and kernel tables describe this CPU")

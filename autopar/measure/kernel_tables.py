@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from autopar.measure.kernels import gemm_shapes
-from autopar.specs.hardware import KernelTables
+from autopar.specs.hardware import HardwareSpec, KernelModel, KernelTables
 from autopar.specs.model import ModelSpec
 
 # FlashAttention-3 paper's benchmark setting (Shah et al. 2024, §4.1): 16K tokens per batch, hidden 2048.
@@ -328,3 +328,85 @@ def measure_kernel_tables(model: ModelSpec | None, tokens: int = 4096, *, device
                         grouped_gemm={"bf16": grouped} if grouped else {},
                         attention={"bf16": attention} if attention else {},
                         memory_bound_gbps=memory, host_copy_gbps=host)
+
+
+def kernel_model_from_tables(tables: KernelTables, hardware: HardwareSpec) -> KernelModel:
+    """The cost model's kernel curves (:class:`KernelModel`) fitted to measured ``kernels:`` tables, against
+    ``hardware``'s datasheet peaks (so ``hardware`` must be the datasheet description of the measured device).
+
+    * GEMM, bf16 rows: eff = TFLOP/s / peak fitted to gemm · M/(M + half_m) · N/(N + half_nk) · K/(K + half_nk)
+      (least squares on log eff, ``scipy.optimize.least_squares``); fp8 rows: their own ``gemm[fp8]`` with the
+      bf16 half-points. fp16 takes bf16's value when not measured (the same tensor cores at the same rate).
+    * Attention, causal rows: fwd and bwd eff = attention_{fwd|bwd} · s/(s + attention_half_seq) · f(d), with
+      f(128) = 1 (needs d = 128 among the rows, else the file's attention curve is kept).
+    * grouped_gemm: geometric mean of measured / (dense curve at the same shape).
+    * hbm: copy GB/s / datasheet HBM GB/s. nvlink, scaleout, host_link: kept (measured by the collectives).
+    Figures not measured keep ``hardware.kernel_model``'s values."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    km = hardware.kernel_model
+    upd: dict[str, Any] = {}
+    notes = []
+    rows = tables.gemm.get("bf16", [])
+    half_m, half_nk = km.gemm_half_m, km.gemm_half_nk
+    gemm = dict(km.gemm)
+    if len(rows) >= 3:
+        m, n, k, tf = (np.array(c, dtype=float) for c in zip(*rows))
+        eff = tf / hardware.peak_tflops("bf16")
+
+        def res(p: np.ndarray) -> np.ndarray:
+            g, hm, hn = p
+            return np.log(g * m / (m + hm) * n / (n + hn) * k / (k + hn)) - np.log(eff)
+
+        fit = least_squares(res, [min(0.99, float(eff.max())), 100.0, 300.0],
+                            bounds=([1e-3, 1e-3, 1e-3], [1.0, 65536.0, 65536.0]))
+        gemm["bf16"], half_m, half_nk = (float(f"{v:.4g}") for v in fit.x)
+        upd.update(gemm_half_m=half_m, gemm_half_nk=half_nk)
+        if "fp16" not in tables.gemm:
+            gemm["fp16"] = gemm["bf16"]
+        notes.append(f"GEMM curve rms log error {float(np.sqrt(np.mean(fit.fun ** 2))):.1%} over {len(rows)} shapes")
+
+    def shape(m: Any, n: Any, k: Any) -> Any:
+        return m / (m + half_m) * n / (n + half_nk) * k / (k + half_nk)
+
+    for prec, prows in tables.gemm.items():
+        if prec != "bf16" and prows:
+            m, n, k, tf = (np.array(c, dtype=float) for c in zip(*prows))
+            gemm[prec] = float(f"{float(np.exp(np.mean(np.log(tf / hardware.peak_tflops(prec) / shape(m, n, k))))):.4g}")
+            if prec == "fp8" and "fp8_block" not in tables.gemm:
+                gemm["fp8_block"] = gemm["fp8"]
+    upd["gemm"] = {p: min(1.0, v) for p, v in gemm.items()}
+    grouped = tables.grouped_gemm.get("bf16", [])
+    if grouped:
+        t, n, k, _, tf = (np.array(c, dtype=float) for c in zip(*grouped))
+        dense = gemm["bf16"] * shape(t, n, k)
+        upd["grouped_gemm"] = float(f"{min(1.0, float(np.exp(np.mean(np.log(tf / hardware.peak_tflops('bf16') / dense))))):.4g}")
+    causal = [r for r in tables.attention.get("bf16", []) if r[2] == 1]
+    dims = sorted({int(r[1]) for r in causal})
+    if 128 in dims and len(causal) >= 4:
+        s, d, _, fwd, bwd = (np.array(c, dtype=float) for c in zip(*causal))
+        others = [x for x in dims if x != 128]
+        peak = hardware.peak_tflops("bf16")
+
+        def res_a(p: np.ndarray) -> np.ndarray:
+            a_f, a_b, hs, *fd = p
+            f = np.ones_like(d)
+            for x, v in zip(others, fd):
+                f[d == x] = v
+            span = s / (s + hs) * f
+            return np.concatenate([np.log(a_f * span) - np.log(fwd / peak), np.log(a_b * span) - np.log(bwd / peak)])
+
+        fit = least_squares(res_a, [0.6, 0.5, 500.0] + [1.0] * len(others),
+                            bounds=([1e-3, 1e-3, 1e-3] + [0.05] * len(others), [1.0, 1.0, 1e6] + [4.0] * len(others)))
+        a_f, a_b, hs, *fd = (float(f"{v:.4g}") for v in fit.x)
+        upd.update(attention_fwd=a_f, attention_bwd=min(a_b, a_f), attention_half_seq=hs,
+                   attention_head_dim={128: 1.0, **dict(zip(others, fd))})
+        notes.append(f"attention curve rms log error {float(np.sqrt(np.mean(fit.fun ** 2))):.1%} over "
+                     f"{len(causal)} causal shapes")
+    copy = tables.memory_bound_gbps.get("copy")
+    if copy:
+        upd["hbm"] = float(f"{min(1.0, copy / (hardware.hbm_tbps * 1e3)):.4g}")
+    upd["source"] = (f"fitted by 'autopar profile hardware' to its kernels: tables ({tables.provenance}) against "
+                     f"{hardware.name}'s datasheet peaks" + ("; " + "; ".join(notes) if notes else ""))
+    return KernelModel.model_validate({**km.model_dump(), **upd})

@@ -78,3 +78,38 @@ def test_schema_rejects_bad_tables():
         KernelTables(provenance="", gemm={})
     with pytest.raises(ValidationError):
         KernelTables(**ok, gemms={})                                 # a typo is an error (extra="forbid")
+
+
+def test_kernel_model_is_fitted_back_from_tables_it_generated():
+    """Tables made from known curves on h100_sxm's datasheet peaks: the fit must find the curves again."""
+    from autopar.measure.kernel_tables import kernel_model_from_tables
+    hw = load_hardware("h100_sxm")
+    km = hw.kernel_model.model_copy(update={"gemm": {**hw.kernel_model.gemm, "bf16": 0.78, "fp8": 0.66},
+                                            "gemm_half_m": 150.0, "gemm_half_nk": 420.0, "grouped_gemm": 0.5,
+                                            "attention_fwd": 0.62, "attention_bwd": 0.5, "attention_half_seq": 700.0,
+                                            "attention_head_dim": {64: 0.75, 128: 1.0, 192: 1.05}})
+    p16, p8 = hw.peak_tflops("bf16"), hw.peak_tflops("fp8")
+
+    def eff(m, n, k, top):
+        return top * m / (m + 150.0) * n / (n + 420.0) * k / (k + 420.0)
+
+    plan = plan_for(ModelSpec(name="l", num_layers=2, hidden_size=4096, ffn_hidden_size=14336,
+                              num_attention_heads=32, num_kv_heads=8, vocab_size=128256), 4096, tiny=False)
+    tables = KernelTables(
+        provenance="planted",
+        gemm={"bf16": [[m, n, k, p16 * eff(m, n, k, 0.78)] for m, n, k in plan.gemm],
+              "fp8": [[m, n, k, p8 * eff(m, n, k, 0.66)] for m, n, k in plan.gemm]},
+        grouped_gemm={"bf16": [[t, n, k, e, 0.5 * p16 * eff(t, n, k, 0.78)] for t, n, k, e in plan.grouped]},
+        attention={"bf16": [[s, d, c, p16 * 0.62 * s / (s + 700.0) * km.head_dim_factor(d),
+                             p16 * 0.5 * s / (s + 700.0) * km.head_dim_factor(d)]
+                            for _, _, s, d, c in plan.attention]},
+        memory_bound_gbps={"copy": 0.85 * hw.hbm_tbps * 1e3})
+    got = kernel_model_from_tables(tables, hw)
+    assert got.gemm["bf16"] == pytest.approx(0.78, rel=1e-2) and got.gemm["fp8"] == pytest.approx(0.66, rel=1e-2)
+    assert got.gemm_half_m == pytest.approx(150.0, rel=2e-2) and got.gemm_half_nk == pytest.approx(420.0, rel=2e-2)
+    assert got.grouped_gemm == pytest.approx(0.5, rel=1e-2)
+    assert got.attention_fwd == pytest.approx(0.62, rel=1e-2) and got.attention_bwd == pytest.approx(0.5, rel=1e-2)
+    assert got.attention_half_seq == pytest.approx(700.0, rel=2e-2)
+    assert got.attention_head_dim[64] == pytest.approx(0.75, rel=1e-2)
+    assert got.hbm == pytest.approx(0.85, rel=1e-3)
+    assert "planted" in got.source and got.nvlink == hw.kernel_model.nvlink
