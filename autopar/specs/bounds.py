@@ -56,6 +56,7 @@ BOUNDS: dict[str, Bound] = {
     "top_k": Bound(1_000, "layouts listed or kept from the solver; each one is a CP-SAT solution to enumerate"),
     "trials": Bound(100_000, "real training runs of one tuning study"),
     "steps": Bound(1_000_000, "training steps of one measurement run"),
+    "seed": Bound(2 ** 32 - 1, "random seeds of numpy, torch and Optuna's samplers are 32-bit"),
 }
 
 
