@@ -66,17 +66,20 @@ def read_text_file(path: Path) -> str:
     """The text of a small input file; a folder, a file too large for an input, or bytes that are not UTF-8
     become AutoparInputError naming the path."""
     try:
-        if path.is_dir():
-            raise AutoparInputError(f"cannot read {_show(path)}: a folder, not a file")
-        size = path.stat().st_size
-        if size > MAX_INPUT_BYTES:
-            raise AutoparInputError(f"{_show(path)} holds {size:,} bytes; autopar reads input files of at "
-                                    f"most {MAX_INPUT_BYTES:,} bytes (model, hardware and runs files are a few kB)")
-        data = path.read_bytes()
+        is_dir, size = path.is_dir(), path.stat().st_size
     except OSError as err:
         raise AutoparInputError(f"cannot read {_show(path)}: {err.strerror or err}") from None
     except ValueError as err:   # a NUL byte in the name
         raise AutoparInputError(f"cannot read {_show(path)!r}: {err}") from None
+    if is_dir:
+        raise AutoparInputError(f"cannot read {_show(path)}: a folder, not a file")
+    if size > MAX_INPUT_BYTES:
+        raise AutoparInputError(f"{_show(path)} holds {size:,} bytes; autopar reads input files of at most "
+                                f"{MAX_INPUT_BYTES:,} bytes (model, hardware and runs files are a few kB)")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise AutoparInputError(f"cannot read {_show(path)}: {err.strerror or err}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
