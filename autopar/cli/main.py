@@ -22,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse exits with status 2 on bad flags already; keep its one-line message, drop the usage dump."""
 
     def error(self, message: str) -> None:  # pragma: no cover - exercised through the CLI tests
-        self.exit(2, f"autopar: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"autopar: error: {_one_line(message)} (see '{self.prog} --help')\n")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
             parser.print_help()
-            return 2
+            raise AutoparInputError(f"no command given (choose {', '.join(SUBCOMMANDS)})")
         return int(args.func(args) or 0)
     except AutoparInputError as err:
         _say(f"autopar: error: {_one_line(err)}")
@@ -78,8 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         return 70
 
 
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
+def _one_line(err: BaseException | str) -> str:
+    """The message on one line: characters that are not printable (a newline, a carriage return or other
+    control character typed into a flag or a file name) are shown escaped, as Python writes them."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(err))
+    return text or type(err).__name__
 
 
 def _say(line: str) -> None:

@@ -146,5 +146,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     def _usage(args: argparse.Namespace) -> int:
         p.print_help()
-        return 2
+        raise AutoparInputError("profile: no subcommand given (choose " + ", ".join(psub.choices) + ")")
     p.set_defaults(func=_usage)
