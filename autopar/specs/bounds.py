@@ -43,14 +43,14 @@ BOUNDS: dict[str, Bound] = {
     "global_batch": Bound(16_777_216, "2^24 sequences, 1000x the largest published batch (DeepSeek-V3: 15,360)"),
     "tokens_per_step": Bound(2 ** 36, "seq_len x global_batch, about 1000x DeepSeek-V3's 63M tokens per step; "
                                       "keeps step times and their integer tables finite"),
-    "degree": Bound(1_048_576, "a parallel degree (tp, pp, cp, ep, etp, dp, hsdp) or a micro-batch count "
-                               "cannot exceed the GPU bound"),
+    "degree": Bound(1_048_576, "a parallel degree (tp, pp, cp, ep, etp, dp, hsdp) cannot exceed the GPU "
+                               "bound"),
     "vpp": Bound(1_024, "virtual stages per pipeline rank divide the layers, so at most the layer bound"),
     "micro_batch": Bound(16_777_216, "sequences per micro-batch: at most the global-batch bound"),
     "gpus_per_node": Bound(1_024, "server GPUs per node; the largest products have 8 (HGX) or 4 (GB200 trays)"),
     "nvlink_domain": Bound(65_536, "GPUs in one NVLink/xGMI domain; the largest announced is 576 (NVIDIA Rubin Ultra NVL576)"),
-    "time_limit_s": Bound(86_400.0, "one day: the search proves its optimum in seconds on every zoo problem; "
-                                    "a limit must also be finite and positive"),
+    "time_limit_s": Bound(86_400.0, "one day: the benchmark problems (benchmarks/bench_solve.py) prove their "
+                                    "optimum in seconds; a limit must also be finite and positive"),
     "run_timeout_s": Bound(604_800.0, "one week per real run (autopar tune/profile --timeout): a run of a few "
                                       "steps that takes longer has hung"),
     "top_k": Bound(1_000, "layouts listed or kept from the solver; each one is a CP-SAT solution to enumerate"),

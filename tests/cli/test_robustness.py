@@ -240,6 +240,11 @@ def test_bad_storage_url_is_one_line():
     _fails(["tune", "--model", "llama3_8b", "--gpus", "1", "--storage", "bogus://x"], "unknown storage URL")
 
 
+def test_storage_without_its_driver_is_one_line():
+    _fails(["tune", "--model", "llama3_8b", "--gpus", "1", "--storage", "redis://127.0.0.1:1"],
+           "the study storage redis://127.0.0.1:1")   # "cannot open" (no driver) or "cannot reach"
+
+
 @pytest.mark.parametrize("flag, content", [("--training", "seq_len: [1\n"), ("--layouts-file", "? [a, b]\n: 1\n"),
                                            ("--training", "seq_len: 0\n"), ("--layouts-file", "[[[[[[")])
 def test_profile_compare_input_files(tmp_path, flag, content):
