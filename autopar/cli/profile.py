@@ -46,8 +46,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("run")
     r.add_argument("--steps", type=count("steps"), default=4, help="training steps, warm-up included (default: 4)")
     r.add_argument("--warmup", type=count("steps", low=0), default=1, help="steps left out of the timing (default: 1)")
-    r.add_argument("--seed", type=count("seed", low=0), default=0, help="seed of the weights and the synthetic data (default: 0)")
-    r.add_argument("--timeout", type=seconds("run_timeout_s"), default=600.0, help="seconds before the run is killed (default: 600)")
+    r.add_argument("--seed", type=count("seed", low=0), default=0,
+                   help="seed of the weights and the synthetic data (default: 0)")
+    r.add_argument("--timeout", type=seconds("run_timeout_s"), default=600.0,
+                   help="seconds before the run is killed (default: 600)")
     r.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto = NCCL when CUDA is available, else gloo on the CPU")
 

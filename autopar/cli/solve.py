@@ -7,7 +7,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from autopar.cli.common import add_problem_args, add_search_args, count, dump_json, fraction, load_problem, search_options
+from autopar.cli.common import (add_problem_args, add_search_args, count, dump_json, fraction, load_problem,
+                                search_options)
 from autopar.cli.render import APPROX_NOTE, console, header, print_estimate
 from autopar.errors import AutoparInputError
 

@@ -153,7 +153,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--steps", type=count("steps"), default=8,
                    help="training steps per run, warm-up included (default: 8)")
     r.add_argument("--warmup", type=count("steps", low=0), default=2, help="steps left out of the timing (default: 2)")
-    r.add_argument("--timeout", type=seconds("run_timeout_s"), default=300.0, help="seconds before a run is killed (default: 300)")
+    r.add_argument("--timeout", type=seconds("run_timeout_s"), default=300.0,
+                   help="seconds before a run is killed (default: 300)")
     r.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto = NCCL when this node has GPUs, else gloo on the CPU")
     o = p.add_argument_group("output")

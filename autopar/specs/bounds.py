@@ -48,7 +48,8 @@ BOUNDS: dict[str, Bound] = {
     "vpp": Bound(1_024, "virtual stages per pipeline rank divide the layers, so at most the layer bound"),
     "micro_batch": Bound(16_777_216, "sequences per micro-batch: at most the global-batch bound"),
     "gpus_per_node": Bound(1_024, "server GPUs per node; the largest products have 8 (HGX) or 4 (GB200 trays)"),
-    "nvlink_domain": Bound(65_536, "GPUs in one NVLink/xGMI domain; the largest announced is 576 (NVIDIA Rubin Ultra NVL576)"),
+    "nvlink_domain": Bound(65_536, "GPUs in one NVLink/xGMI domain; the largest announced is 576 "
+                                   "(NVIDIA Rubin Ultra NVL576)"),
     "time_limit_s": Bound(86_400.0, "one day: the benchmark problems (benchmarks/bench_solve.py) prove their "
                                     "optimum in seconds; a limit must also be finite and positive"),
     "run_timeout_s": Bound(604_800.0, "one week per real run (autopar tune/profile --timeout): a run of a few "

@@ -148,8 +148,10 @@ class HardwareSpec(Spec):
     peak_tflops_nvfp4: float | None = Field(default=None, gt=0, description="Dense NVFP4 peak; None = none.")
     hbm_gib: float = Field(gt=0, description="HBM capacity per GPU, GiB.")
     hbm_tbps: float = Field(gt=0, description="HBM bandwidth per GPU, TB/s.")
-    gpus_per_node: int = Field(gt=0, le=limit("gpus_per_node"), description="GPUs per server (scale-out NICs are counted per GPU).")
-    nvlink_domain_size: int = Field(gt=0, le=limit("nvlink_domain"), description="GPUs in one NVLink/xGMI domain (8 on HGX, 72 on NVL72).")
+    gpus_per_node: int = Field(gt=0, le=limit("gpus_per_node"),
+                               description="GPUs per server (scale-out NICs are counted per GPU).")
+    nvlink_domain_size: int = Field(gt=0, le=limit("nvlink_domain"),
+                                    description="GPUs in one NVLink/xGMI domain (8 on HGX, 72 on NVL72).")
     nvlink_gbps: float = Field(gt=0, description="NVLink bandwidth per GPU per direction, GB/s.")
     scaleout_gbps: float = Field(gt=0, description="Scale-out (InfiniBand/RoCE) bandwidth per GPU per direction, GB/s.")
     host_link_gbps: float | None = Field(

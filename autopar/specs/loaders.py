@@ -103,7 +103,8 @@ def read_structured_file(path: Path) -> Any:
     except RecursionError:
         raise AutoparInputError(f"{_show(path)}: nested too deeply to be a spec file") from None
     except json.JSONDecodeError as err:
-        raise AutoparInputError(f"{_show(path)}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
+        raise AutoparInputError(f"{_show(path)}: malformed JSON at line {err.lineno} column {err.colno}: "
+                                f"{err.msg}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""

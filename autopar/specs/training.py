@@ -22,7 +22,8 @@ class TrainingSpec(Spec):
     (Rajbhandari et al. 2020 sec. 3.1). ``grad_dtype: fp32`` models --accumulate-allreduce-grads-in-fp32."""
 
     seq_len: int = Field(default=4096, gt=0, le=limit("seq_len"), description="Tokens per sequence (s).")
-    global_batch: int = Field(default=1024, gt=0, le=limit("global_batch"), description="Sequences per optimizer step (B).")
+    global_batch: int = Field(default=1024, gt=0, le=limit("global_batch"),
+                              description="Sequences per optimizer step (B).")
     precision: Precision = Field(default="bf16", description="Math precision of the transformer GEMMs.")
     weight_dtype: Literal["bf16", "fp16", "fp32"] = Field(default="bf16", description="Dtype of model weights.")
     grad_dtype: Literal["fp32", "bf16", "fp16"] = Field(default="bf16", description="Dtype of gradient buffers.")
