@@ -132,7 +132,6 @@ def parse_int_list(text: str, name: str, bound: str = "degree", low: int = 1) ->
 SCALE_BOUNDS = {"layers": "layers", "hidden": "hidden", "ffn": "ffn", "heads": "heads", "kv_heads": "heads",
                 "experts": "experts", "vocab": "vocab"}
 SEARCH_AXES = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")
-_AXIS_BOUND = {"vpp": "vpp", "mbs": "micro_batch"}
 
 
 def add_search_args(p: argparse.ArgumentParser, title: str, time_limit_default: float) -> argparse._ArgumentGroup:
@@ -157,11 +156,10 @@ def add_search_args(p: argparse.ArgumentParser, title: str, time_limit_default: 
 
 def search_options(args: argparse.Namespace, **extra):
     """SearchOptions from the flags of :func:`add_search_args` (``extra``: fields a command sets itself).
-    One builder for solve and tune: pins, ZeRO stages and recompute policies are checked the same way
-    (SearchOptions checks the values; this only parses the text)."""
+    One builder for solve and tune: this parses the text (whole numbers, no absurd sizes); SearchOptions checks
+    every value (each axis's bound, ZeRO stages 0-3, recompute policies) for the CLI and the library alike."""
     from autopar.search.space import SearchOptions
-    pins = {k: parse_int_list(getattr(args, k), f"--{k}", _AXIS_BOUND.get(k, "degree")) if getattr(args, k)
-            else None for k in SEARCH_AXES}
+    pins = {k: parse_int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None for k in SEARCH_AXES}
     if args.no_cp:
         if pins["cp"] and pins["cp"] != [1]:
             raise AutoparInputError(f"--no-cp contradicts --cp {args.cp}")
