@@ -198,11 +198,15 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         # around a fused scale-mask-softmax kernel, with attention dropout, and the loss plain vocab-parallel.
         kernels = {"attention_kernel": "unfused", "cross_entropy": "unfused"}
         notes.append("kernels (2021): unfused attention and cross entropy")
+    # TP communication overlap is a framework switch: on only where the source says the run used it.
+    kernels["tp_comm_overlap"] = "--tp-comm-overlap" in row.get("notes", "")
+    tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
+    if not kernels["tp_comm_overlap"] and tp > 1:
+        notes.append("TP comm overlap n/f: off")
     training = build_spec(TrainingSpec, dict(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half,
                                              grad_dtype=half, moe_routing=routing if model.is_moe else "balanced",
                                              **kernels), "training")
     hw.peak_tflops(prec)       # a precision the chip lacks fails here, naming it
-    tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
     vpp = _int(row, "vpp")
     choose_vpp = vpp is None and pp > 1
     if vpp is None:
