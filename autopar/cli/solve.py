@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if args.emit:
         from autopar.emit import emit
         out.print(f"\n[bold]{args.emit} settings[/bold]")
-        print(emit(args.emit, best.layout, model, training, args.gpus))
+        print(emit(args.emit, best.layout, model, training, args.gpus, hw))
     return 0
 
 

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     emitted = None
     if args.emit and result.best is not None:
         from autopar.emit import emit
-        emitted = emit(args.emit, result.best.layout, result.model, result.training, result.gpus)
+        emitted = emit(args.emit, result.best.layout, result.model, result.training, result.gpus, result.hardware)
         if args.emit_out:
             Path(args.emit_out).write_text(emitted)
     if args.out and result.best is not None:
