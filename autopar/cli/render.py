@@ -5,33 +5,11 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from autopar.cost.legend import APPROX_NOTE, MEMORY_LEGEND, TIME_LEGEND
 from autopar.cost.result import Estimate
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
-
-MEMORY_LEGEND = {
-    "weights": "model weights of the stage (÷TP, experts ÷EP·ETP; ÷DP with ZeRO-3/FSDP)",
-    "grads": "gradient buffers (÷DP with ZeRO-2/3)",
-    "optimizer": "fp32 master weights + Adam moments (÷DP with ZeRO>=1)",
-    "activations": "stored activations of the in-flight micro-batches (+ logits on the last stage)",
-    "buffers": "communication / FSDP gather / FP8 weight-copy buffers",
-    "reserve": "CUDA context, NCCL, allocator fragmentation",
-}
-TIME_LEGEND = {
-    "compute": "GEMMs + attention of all micro-batches, recompute included",
-    "tp": "exposed tensor/sequence-parallel collectives",
-    "cp": "exposed ring-attention KV exchange",
-    "ep": "exposed expert all-to-all (dispatch + combine)",
-    "dp": "exposed gradient reduce / ZeRO-FSDP gathers",
-    "pp_bubble": "pipeline fill + drain: (PP-1)/(VPP*M+PP-1) of the step",
-    "pp_p2p": "exposed pipeline send/recv",
-    "optimizer": "Adam update (HBM-bandwidth bound)",
-    "offload": "exposed activation-offload copies to/from host memory",
-}
-APPROX_NOTE = ("Predictions are analytical (autopar/cost/, each formula cites its source) and approximate; "
-               "see `autopar validate` for the error on published runs.")
-
 
 def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=170)

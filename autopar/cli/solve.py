@@ -8,7 +8,8 @@ from pathlib import Path
 from rich.table import Table
 
 from autopar.cli.common import add_problem_args, dump_json, fraction, load_problem, parse_int_list, positive_int
-from autopar.cli.render import APPROX_NOTE, console, header, print_estimate
+from autopar.cli.render import console, header, print_estimate
+from autopar.cost.legend import APPROX_NOTE
 from autopar.errors import AutoparInputError
 
 

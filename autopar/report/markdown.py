@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autopar.cli.render import APPROX_NOTE, MEMORY_LEGEND, TIME_LEGEND
+from autopar.cost.legend import APPROX_NOTE, MEMORY_LEGEND, TIME_LEGEND
 from autopar.cost.estimator import Estimator
 from autopar.cost.memory import inflight_layer_microbatches, shard_groups, stage_params
 from autopar.cost.pipeline import bubble_fraction
