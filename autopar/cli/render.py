@@ -11,8 +11,11 @@ from autopar.specs.hardware import HardwareSpec
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
-def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=170)
+
+def console(stderr: bool = False, width: int | None = None) -> Console:
+    """A rich console as wide as the terminal (rich reads it, or $COLUMNS; 80 when the output is not a terminal),
+    unless ``width`` is given."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
 def header(model: ModelSpec, hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:
