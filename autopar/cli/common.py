@@ -78,3 +78,16 @@ def parse_int_list(text: str, name: str) -> list[int]:
     if not vals or any(v <= 0 for v in vals):
         raise AutoparInputError(f"{name}: values must be positive, got '{text}'")
     return vals
+
+
+EMIT_CHOICES = ("megatron", "bridge", "torchtitan", "env")
+TORCHTITAN_VERSIONS = ("0.3.0", "0.2.2")   # autopar.emit.torchtitan.TORCHTITAN_VERSIONS (not imported: start-up time)
+
+
+def add_emit_args(g, what: str) -> None:
+    """--emit and --torchtitan-version (docs/launchers.md describes each target and its version)."""
+    g.add_argument("--emit", choices=EMIT_CHOICES, default=None,
+                   help=f"print launcher settings for {what}: megatron (Megatron-Core 0.20 pretrain_gpt.py args), "
+                        "bridge (Megatron-Bridge 0.7 recipe overrides), torchtitan (0.3.0 Trainer.Config), env")
+    g.add_argument("--torchtitan-version", choices=TORCHTITAN_VERSIONS, default=TORCHTITAN_VERSIONS[0],
+                   help="torchtitan release to emit for (default: %(default)s; 0.2.2 = the old TOML job file)")

@@ -18,6 +18,33 @@ def console(stderr: bool = False, width: int | None = None) -> Console:
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
+def fitted_table(width: int, title: str, headers: list[str], rows: list[list[str]], left: tuple[str, ...] = (),
+                 optional: tuple[str, ...] = ()) -> list[Table | str]:
+    """A table that fits ``width`` columns without cutting a cell: each column is as wide as its longest cell or
+    header word (headers fold onto several lines); while that is too wide, the ``optional`` columns are dropped,
+    last first, and a line after the table names them. Returns what to print."""
+    def need(cols: list[int]) -> int:
+        return 1 + sum(3 + max([len(r[i]) for r in rows] + [len(w) for w in headers[i].split()]) for i in cols)
+
+    cols = list(range(len(headers)))
+    dropped = []
+    for name in reversed(optional):
+        if need(cols) <= width:
+            break
+        cols.remove(headers.index(name))
+        dropped.append(name)
+    t = Table(title=title, title_justify="left")
+    for i in cols:
+        t.add_column(headers[i], justify="left" if headers[i] in left else "right", overflow="fold",
+                     width=max([len(r[i]) for r in rows] + [len(w) for w in headers[i].split()]))
+    for r in rows:
+        t.add_row(*(r[i] for i in cols))
+    if not dropped:
+        return [t]
+    return [t, f"[dim]not shown at {width} columns: {', '.join(reversed(dropped))} (a wider terminal or --json "
+               "shows them)[/dim]"]
+
+
 def header(model: ModelSpec, hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:
     return (f"{model.summary()}\n{gpus} x {hw.name} ({hw.hbm_gib:.1f} GiB HBM, NVLink domain {hw.nvlink_domain_size}); "
             f"seq {tr.seq_len}, global batch {tr.global_batch} ({tr.tokens_per_step / 1e6:.2f}M tokens), "

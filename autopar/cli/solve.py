@@ -7,7 +7,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from autopar.cli.common import add_problem_args, dump_json, fraction, load_problem, parse_int_list, positive_int
+from autopar.cli.common import (add_emit_args, add_problem_args, dump_json, fraction, load_problem, parse_int_list,
+                                positive_int)
 from autopar.cli.render import console, header, print_estimate
 from autopar.cost.legend import APPROX_NOTE
 from autopar.errors import AutoparInputError
@@ -111,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if args.emit:
         from autopar.emit import emit
         out.print(f"\n[bold]{args.emit} settings[/bold]")
-        print(emit(args.emit, best.layout, model, training, args.gpus, hw))
+        print(emit(args.emit, best.layout, model, training, args.gpus, hw, torchtitan_version=args.torchtitan_version),
+              end="")
     return 0
 
 
@@ -141,8 +143,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="cpsat (default), exhaustive (reference enumeration), heuristic (rules of thumb)")
     p.add_argument("--top-k", type=positive_int, default=5, help="layouts to list (default: 5)")
     p.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT time limit in seconds (default: 60)")
-    p.add_argument("--emit", choices=("megatron", "torchtitan", "env"), default=None,
-                   help="print launcher settings for the best layout")
+    add_emit_args(p, "the best layout")
     p.add_argument("--report", metavar="OUT.md", default=None,
                    help="write a Markdown analysis with OUT_memory.png and OUT_pareto.png beside it")
     p.add_argument("--overwrite", action="store_true", help="replace an existing report and its figures")

@@ -2,13 +2,15 @@
 
 ``emit(kind, layout, model, training, gpus, hardware)`` validates and resolves the layout
 (:func:`autopar.specs.resolve_layout`) and returns text for ``kind``: ``megatron`` (a bash fragment: version,
-environment, ``AUTOPAR_MEGATRON_ARGS=(...)``), ``torchtitan`` (a Python module defining
+environment, ``AUTOPAR_MEGATRON_ARGS=(...)``), ``bridge`` (Megatron-Bridge recipe overrides, the same
+settings), ``torchtitan`` (a Python module defining
 ``autopar_config() -> Trainer.Config`` for torchtitan 0.3.0; TOML sections with ``torchtitan_version="0.2.2"``) or ``env``
 (``export AUTOPAR_*=...`` lines). ``hardware`` tells the Megatron emitter which overlaps the prediction counts.
 """
 
 from __future__ import annotations
 
+from autopar.emit.bridge import bridge_overrides, format_bridge
 from autopar.emit.env import env_vars, format_env
 from autopar.emit.megatron import format_megatron, format_megatron_launch, megatron_args, megatron_launch
 from autopar.emit.torchtitan import TORCHTITAN_VERSION, TORCHTITAN_VERSIONS, torchtitan_config
@@ -18,9 +20,9 @@ from autopar.specs.layout import Layout, resolve_layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
-__all__ = ["EMIT_KINDS", "TORCHTITAN_VERSION", "TORCHTITAN_VERSIONS", "emit", "env_vars", "format_env", "format_megatron", "format_megatron_launch", "megatron_args", "megatron_launch", "torchtitan_config"]
+__all__ = ["EMIT_KINDS", "bridge_overrides", "format_bridge", "TORCHTITAN_VERSION", "TORCHTITAN_VERSIONS", "emit", "env_vars", "format_env", "format_megatron", "format_megatron_launch", "megatron_args", "megatron_launch", "torchtitan_config"]
 
-EMIT_KINDS = ("megatron", "torchtitan", "env")
+EMIT_KINDS = ("megatron", "bridge", "torchtitan", "env")
 
 
 def emit(kind: str, layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
@@ -32,6 +34,9 @@ def emit(kind: str, layout: Layout, model: ModelSpec, training: TrainingSpec, gp
     if kind == "megatron":
         return format_megatron_launch(megatron_launch(resolved, model, training, hardware),
                                       f"autopar layout {resolved.short()} on {gpus} GPUs ({model.name})")
+    if kind == "bridge":
+        overrides, launch = bridge_overrides(resolved, model, training, hardware)
+        return format_bridge(overrides, launch, f"autopar layout {resolved.short()} on {gpus} GPUs ({model.name})")
     if kind == "torchtitan":
         return torchtitan_config(resolved, model, training, hardware, version=torchtitan_version)
     return format_env(env_vars(resolved, training, gpus))
