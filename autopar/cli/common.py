@@ -13,6 +13,10 @@ from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
 
+# Version of the --json output layout; bumped when a key changes meaning or goes away (docs/launchers.md).
+SCHEMA_VERSION = 1
+
+
 def positive_int(text: str) -> int:
     try:
         v = int(text)
@@ -33,11 +37,15 @@ def fraction(text: str) -> float:
     return v
 
 
-def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True) -> None:
+def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpus_range: bool = False) -> None:
     g = p.add_argument_group("problem")
     g.add_argument("--model", required=True, help="zoo name (see `autopar zoo`), a model YAML, or a HF config.json")
     g.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"zoo name or YAML (default: {DEFAULT_HARDWARE})")
-    g.add_argument("--gpus", type=positive_int, required=gpus_required, help="number of GPUs")
+    if gpus_range:
+        g.add_argument("--gpus", required=gpus_required, metavar="N|A-B",
+                       help="number of GPUs, or a range A-B searched at A, 2A, 4A, ... and B (see --objective)")
+    else:
+        g.add_argument("--gpus", type=positive_int, required=gpus_required, help="number of GPUs")
     g.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN,
                    help=f"sequence length (default: {DEFAULT_SEQ_LEN})")
     g.add_argument("--global-batch", type=positive_int, default=None,

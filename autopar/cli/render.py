@@ -20,11 +20,19 @@ def console(stderr: bool = False, width: int | None = None) -> Console:
 
 def fitted_table(width: int, title: str, headers: list[str], rows: list[list[str]], left: tuple[str, ...] = (),
                  optional: tuple[str, ...] = ()) -> list[Table | str]:
-    """A table that fits ``width`` columns without cutting a cell: each column is as wide as its longest cell or
-    header word (headers fold onto several lines); while that is too wide, the ``optional`` columns are dropped,
-    last first, and a line after the table names them. Returns what to print."""
+    """A table that fits ``width`` columns without cutting a number: numeric columns are exactly as wide as their
+    longest cell or header word (headers fold onto several lines), text columns (``left``) wrap at spaces (28
+    characters a line at least); while that
+    is too wide, the ``optional`` columns are dropped, last first, and a line after the table names them. Returns
+    what to print."""
+    def cell_width(i: int) -> int:
+        words = [len(w) for w in headers[i].split()]
+        if headers[i] in left:   # wraps at spaces, but onto two lines at most for a 56-character cell
+            return max(words + [min(len(r[i]), 28) for r in rows])
+        return max(words + [len(r[i]) for r in rows])
+
     def need(cols: list[int]) -> int:
-        return 1 + sum(3 + max([len(r[i]) for r in rows] + [len(w) for w in headers[i].split()]) for i in cols)
+        return 1 + sum(3 + cell_width(i) for i in cols)
 
     cols = list(range(len(headers)))
     dropped = []
@@ -35,8 +43,10 @@ def fitted_table(width: int, title: str, headers: list[str], rows: list[list[str
         dropped.append(name)
     t = Table(title=title, title_justify="left")
     for i in cols:
-        t.add_column(headers[i], justify="left" if headers[i] in left else "right", overflow="fold",
-                     width=max([len(r[i]) for r in rows] + [len(w) for w in headers[i].split()]))
+        if headers[i] in left:
+            t.add_column(headers[i], justify="left", min_width=cell_width(i))
+        else:
+            t.add_column(headers[i], justify="right", width=cell_width(i))
     for r in rows:
         t.add_row(*(r[i] for i in cols))
     if not dropped:
