@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from autopar.cli.common import add_problem_args, dump_json, fraction, load_problem, parse_int_list, positive_int
+from autopar.cli.common import SCHEMA_VERSION, add_problem_args, dump_json, fraction, load_problem, parse_int_list, positive_int
 from autopar.cli.render import console, print_estimate
 from autopar.cost import Estimator
 from autopar.specs.layout import Layout
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     layout = layout_from_args(args)
     est = Estimator(model, hw, training, args.gpus).estimate(layout)
     if args.json:
-        d = est.to_dict()
+        d = {"schema_version": SCHEMA_VERSION, **est.to_dict()}
         d["notes"] = notes + d["notes"]
         print(dump_json(d))
         return 0

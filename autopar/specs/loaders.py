@@ -18,13 +18,21 @@ from autopar.specs.hardware import HardwareSpec
 from autopar.specs.model import ModelSpec
 
 _PKG = Path(__file__).resolve().parents[1]
-_ZOO_DIRS = {kind: [_PKG / "_zoo" / kind, _PKG.parent / kind] for kind in ("models", "hardware")}
+# Installed from a wheel, the zoo and the validation data live in autopar/_zoo/ (pyproject.toml force-include); in a
+# source checkout, in models/, hardware/ and data/ beside the package.
+_ZOO_DIRS = {kind: [_PKG / "_zoo" / kind, _PKG.parent / kind] for kind in ("models", "hardware", "data")}
 
 T = TypeVar("T", bound=BaseModel)
 
 
+def installed_zoo_dir(kind: str) -> Path | None:
+    """The zoo folder of ``kind`` inside an installed package (autopar/_zoo/<kind>), or None in a source checkout."""
+    d = _ZOO_DIRS[kind][0]
+    return d if d.is_dir() else None
+
+
 def zoo_dir(kind: str) -> Path:
-    """The folder holding the zoo files of ``kind`` ('models' or 'hardware')."""
+    """The folder holding the zoo files of ``kind`` ('models', 'hardware' or 'data': the validation runs)."""
     for d in _ZOO_DIRS[kind]:
         if d.is_dir():
             return d
