@@ -51,7 +51,7 @@ def test_batch_too_small_for_the_gpu_count_is_flagged_with_a_fix():
     e = Estimator(LLAMA70, H100, tr, 1024).estimate(Layout(tp=8, pp=4))           # GA 1, 128 tokens per GPU
     a = batch_advice(LLAMA70, H100, tr, 1024, e)
     assert a is not None and a.tokens_per_gpu == 128 and a.compute_share < 0.5
-    assert a.suggested_batch > 32 and a.suggested_mfu > 2 * a.mfu and a.suggested_compute_share >= 0.8
+    assert a.suggested_batch > 32 and a.suggested_mfu > 2 * a.mfu and a.suggested_compute_share >= 0.5
     assert f"--global-batch {a.suggested_batch}" in a.message(4096, 1024)
 
 
