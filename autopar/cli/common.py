@@ -37,10 +37,17 @@ def fraction(text: str) -> float:
     return v
 
 
-def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpus_range: bool = False) -> None:
+def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpus_range: bool = False,
+                     cluster: bool = False) -> None:
     g = p.add_argument_group("problem")
     g.add_argument("--model", required=True, help="zoo name (see `autopar zoo`), a model YAML, or a HF config.json")
     g.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"zoo name or YAML (default: {DEFAULT_HARDWARE})")
+    if cluster:   # --gpus or --cluster: load_problem checks that one is given
+        gpus_required = False
+        g.add_argument("--cluster", default=None, metavar="NODESxGPUS[:FABRIC]",
+                       help="the cluster instead of --gpus: e.g. 32x8 or 32x8:rail (rail-optimised), 32x8:2:1 "
+                            "(2:1 oversubscribed scale-out; approximation: every inter-node collective at 1/2 of the "
+                            "NIC bandwidth)")
     if gpus_range:
         g.add_argument("--gpus", required=gpus_required, metavar="N|A-B",
                        help="number of GPUs, or a range A-B searched at A, 2A, 4A, ... and B (see --objective)")
@@ -62,6 +69,17 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
     model = load_model(args.model)
     hw = load_hardware(args.hardware)
     notes = []
+    if getattr(args, "cluster", None):
+        from autopar.specs.cluster import parse_cluster
+        cl = parse_cluster(args.cluster)
+        if args.gpus is not None and str(args.gpus) != str(cl.gpus):
+            raise AutoparInputError(f"--gpus {args.gpus} and --cluster {args.cluster} ({cl.gpus} GPUs) disagree; "
+                                    "give one")
+        args.gpus = cl.gpus
+        hw, cluster_notes = cl.apply(hw)
+        notes += cluster_notes
+    elif hasattr(args, "cluster") and args.gpus is None:
+        raise AutoparInputError("give --gpus N or --cluster NODESxGPUS")
     gb = args.global_batch
     if gb is None:
         gb, why = default_global_batch(model, args.seq_len)

@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("estimate", help="predict memory and step time of one layout",
                        description="Predict per-GPU memory and step time of one parallel layout "
                                    "(analytical cost model; see autopar/cost/).")
-    add_problem_args(p)
+    add_problem_args(p, cluster=True)
     add_layout_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (the library's Estimate.to_dict())")
     p.set_defaults(func=run)

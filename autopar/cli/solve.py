@@ -195,7 +195,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Find the fastest parallel layouts that fit in HBM with an OR-Tools CP-SAT model "
                                    "over the analytical cost model. Defaults: hardware h100_sxm, seq 4096, bf16, "
                                    "global batch by model size. " + APPROX_NOTE)
-    add_problem_args(p, gpus_range=True)
+    add_problem_args(p, gpus_range=True, cluster=True)
     g = p.add_argument_group("pins and ranges (comma lists)")
     searched = {"vpp": "1,2,4,8", "mbs": "1,2,4"}
     for ax in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
