@@ -67,6 +67,15 @@ def run(args: argparse.Namespace) -> int:
 
     model, hw, training, notes = load_problem(args)
     opts = options_from_args(args)
+    if args.offload_activations and args.emit in ("megatron", "bridge"):
+        # Megatron-Core offloads activations only without full recompute (docs/launchers.md): search what it can run
+        rc = [r for r in (opts.recompute or ["none", "selective", "full"]) if r.strip() != "full"]
+        if not rc:
+            raise AutoparInputError("--offload-activations with --emit megatron/bridge: Megatron-Core cannot offload "
+                                    "under full recompute, and --recompute allows only full")
+        if len(rc) < len(opts.recompute or [0, 0, 0]):
+            notes.append("full recompute left out of the search: Megatron-Core cannot offload activations under it")
+        opts.recompute = rc
     tokens = parse_tokens(args.tokens) if args.tokens else None
     args.tokens = tokens
     if args.gpu_hour_price is not None and args.gpu_hour_price <= 0:

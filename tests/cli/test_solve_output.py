@@ -68,3 +68,13 @@ def test_gpu_range_picks_by_objective(objective):
 def test_bad_budget_input(args, needle):
     r = run(*BASE, *args)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_offload_for_megatron_leaves_full_recompute_out_of_the_search():
+    r = run(*BASE, "--gpus", "8", "--offload-activations", "0.5", "--emit", "megatron", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["plans"] and all(p["estimate"]["layout"]["recompute"] != "full" for p in d["plans"])
+    assert any("full recompute left out" in n for n in d["notes"])
+    r = run(*BASE, "--gpus", "8", "--offload-activations", "0.5", "--emit", "bridge", "--recompute", "full")
+    assert r.returncode == 2 and "full recompute" in r.stderr
