@@ -167,6 +167,10 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         # around a fused scale-mask-softmax kernel, with attention dropout, and the loss plain vocab-parallel.
         kernels = {"attention_kernel": "unfused", "cross_entropy": "unfused"}
         notes.append("kernels (2021): unfused attention and cross entropy")
+    # TP communication overlap is a framework switch: on only where the source says the run used it.
+    kernels["tp_comm_overlap"] = "--tp-comm-overlap" in row.get("notes", "")
+    if not kernels["tp_comm_overlap"] and _int(row["tp"], 1) > 1:
+        notes.append("TP comm overlap n/f: off")
     training = TrainingSpec(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half, grad_dtype=half,
                             moe_routing=routing if model.is_moe else "balanced", **kernels)
     tp, pp = _int(row["tp"], 1), _int(row["pp"], 1)

@@ -34,6 +34,11 @@ class TrainingSpec(Spec):
         description="MoE token routing: 'balanced' (auxiliary-loss or forced balance: every expert gets its share) "
                     "or 'dropless' (no capacity limit: the busiest expert rank sets the pace, see "
                     "efficiency.moe_dropless_imbalance).")
+    tp_comm_overlap: bool = Field(
+        default=True,
+        description="Framework overlaps TP/SP communication with the GEMMs (Megatron --tp-comm-overlap, Transformer "
+                    "Engine userbuffers; on in NVIDIA's dense performance recipes). Off: every TP collective is "
+                    "exposed; on: efficiency.tp_overlap of it is hidden.")
     fp8_attention: bool = Field(
         default=False,
         description="Run the attention core (flash attention) in FP8 too. Off by default: FP8 recipes (Transformer "
