@@ -72,6 +72,8 @@ class EstimateOut(_Out):
 class EstimateJson(EstimateOut):
     """``autopar estimate --json``."""
     schema_version: Literal[SCHEMA_VERSION]
+    compute_by_kernel_s: dict[str, float] | None = Field(
+        default=None, description="Compute seconds per step by kernel class (dense GEMM, attention core, ...).")
 
 
 class BudgetOut(_Out):

@@ -38,7 +38,8 @@ Overlap (emitted where the hardware file's ``efficiency`` counts it, since the p
 
 - dp_overlap > 0 and DP or expert-DP > 1 -> ``--overlap-grad-reduce``, plus ``--overlap-param-gather`` with the
   distributed optimizer or Megatron-FSDP (Megatron requires both for the latter).
-- tp_overlap > 0, TP > 1 -> ``--tp-comm-overlap`` (Transformer Engine userbuffers); Megatron allows it only with
+- tp_overlap > 0, TP > 1 and ``TrainingSpec.tp_comm_overlap`` (the prediction hides TP communication only then) ->
+  ``--tp-comm-overlap`` (Transformer Engine userbuffers); Megatron allows it only with
   sequence parallel, so a layout with SP off gets a note that its TP time is predicted too low.
 - ep_overlap > 0, EP > 1 -> ``--overlap-moe-expert-parallel-comm`` (1F1B all-to-all overlap), which Megatron allows
   only with VPP > 1 when PP > 1, without full recompute or 'moe' in the recompute modules, and with at most one MTP
@@ -218,7 +219,7 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
                 args.append("--overlap-moe-expert-parallel-comm")
     if L.sp:
         args.append("--sequence-parallel")
-    if L.tp > 1 and eff.tp_overlap > 0:
+    if L.tp > 1 and eff.tp_overlap > 0 and training.tp_comm_overlap:
         if L.sp:
             args.append("--tp-comm-overlap")
         else:

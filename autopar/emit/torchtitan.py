@@ -18,8 +18,8 @@ How autopar's layout maps onto torchtitan's:
   -> shard = dp; HSDP -> shard = hsdp_shard, replicate = dp/hsdp_shard; ZeRO-0 (DDP) -> replicate = dp. torchtitan
   has no ZeRO-1/2: they map to FSDP2 with ``fsdp_reshard_after_forward = "never"`` (parameters stay gathered from
   forward to backward, the ZeRO-2-like trade-off) and a note says so.
-- TP: ``tensor_parallel_degree`` and ``enable_sequence_parallel``; where the hardware file counts TP overlap
-  (``efficiency.tp_overlap`` > 0) async TP is switched on (``compile.enable_async_tensor_parallel``, which torchtitan
+- TP: ``tensor_parallel_degree`` and ``enable_sequence_parallel``; where the prediction counts TP overlap
+  (``efficiency.tp_overlap`` > 0 and ``TrainingSpec.tp_comm_overlap``) async TP is switched on (``compile.enable_async_tensor_parallel``, which torchtitan
   allows only with ``compile.enable`` and "model" in ``compile.components``).
 - PP: ``pipeline_parallel_schedule`` "1F1B", or "Interleaved1F1B" when vpp > 1; the stage split is written out as
   ``module_fqns_per_model_part`` (one list per virtual stage, model order: tok_embeddings, layers.i, norm, output).
@@ -166,7 +166,7 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
     module, func = TORCHTITAN_MODELS[model.name]
     ac, ac_note = _ac(L)
     notes += [n for n in (ac_note,) if n] + _common_notes(L, training)
-    async_tp = L.tp > 1 and eff.tp_overlap > 0
+    async_tp = L.tp > 1 and eff.tp_overlap > 0 and training.tp_comm_overlap
     if async_tp:
         notes.append(f"async TP on (the prediction hides {eff.tp_overlap:.0%} of the TP communication); it needs "
                      "torch.compile of the model")

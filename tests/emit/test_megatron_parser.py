@@ -179,3 +179,11 @@ def test_emitted_text_is_a_bash_array_naming_the_target(dsv3_layout):
     lines = out.stdout.splitlines()
     assert lines[:-1] == launch.args
     assert lines[-1] == "CDMC=" + launch.env.get("CUDA_DEVICE_MAX_CONNECTIONS", "")
+
+
+def test_tp_overlap_follows_the_training_switch():
+    """TrainingSpec.tp_comm_overlap off: the prediction exposes all TP communication, so nothing asks for overlap."""
+    layout = _resolved(LLAMA3_70B, 64, tp=8, pp=4, vpp=2)
+    off = TRAIN.model_copy(update={"tp_comm_overlap": False})
+    assert not parse(megatron_args(layout, LLAMA3_70B, off, H100_CAL)).tp_comm_overlap
+    assert parse(megatron_args(layout, LLAMA3_70B, TRAIN, H100_CAL)).tp_comm_overlap
