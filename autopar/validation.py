@@ -32,11 +32,14 @@ from autopar.errors import AutoparInputError
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import RECOMPUTE_MODULES, Layout, balanced_stage_layers, resolve_layout
 from autopar.specs.bounds import bound_note, limit
-from autopar.specs.loaders import build_spec, load_hardware, load_model, read_text_file
+from autopar.specs.loaders import build_spec, load_hardware, load_model, read_text_file, zoo_dir
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
-DEFAULT_CSV = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"
+try:
+    DEFAULT_CSV = zoo_dir("data") / "published_runs.csv"   # autopar/_zoo/data in a wheel, data/ in a checkout
+except AutoparInputError:                                  # reported when validate runs without --csv
+    DEFAULT_CSV = Path("published_runs.csv")
 
 
 @dataclass

@@ -15,6 +15,10 @@ from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
 
+# Version of the --json output layout; bumped when a key changes meaning or goes away (docs/launchers.md).
+SCHEMA_VERSION = 1
+
+
 def _whole(text: str) -> int:
     try:
         return int(text)
@@ -73,11 +77,22 @@ def fraction(text: str) -> float:
     return v
 
 
-def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True) -> None:
+def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpus_range: bool = False,
+                     cluster: bool = False) -> None:
     g = p.add_argument_group("problem")
     g.add_argument("--model", required=True, help="zoo name (see `autopar zoo`), a model YAML, or a HF config.json")
     g.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"zoo name or YAML (default: {DEFAULT_HARDWARE})")
-    g.add_argument("--gpus", type=count("gpus"), required=gpus_required, help="number of GPUs")
+    if cluster:   # --gpus or --cluster: load_problem checks that one is given
+        gpus_required = False
+        g.add_argument("--cluster", default=None, metavar="NODESxGPUS[:FABRIC]",
+                       help="the cluster instead of --gpus: e.g. 32x8 or 32x8:rail (rail-optimised), 32x8:2:1 "
+                            "(2:1 oversubscribed scale-out; approximation: every inter-node collective at 1/2 of the "
+                            "NIC bandwidth)")
+    if gpus_range:
+        g.add_argument("--gpus", required=gpus_required, metavar="N|A-B",
+                       help="number of GPUs, or a range A-B searched at A, 2A, 4A, ... and B (see --objective)")
+    else:
+        g.add_argument("--gpus", type=count("gpus"), required=gpus_required, help="number of GPUs")
     g.add_argument("--seq-len", type=count("seq_len"), default=DEFAULT_SEQ_LEN,
                    help=f"sequence length (default: {DEFAULT_SEQ_LEN})")
     g.add_argument("--global-batch", type=count("global_batch"), default=None,
@@ -94,6 +109,17 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
     model = load_model(args.model)
     hw = load_hardware(args.hardware)
     notes = []
+    if getattr(args, "cluster", None):
+        from autopar.specs.cluster import parse_cluster
+        cl = parse_cluster(args.cluster)
+        if args.gpus is not None and str(args.gpus) != str(cl.gpus):
+            raise AutoparInputError(f"--gpus {args.gpus} and --cluster {args.cluster} ({cl.gpus} GPUs) disagree; "
+                                    "give one")
+        args.gpus = cl.gpus
+        hw, cluster_notes = cl.apply(hw)
+        notes += cluster_notes
+    elif hasattr(args, "cluster") and args.gpus is None:
+        raise AutoparInputError("give --gpus N or --cluster NODESxGPUS")
     gb = args.global_batch
     if gb is None:
         gb, why = default_global_batch(model, args.seq_len)
@@ -178,3 +204,16 @@ def search_options(args: argparse.Namespace, **extra):
     return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp,
                          allow_cross_domain=args.allow_cross_domain, time_limit_s=args.time_limit,
                          sequence_parallel=False if args.no_sp else None, **extra)
+
+
+EMIT_CHOICES = ("megatron", "bridge", "torchtitan", "env")
+TORCHTITAN_VERSIONS = ("0.3.0", "0.2.2")   # autopar.emit.torchtitan.TORCHTITAN_VERSIONS (not imported: start-up time)
+
+
+def add_emit_args(g, what: str) -> None:
+    """--emit and --torchtitan-version (docs/launchers.md describes each target and its version)."""
+    g.add_argument("--emit", choices=EMIT_CHOICES, default=None,
+                   help=f"print launcher settings for {what}: megatron (Megatron-Core 0.20 pretrain_gpt.py args), "
+                        "bridge (Megatron-Bridge 0.7 recipe overrides), torchtitan (0.3.0 Trainer.Config), env")
+    g.add_argument("--torchtitan-version", choices=TORCHTITAN_VERSIONS, default=TORCHTITAN_VERSIONS[0],
+                   help="torchtitan release to emit for (default: %(default)s; 0.2.2 = the old TOML job file)")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from autopar.cli.common import add_problem_args, count, dump_json, fraction, load_problem, parse_int_list
+from autopar.cli.common import (SCHEMA_VERSION, add_problem_args, count, dump_json, fraction, load_problem,
+                                parse_int_list)
 from autopar.cli.render import console, print_estimate
 from autopar.cost import Estimator
 from autopar.specs.layout import Layout
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     est = estimator.estimate(layout)
     by_kernel = estimator.compute_by_kernel(est.layout, resolved=True)
     if args.json:
-        d = est.to_dict()
+        d = {"schema_version": SCHEMA_VERSION, **est.to_dict()}
         d["notes"] = notes + d["notes"]
         d["compute_by_kernel_s"] = by_kernel
         print(dump_json(d))
@@ -72,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("estimate", help="predict memory and step time of one layout",
                        description="Predict per-GPU memory and step time of one parallel layout "
                                    "(analytical cost model; see autopar/cost/).")
-    add_problem_args(p)
+    add_problem_args(p, cluster=True)
     add_layout_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (the library's Estimate.to_dict())")
     p.set_defaults(func=run)

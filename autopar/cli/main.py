@@ -15,7 +15,7 @@ import sys
 from autopar.errors import AutoparInputError
 
 # Subcommand modules, in the order `autopar --help` lists them.
-SUBCOMMANDS = ("solve", "estimate", "validate", "profile", "tune", "zoo")
+SUBCOMMANDS = ("solve", "estimate", "validate", "profile", "tune", "zoo", "schema")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,7 +28,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or (``only``) the one with just that subcommand: a command imports only its own module,
     which keeps `autopar solve` and `autopar estimate` start-up short."""
+    from autopar import __version__
     parser = _Parser(prog="autopar", description="Pick the parallel layout for training a transformer on GPUs.")
+    parser.add_argument("--version", action="version", version=f"autopar {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in SUBCOMMANDS:
         if only is not None and name != only:

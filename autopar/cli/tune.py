@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from autopar.cli.common import SCALE_BOUNDS, add_search_args, count, dump_json, search_options, seconds
+from autopar.cli.common import SCALE_BOUNDS, add_emit_args, add_search_args, count, dump_json, search_options, seconds
 from autopar.defaults import DEFAULT_HARDWARE
 from autopar.errors import AutoparInputError
 
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         if path is not None and not Path(path).parent.is_dir():
             raise AutoparInputError(f"folder {Path(path).parent} does not exist (for {path})")
     if args.emit_out and not args.emit:
-        raise AutoparInputError("--emit-out needs --emit megatron|torchtitan|env")
+        raise AutoparInputError("--emit-out needs --emit megatron|bridge|torchtitan|env")
     say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     emitted = None
     if args.emit and result.best is not None:
         from autopar.emit import emit
-        emitted = emit(args.emit, result.best.layout, result.model, result.training, result.gpus)
+        emitted = emit(args.emit, result.best.layout, result.model, result.training, result.gpus, result.hardware,
+                       torchtitan_version=args.torchtitan_version)
         if args.emit_out:
             Path(args.emit_out).write_text(emitted)
     if args.out and result.best is not None:
@@ -158,8 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto = NCCL when this node has GPUs, else gloo on the CPU")
     o = p.add_argument_group("output")
-    o.add_argument("--emit", choices=("megatron", "torchtitan", "env"), default=None,
-                   help="print launcher settings for the winning plan")
+    add_emit_args(o, "the winning plan")
     o.add_argument("--emit-out", default=None, help="also write the --emit text to this file")
     o.add_argument("--out", default=None, help="write the winning plan as JSON (Plan.to_dict + measurement)")
     o.add_argument("--json", action="store_true", help="print the whole result as JSON")

@@ -43,13 +43,22 @@ def run_fit(args: argparse.Namespace) -> int:
         out.print("held-out source (fit on the others) mean absolute error: "
                   + ", ".join(f"{k} {v:.1%}" for k, v in cv.items()) + f"; mean over sources {mean:.1%}")
     if args.write:
-        d = zoo_dir("hardware")
+        import shutil
+        from autopar.specs.loaders import installed_zoo_dir
+        d = Path(args.out)
+        if installed_zoo_dir("hardware") and d.resolve() == installed_zoo_dir("hardware").resolve():
+            raise AutoparInputError(f"--out {d} is autopar's installed hardware folder; write elsewhere and pass the "
+                                    "files with --hardware PATH")
+        d.mkdir(parents=True, exist_ok=True)
         note = (f"fitted {date.today()} on {Path(args.csv).name} ({len(cases)} rows): mean absolute error "
                 f"{res.loss_before:.2%} -> {res.loss_after:.2%}")
         for name in sorted(zoo_names("hardware")):
             hw = load_hardware(name)
-            write_efficiency(d / f"{name}.yaml", res.efficiency_for(hw), note)
-            out.print(f"wrote the calibrated constants of {name} to {d / (name + '.yaml')}")
+            target = d / f"{name}.yaml"
+            if target.resolve() != (zoo_dir("hardware") / f"{name}.yaml").resolve():
+                shutil.copyfile(zoo_dir("hardware") / f"{name}.yaml", target)
+            write_efficiency(target, res.efficiency_for(hw), note)
+            out.print(f"wrote the calibrated constants of {name} to {target}")
     return 0
 
 
@@ -60,6 +69,8 @@ def _csv_path(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.write and not (args.fit and args.out):
+        raise AutoparInputError("--write needs --fit and --out DIR (the folder to write the hardware YAML files to)")
     if args.fit:
         return run_fit(args)
     rep = validate(_csv_path(args))
@@ -105,5 +116,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fit", action="store_true",
                    help="fit the physical efficiency constants to the runs (see autopar/calibration.py)")
     p.add_argument("--cv", action="store_true", help="with --fit: cross-validate by holding out each source")
-    p.add_argument("--write", action="store_true", help="with --fit: write the constants into hardware/*.yaml")
+    p.add_argument("--write", action="store_true",
+                   help="with --fit: write hardware YAML files with the fitted constants into --out")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="folder for --write (required; never autopar's installed files; in a source checkout "
+                        "--out hardware updates the repository's files)")
     p.set_defaults(func=run)

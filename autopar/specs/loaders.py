@@ -7,6 +7,7 @@ Zoo files live in the repository's ``models/`` and ``hardware/`` folders; a whee
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,14 +20,22 @@ from autopar.specs.hardware import HardwareSpec
 from autopar.specs.model import ModelSpec
 
 _PKG = Path(__file__).resolve().parents[1]
-_ZOO_DIRS = {kind: [_PKG / "_zoo" / kind, _PKG.parent / kind] for kind in ("models", "hardware")}
+# Installed from a wheel, the zoo and the validation data live in autopar/_zoo/ (pyproject.toml force-include); in a
+# source checkout, in models/, hardware/ and data/ beside the package.
+_ZOO_DIRS = {kind: [_PKG / "_zoo" / kind, _PKG.parent / kind] for kind in ("models", "hardware", "data")}
 
 T = TypeVar("T", bound=BaseModel)
 MAX_INPUT_BYTES = 16 * 2 ** 20   # input files (specs, runs CSV, layout lists) are kB; this refuses a wrong file
 
 
+def installed_zoo_dir(kind: str) -> Path | None:
+    """The zoo folder of ``kind`` inside an installed package (autopar/_zoo/<kind>), or None in a source checkout."""
+    d = _ZOO_DIRS[kind][0]
+    return d if d.is_dir() else None
+
+
 def zoo_dir(kind: str) -> Path:
-    """The folder holding the zoo files of ``kind`` ('models' or 'hardware')."""
+    """The folder holding the zoo files of ``kind`` ('models', 'hardware' or 'data': the validation runs)."""
     for d in _ZOO_DIRS[kind]:
         if d.is_dir():
             return d
@@ -157,19 +166,49 @@ def _resolve(ref: str | Path, kind: str) -> Path:
     raise AutoparInputError(f"unknown {label} '{_show(ref)}': not a file and not in the zoo ({', '.join(names)})")
 
 
+_HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def hf_config_path(repo_id: str) -> Path:
+    """config.json of a Hugging Face model id (``Qwen/Qwen2.5-7B``): from the local Hugging Face cache
+    (``HF_HUB_CACHE`` / ``HF_HOME``), else downloaded from the Hub unless ``HF_HUB_OFFLINE`` is set. Needs
+    huggingface_hub (``pip install autopar[hf]``). Raises AutoparInputError naming the id."""
+    try:
+        from huggingface_hub import constants, hf_hub_download
+    except ImportError:
+        raise AutoparInputError(f"model '{repo_id}' looks like a Hugging Face id; reading it needs huggingface_hub "
+                                "(pip install 'autopar[hf]'), or pass the path of its config.json") from None
+    try:
+        return Path(hf_hub_download(repo_id, "config.json", local_files_only=True))
+    except Exception:   # not cached (huggingface_hub raises several error types for that)
+        pass
+    if constants.HF_HUB_OFFLINE:
+        raise AutoparInputError(f"model '{repo_id}': config.json is not in the Hugging Face cache "
+                                f"({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set")
+    try:
+        return Path(hf_hub_download(repo_id, "config.json"))
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise AutoparInputError(f"model '{repo_id}': could not get config.json from the Hugging Face Hub: "
+                                f"{first}") from None
+
+
 def load_model(ref: str | Path | ModelSpec, *, warn: Any = None) -> ModelSpec:
-    """A ModelSpec from a zoo name, a YAML file or a Hugging Face config.json (or a folder holding one).
+    """A ModelSpec from a zoo name, a YAML file, a Hugging Face config.json (or a folder holding one) or a Hugging
+    Face model id (``Qwen/Qwen2.5-7B``, see :func:`hf_config_path`).
 
     For a Hugging Face config, keys that could not be mapped are reported through ``warn`` (a callable
     taking a string; default: printed to stderr)."""
     if isinstance(ref, ModelSpec):
         return ref
-    path = _resolve(ref, "models")
+    hf_id = (isinstance(ref, str) and _HF_ID.fullmatch(ref) and not Path(ref).exists()
+             and not (zoo_dir("models") / f"{ref}.yaml").exists())
+    path = hf_config_path(ref) if hf_id else _resolve(ref, "models")
     data = read_structured_file(path)
     if isinstance(data, dict) and ("model_type" in data or "architectures" in data):
         from autopar.specs.hf_config import model_from_hf_config
-        spec, unmapped = model_from_hf_config(data, name=path.parent.name if path.name == "config.json"
-                                              else path.stem, where=str(path))
+        name = (ref.split("/")[-1] if hf_id else path.parent.name if path.name == "config.json" else path.stem)
+        spec, unmapped = model_from_hf_config(data, name=name, where=str(ref if hf_id else path))
         if unmapped:
             import sys
             (warn or (lambda m: print(m, file=sys.stderr)))(
