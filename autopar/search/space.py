@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from autopar.errors import AutoparInputError
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import RECOMPUTE_POLICIES, Layout, balanced_stage_layers, normalize_recompute
@@ -81,6 +83,18 @@ class Space:
             grad_accum=max(1, self.training.global_batch // (dp * mbs)), recompute=rc,
             stage_layers=self.splits[pp] or (self.model.num_layers // pp,) * pp,
             offload_activations=self.options.offload_activations))
+
+
+    def layout_grid(self, mesh_i: int, rc: str, *, micro_batch=1, vpp=1, zero=0) -> Layout:
+        """The mesh's layout with knobs as broadcastable numpy arrays (``micro_batch``, ``vpp``, ``zero``; the
+        gradient accumulation follows the micro-batch): what the cost model's term functions take to fill one
+        mesh's tables in one call. Not a valid pydantic Layout (arrays in int fields); for the term functions
+        that say they accept arrays."""
+        values = dict(self.layout(mesh_i, 1, rc, 1, 0).__dict__)
+        dp = values["dp"]
+        values.update(micro_batch=micro_batch, vpp=vpp, zero_stage=zero, fsdp=np.asarray(zero) == 3,
+                      grad_accum=np.maximum(1, self.training.global_batch // (dp * np.asarray(micro_batch))))
+        return _fast_layout(values)
 
 
 def _fast_layout(values: dict) -> Layout:
