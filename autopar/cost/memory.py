@@ -49,11 +49,12 @@ _FP8 = ("fp8", "fp8_block", "mxfp8", "nvfp4")
 
 
 def stage_params(prof: ModelProfile, st: Stage, L: Layout) -> tuple[float, float]:
-    """(dense, expert) parameters this GPU holds before ZeRO sharding."""
+    """(dense, expert) parameters this GPU holds before ZeRO sharding. The degrees (``L.tp``, ``L.ep``, ``L.etp``)
+    may be numpy arrays over meshes (elementwise result)."""
     tp = L.tp
     dense = st.sum(prof, "dense_params") / tp
-    if tp > prof.kv_heads:  # KV heads fewer than TP: each rank keeps one whole KV head (replicated)
-        dense += st.sum(prof, "kv_params") * (1.0 / prof.kv_heads - 1.0 / tp)
+    # KV heads fewer than TP: each rank keeps one whole KV head (replicated)
+    dense = dense + where(tp > prof.kv_heads, st.sum(prof, "kv_params") * (1.0 / prof.kv_heads - 1.0 / tp), 0.0)
     if st.is_first:
         dense += prof.embedding_params / tp
     if st.is_last:
@@ -70,7 +71,7 @@ def stage_params(prof: ModelProfile, st: Stage, L: Layout) -> tuple[float, float
 
 
 def shard_groups(L: Layout) -> tuple[int, int]:
-    """(dense, expert) ZeRO sharding group sizes."""
+    """(dense, expert) ZeRO sharding group sizes (elementwise when the degrees are numpy arrays)."""
     dense = L.dp * L.cp
     expert = L.edp
     if L.hsdp_shard:
@@ -147,7 +148,7 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
 
 def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes on one GPU of the stage, after ZeRO sharding.
-    ``L.zero_stage`` may be a numpy array (elementwise result)."""
+    ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result)."""
     dense, expert = stage_params(prof, st, L)
     sd, se = shard_groups(L)
     z = L.zero_stage
@@ -161,8 +162,8 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
                      elems: tuple[float, float] | None = None) -> float:
     """Stored activations of the in-flight micro-batches (+ logits and MTP on the last stage).
     ``elems`` = activation_elems_per_token(prof, st, L, linear_input_scale(tr)) when the caller has it.
-    ``L.micro_batch``, ``L.grad_accum``, ``L.vpp`` and the two ``elems`` (e.g. over recompute policies) may be
-    broadcastable numpy arrays (elementwise result)."""
+    ``L.micro_batch``, ``L.grad_accum``, ``L.vpp``, the degrees and the two ``elems`` (e.g. over recompute
+    policies) may be broadcastable numpy arrays (elementwise result)."""
     mb_tokens = L.micro_batch * tr.seq_len
     e = tr.activation_bytes
     kept, working = elems if elems is not None else activation_elems_per_token(prof, st, L,
@@ -196,8 +197,8 @@ def offloaded_activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: Tra
 
 
 def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
-    """Communication, FSDP-gather and FP8 weight-copy buffers. ``L.micro_batch`` and ``L.zero_stage`` may be
-    broadcastable numpy arrays (elementwise result)."""
+    """Communication, FSDP-gather and FP8 weight-copy buffers. ``L.micro_batch``, ``L.zero_stage`` and the
+    degrees may be broadcastable numpy arrays (elementwise result)."""
     mb_tokens = L.micro_batch * tr.seq_len
     e, h = tr.activation_bytes, prof.hidden
     buf = mb_tokens / L.cp * h * e                      # gathered SP/TP input of one linear

@@ -121,9 +121,8 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
     With ``bound`` (branch and bound over meshes, exact): meshes are visited in order of a step-time lower bound;
     a mesh's memory tables are filled whole (vectorised), its time tables only for the (micro-batch, recompute)
     pairs that fit in HBM at some vpp and ZeRO stage, and only when their lower bound is not slower than the
-    top_k-th fully valid layout found so far. Nothing left out could survive the incumbent cutoff below, and every
-    mesh whose memory was not tabulated has no layout that fits and beats the incumbent. When nothing fits, no
-    mesh is timed at all (the explanation needs memory only). ``deadline`` (``time.perf_counter()`` seconds) stops
+    top_k-th fully valid layout found so far. Nothing left out could survive the incumbent cutoff below. When
+    nothing fits, no mesh is timed at all (the explanation needs memory only). ``deadline`` (``time.perf_counter()`` seconds) stops
     the visit early with the lower bound of what was left (``stopped_bound_s``)."""
     t0 = time.perf_counter()
     J, R, K, Z = len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
@@ -140,24 +139,18 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
         for pos in range(nm):
             t.fill(pos)
     else:
-        # 1. Memory of every mesh (a mesh whose model states alone exceed HBM is not tabulated further); the
-        #    (micro-batch, recompute) pairs with some layout that fits.
+        # 1. Memory of every mesh, vectorised over the meshes of one pipeline depth; the (micro-batch,
+        #    recompute) pairs with some layout that fits; whether any fully valid layout fits at all.
         cap_bytes = cap / SCALE_M * GIB * (1 + 1e-9)
-        fit_jr: dict[int, np.ndarray] = {}
-        any_fit = False
-        for pos in range(nm):
-            t.fill_memory(pos, cap_bytes)
-            if t.mem_done[pos]:
-                jr = t.smallest_memory(pos) <= cap_bytes
-                if jr.any():
-                    fit_jr[pos] = jr
-                    if not mesh_bad[pos] and not any_fit:
-                        _, mem_mib, b_bad, i_bad = t.compose(np.array([pos]), with_time=False)
-                        any_fit = bool((~b_bad & ~i_bad & (mem_mib <= cap)).any())
-        if not any_fit:   # nothing fits: no timing at all; the explanation needs every mesh's memory
-            for pos in range(nm):
-                t.fill_memory(pos)
-        else:
+        for group in t.by_depth():
+            t.fill_memory(group)
+        every = np.arange(nm)
+        fit = t.smallest_memory(every) <= cap_bytes   # (nm, J, R)
+        fit_jr = {pos: fit[pos] for pos in range(nm) if fit[pos].any()}
+        _, mem_mib, b_bad, i_bad = t.compose(every, with_time=False)
+        valid = np.array([not b for b in mesh_bad], bool)
+        any_fit = bool(((~b_bad & ~i_bad & (mem_mib <= cap)).any(axis=1) & valid).any())
+        if any_fit:   # (when nothing fits, nothing is timed: the explanation needs memory only)
             # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound. Bound:
             #    recomputation never makes a micro-batch faster, bubble >= (pp-1)·t_mb/max(vpp), p2p and the
             #    DP/optimizer tail >= 0. tests/search/test_solver.py checks that bounded and unbounded builds agree.
@@ -181,7 +174,8 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
                 step_us, mem_mib, b_bad, i_bad = t.compose(np.array([pos]))
                 ok = ~b_bad & ~i_bad & (mem_mib <= cap)
                 best = sorted(best + step_us[ok].tolist())[:top_k]
-    rows = np.nonzero(t.mem_done)[0]
+    # candidates: the meshes timed; when nothing fits (or without bound), every mesh
+    rows = np.nonzero(t.done)[0] if t.done.any() else np.nonzero(t.mem_done)[0]
     step_us, mem_mib, b_bad, i_bad = t.compose(rows)
     keep = _prune(step_us, mem_mib, b_bad, i_bad, top_k, cap)
     # Cutoff (an incumbent bound, as a branch-and-bound solver would use): when at least top_k candidates break
@@ -202,21 +196,18 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
 
 def layout_fits(space: Space, est: Estimator, deadline: float | None = None) -> bool | None:
     """Whether some valid layout of the space fits in HBM, from the memory tables alone (no timing, no solve):
-    meshes are visited most-sharded first and the first fit answers. None when ``deadline`` passed first."""
+    meshes are visited by pipeline depth, deepest first, and the first fit answers. None when ``deadline`` passed
+    first."""
     meshes, _, _ = _mesh_validity(space)
     if not meshes:
         return False
     t = _Tables(space, est, meshes)
     cap = _cap_mib(space)
-    cap_bytes = cap / SCALE_M * GIB * (1 + 1e-9)
-    order = np.argsort([-np.prod(space.meshes[mi]) for mi in meshes], kind="stable")
-    for pos in order:
+    for group in t.by_depth():
         if deadline is not None and time.perf_counter() > deadline:
             return None
-        t.fill_memory(pos, cap_bytes)
-        if not t.mem_done[pos]:
-            continue
-        _, mem_mib, b_bad, i_bad = t.compose(np.array([pos]), with_time=False)
+        t.fill_memory(group)
+        _, mem_mib, b_bad, i_bad = t.compose(group, with_time=False)
         if (~b_bad & ~i_bad & (mem_mib <= cap)).any():
             return True
     return False
@@ -245,7 +236,6 @@ class _Tables:
         self.inter_ok = np.zeros((nm, J, K), bool)
         self.done = np.zeros(nm, bool)      # time tables filled
         self.mem_done = np.zeros(nm, bool)
-        self.mem_rejected = np.zeros(nm, bool)   # model states alone exceed HBM: nothing else tabulated
         self._elems_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.lb_by_mbs: dict[int, list[float]] = {}   # pos -> step-time lower bound per micro-batch
         self._times: dict[tuple[int, int, int], tuple[float, dict[int, float]]] = {}   # (pos, j, r) -> t_mb, t_fwd
@@ -285,36 +275,39 @@ class _Tables:
 
     def fill(self, pos: int) -> None:
         """Every table of one mesh."""
-        self.fill_memory(pos)
+        self.fill_memory([pos])
         self.fill_time(pos)
 
-    def fill_memory(self, pos: int, cap_bytes: float | None = None) -> None:
-        """Memory tables and batch/interleaving validity of one mesh: one call of each memory term function per
-        stage, over every micro-batch, recompute policy, vpp and ZeRO stage at once. With ``cap_bytes``, a mesh
-        whose model states alone (at the best ZeRO stage) exceed it is only marked ``mem_rejected``: every other
-        term is non-negative, so none of its layouts fits."""
-        if self.mem_done[pos] or (cap_bytes is not None and self.mem_rejected[pos]):
+    def fill_memory(self, positions) -> None:
+        """Memory tables and batch/interleaving validity of meshes that share one pipeline depth (the same stages):
+        one call of each memory term function per stage, with the meshes' degrees and every micro-batch,
+        recompute policy, vpp and ZeRO stage as numpy axes."""
+        pos = np.array([p for p in np.atleast_1d(positions) if not self.mem_done[p]], np.int64)
+        if not len(pos):
             return
         sp, prof, tr = self.space, self.est.profile, self.space.training
-        mi, pp, M = self.meshes[pos], self.pp[pos], self.M[pos]
-        slot_stage = self._slot_stage(pos)
-        by_zero = sp.layout_grid(mi, "none", zero=self.zero)                                  # (Z,)
-        for s, st in enumerate(slot_stage):
+        mis = [self.meshes[p] for p in pos]
+        G, R, J, K = len(pos), len(sp.recompute), len(sp.mbs), len(sp.vpp)
+        pp, M = self.pp[pos[0]], self.M[pos]
+        assert (self.pp[pos] == pp).all(), "one pipeline depth per call"
+        by_zero = sp.layout_grid(mis, (G, 1), "none", zero=self.zero[None, :])                          # (G, Z)
+        by_zero_mbs = sp.layout_grid(mis, (G, 1, 1), "none", micro_batch=self.mbs[None, None, :],
+                                     zero=self.zero[None, :, None])                                       # (G, Z, J)
+        by_mbs_vpp = sp.layout_grid(mis, (G, 1, 1, 1), "none", micro_batch=self.mbs[None, None, :, None],
+                                    vpp=self.vpp[None, None, None, :])                                    # (G, R, J, K)
+        for s, st in enumerate(self._slot_stage(pos[0])):
+            kept, working = (np.stack(x) for x in zip(*(self._elems(p, st) for p in pos)))                  # (G, R, 1, 1)
             self.states[s, pos] = sum(model_state_bytes(prof, st, by_zero, tr))
-        if cap_bytes is not None and self.states[:, pos].max(axis=0).min() > cap_bytes:
-            self.mem_rejected[pos] = True
-            return
-        self.batch_ok[pos] = tr.global_batch % (self.dp[pos] * self.mbs) == 0
-        self.inter_ok[pos] = (self.vpp[None, :] == 1) | ((pp > 1) & (M[:, None] % pp == 0))
-        by_zero_mbs = sp.layout_grid(mi, "none", micro_batch=self.mbs[None, :], zero=self.zero[:, None])  # (Z, J)
-        by_mbs_vpp = sp.layout_grid(mi, "none", micro_batch=self.mbs[:, None], vpp=self.vpp[None, :])   # (J, K)
-        for s, st in enumerate(slot_stage):
             self.buf[s, pos] = buffer_bytes(prof, st, by_zero_mbs, tr)
-            kept, working = self._elems(pos, st)                                                # (R, 1, 1)
-            self.act[s, pos] = np.moveaxis(np.broadcast_to(
-                activation_bytes(prof, st, by_mbs_vpp, tr, (kept, working)), (len(sp.recompute),) + M.shape
-                + (len(sp.vpp),)), 0, 1)
+            act = np.broadcast_to(activation_bytes(prof, st, by_mbs_vpp, tr, (kept, working)), (G, R, J, K))
+            self.act[s, pos] = np.swapaxes(act, 1, 2)
+        self.batch_ok[pos] = tr.global_batch % (self.dp[pos][:, None] * self.mbs[None, :]) == 0
+        self.inter_ok[pos] = (self.vpp[None, None, :] == 1) | ((pp > 1) & (M[:, :, None] % pp == 0))
         self.mem_done[pos] = True
+
+    def by_depth(self) -> list[np.ndarray]:
+        """Mesh positions grouped by pipeline depth (deepest first: the most sharded, usually the smallest)."""
+        return [np.nonzero(self.pp == p)[0] for p in sorted(set(self.pp.tolist()), reverse=True)]
 
     def _elems(self, pos: int, st) -> tuple[np.ndarray, np.ndarray]:
         """Stored and working activation elements per token of stage ``st`` per recompute policy, (R, 1, 1) each;
@@ -330,11 +323,11 @@ class _Tables:
             hit = self._elems_cache[key] = tuple(np.array(x, float)[:, None, None] for x in zip(*per_r))
         return hit
 
-    def smallest_memory(self, pos: int) -> np.ndarray:
-        """(J, R) bytes of the fullest stage at the best vpp and ZeRO stage, per micro-batch and recompute."""
-        mem = (self.states[:, pos][:, None, None, None, :] + self.act[:, pos][:, :, :, :, None]
-               + np.transpose(self.buf[:, pos], (0, 2, 1))[:, :, None, None, :]).max(axis=0)
-        return mem.min(axis=(2, 3))
+    def smallest_memory(self, rows: np.ndarray) -> np.ndarray:
+        """(n, J, R) bytes of the fullest stage at the best vpp and ZeRO stage, per mesh, micro-batch and recompute."""
+        mem = (self.states[:, rows][:, :, None, None, None, :] + self.act[:, rows][..., None]
+               + np.transpose(self.buf[:, rows], (0, 1, 3, 2))[:, :, :, None, None, :]).max(axis=0)
+        return mem.min(axis=(3, 4))
 
     def lower_bound_of(self, pos: int, jr: np.ndarray) -> float:
         """Step-time lower bound over the (micro-batch, recompute) pairs marked in ``jr`` (J, R)."""
@@ -351,9 +344,9 @@ class _Tables:
         for j, r in zip(*np.nonzero(jr)):
             self.t_mb[pos, j, r], fwd = self._stage_max(pos, int(j), int(r))
             t_fwd[:, j] = [fwd[st.index] for st in stages]
-        self.p2p[pos] = p2p_time(sp.layout_grid(mi, "none", micro_batch=self.mbs[:, None], vpp=self.vpp[None, :]),
-                                 tr, prof.hidden, hw, est.net)
-        by_zero_mbs = sp.layout_grid(mi, "none", micro_batch=self.mbs[None, :], zero=self.zero[:, None])  # (Z, J)
+        self.p2p[pos] = p2p_time(sp.layout_grid([mi], None, "none", micro_batch=self.mbs[:, None],
+                                                vpp=self.vpp[None, :]), tr, prof.hidden, hw, est.net)
+        by_zero_mbs = sp.layout_grid([mi], None, "none", micro_batch=self.mbs[None, :], zero=self.zero[:, None])
         tail = np.zeros((len(sp.zero), J))
         for i, st in enumerate(stages):
             dp_t, opt_t = est.stage_tail(by_zero_mbs, st, t_fwd[i][None, :])
