@@ -102,8 +102,9 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
 
     Tokens here are the b·s tokens of a micro-batch of one data-parallel rank; divided by tp·cp (or cp for
     norm tensors without SP). ``lin`` scales the tensors that are GEMM inputs (norm outputs, attention
-    output, the MLP activation output, routed tokens entering the experts): see :func:`linear_input_scale`."""
-    sp_div = L.tp * L.cp if L.sp else L.cp
+    output, the MLP activation output, routed tokens entering the experts): see :func:`linear_input_scale`.
+    The degrees may be numpy arrays over meshes (elementwise result)."""
+    sp_div = L.cp * where(L.sp, L.tp, 1)
     tp_div = L.tp * L.cp
     n = st.n_layers
     norm_in = st.sum(prof, "act_norm_in")
@@ -143,7 +144,7 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
             moe -= (1 - lin) * (st.sum(prof, "act_moe_io") / 2 + act)
     kept = (norm_in + norm_out) / sp_div + (qkv + attn_out + mlp + shared + moe) / tp_div
     # Selective recompute re-materialises, during one layer's backward, only what that layer dropped.
-    return kept, (max(full_layers - kept, 0.0) / max(n, 1) if mods else 0.0)
+    return kept, (where(full_layers > kept, full_layers - kept, 0.0) / max(n, 1) if mods else 0.0)
 
 
 def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> tuple[float, float, float]:

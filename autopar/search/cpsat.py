@@ -412,9 +412,10 @@ class CpResult:
 
 
 class LayoutModel:
-    """The CP-SAT model over one set of candidates, written as a CpModelProto."""
+    """The CP-SAT model over one set of candidates, written as a CpModelProto. ``enforce``: the groups whose
+    assumption literals are assumed (default all; fewer: what-if checks of an explanation)."""
 
-    def __init__(self, cands: Candidates):
+    def __init__(self, cands: Candidates, enforce: tuple[str, ...] = ALL_GROUPS):
         self.cands = c = cands
         self.proto = m = _cp.CpModelProto()
         n = len(c.step_us)
@@ -433,7 +434,7 @@ class LayoutModel:
                     self._linear(bad, [1] * len(bad), 0, 0, lit)
         m.objective.vars.extend(range(n))
         m.objective.coeffs.extend(c.step_us.tolist())
-        m.assumptions.extend(self.lits.values())
+        m.assumptions.extend(self.lits[g] for g in enforce)
 
     def _linear(self, idx, coeffs, lo: int, hi: int, enforce: int | None = None) -> None:
         ct = self.proto.constraints.add()
