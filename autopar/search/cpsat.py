@@ -122,8 +122,9 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
     a mesh's memory tables are filled whole (vectorised), its time tables only for the (micro-batch, recompute)
     pairs that fit in HBM at some vpp and ZeRO stage, and only when their lower bound is not slower than the
     top_k-th fully valid layout found so far. Nothing left out could survive the incumbent cutoff below. When
-    nothing fits, no mesh is timed at all (the explanation needs memory only). ``deadline`` (``time.perf_counter()`` seconds) stops
-    the visit early with the lower bound of what was left (``stopped_bound_s``)."""
+    nothing fits, no mesh is timed at all (the explanation needs memory only). ``deadline``
+    (``time.perf_counter()`` seconds) stops the visit early with the lower bound of what was left
+    (``stopped_bound_s``)."""
     t0 = time.perf_counter()
     J, R, K, Z = len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
     meshes, mesh_bad, first_problem = _mesh_validity(space, only_valid_meshes)
@@ -296,7 +297,7 @@ class _Tables:
         by_mbs_vpp = sp.layout_grid(mis, (G, 1, 1, 1), "none", micro_batch=self.mbs[None, None, :, None],
                                     vpp=self.vpp[None, None, None, :])                                    # (G, R, J, K)
         for s, st in enumerate(self._slot_stage(pos[0])):
-            kept, working = (np.stack(x) for x in zip(*(self._elems(p, st) for p in pos)))                  # (G, R, 1, 1)
+            kept, working = (np.stack(x) for x in zip(*(self._elems(p, st) for p in pos)))   # (G, R, 1, 1)
             self.states[s, pos] = sum(model_state_bytes(prof, st, by_zero, tr))
             self.buf[s, pos] = buffer_bytes(prof, st, by_zero_mbs, tr)
             act = np.broadcast_to(activation_bytes(prof, st, by_mbs_vpp, tr, (kept, working)), (G, R, J, K))

@@ -31,7 +31,7 @@ def test_memory_terms_over_arrays_equal_the_scalar_calls(moe, layers, kv, mtp, g
     model, hw = _model(moe, layers, kv, mtp), load_hardware("h100_sxm")
     tr = TrainingSpec(seq_len=2048, global_batch=gb, precision=precision)
     space = build_space(model, hw, tr, gpus, SearchOptions(offload_activations=offload))
-    est, prof = Estimator(model, hw, tr, gpus), None
+    est = Estimator(model, hw, tr, gpus)
     prof = est.profile
     mbs, vpp, zero = np.array(space.mbs), np.array(space.vpp), np.array(space.zero)
     for pp in sorted({m[2] for m in space.meshes if space.splits.get(m[2])}):
@@ -41,7 +41,8 @@ def test_memory_terms_over_arrays_equal_the_scalar_calls(moe, layers, kv, mtp, g
         by_zero_mbs = space.layout_grid(meshes, (G, 1, 1), "none", micro_batch=mbs[None, None, :],
                                         zero=zero[None, :, None])
         for rc in space.recompute:
-            by_mbs_vpp = space.layout_grid(meshes, (G, 1, 1), rc, micro_batch=mbs[None, :, None], vpp=vpp[None, None, :])
+            by_mbs_vpp = space.layout_grid(meshes, (G, 1, 1), rc, micro_batch=mbs[None, :, None],
+                                           vpp=vpp[None, None, :])
             for st_ in est.stages(space.layout(meshes[0], 1, "none", 1, 0).stage_layers):
                 states = sum(model_state_bytes(prof, st_, by_zero, tr))
                 buf = buffer_bytes(prof, st_, by_zero_mbs, tr)
