@@ -58,6 +58,8 @@ SCALE_M = 1024.0   # memory unit: MiB
 # Placeholder micro-batch time for what the branch and bound did not time (cannot fit, or cannot beat the
 # incumbent): such candidates are then cut by the incumbent cutoff, or, when nothing fits, never chosen.
 UNREACHABLE_S = 1e6
+# Forward compute time that hides all the DP traffic the overlap allows: the DP/optimizer tail's lower bound.
+HIDING_S = 1e30
 MESH_GROUPS = ("world size", "min_gpus", "tensor parallel", "sequence parallel", "context parallel", "experts",
                "pipeline layers", "recompute", "topology", "sharding")
 ALL_GROUPS = MESH_GROUPS + ("batch", "interleaving", "hbm capacity")
@@ -153,8 +155,9 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
         any_fit = bool(((~b_bad & ~i_bad & (mem_mib <= cap)).any(axis=1) & valid).any())
         if any_fit:   # (when nothing fits, nothing is timed: the explanation needs memory only)
             # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound. Bound:
-            #    recomputation never makes a micro-batch faster, bubble >= (pp-1)·t_mb/max(vpp), p2p and the
-            #    DP/optimizer tail >= 0. tests/search/test_solver.py checks that bounded and unbounded builds agree.
+            #    recomputation never makes a micro-batch faster; bubble + p2p at the best vpp; the tail at least
+            #    the best ZeRO stage's optimizer step plus the DP traffic no overlap can hide (see _bound).
+            #    tests/search/test_solver.py checks that bounded and unbounded builds agree.
             fitting = list(fit_jr)
             time_lb = np.array([t.time_lower_bound(pos, fit_jr[pos]) for pos in fitting])
             best: list[int] = []   # step_us of the fastest fully valid fitting layouts so far (at most top_k)
@@ -238,6 +241,7 @@ class _Tables:
         self.done = np.zeros(nm, bool)      # time tables filled
         self.mem_done = np.zeros(nm, bool)
         self._elems_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._bound_terms: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # pos -> p2p (J, K), tail bound (J,)
         self.lb_by_mbs: dict[int, list[float]] = {}   # pos -> step-time lower bound per micro-batch
         self._times: dict[tuple[int, int, int], tuple[float, dict[int, float]]] = {}   # (pos, j, r) -> t_mb, t_fwd
 
@@ -260,10 +264,22 @@ class _Tables:
         return self._times[key]
 
     def _bound(self, pos: int, j: int, r: int) -> float:
-        """Step-time lower bound of mesh ``pos`` at micro-batch j and recompute r: the step time at the most
-        virtual stages (the smallest bubble) with no p2p and no DP/optimizer tail."""
-        lb = SimpleNamespace(grad_accum=self.M[pos, j], pp=self.pp[pos], vpp=max(self.space.vpp))
-        return float(step_seconds(lb, self._stage_max(pos, j, r)[0], 0.0, 0.0))
+        """Step-time lower bound of mesh ``pos`` at micro-batch j and recompute r: ``step_seconds`` at the best vpp
+        with the real p2p, and for the tail the optimizer step of the best ZeRO stage with the DP traffic as
+        hidden as the overlap allows (exposed DP time never grows as the compute it hides behind grows)."""
+        if pos not in self._bound_terms:
+            sp, est = self.space, self.est
+            mi = self.meshes[pos]
+            p2p = p2p_time(sp.layout_grid([mi], None, "none", micro_batch=self.mbs[:, None], vpp=self.vpp[None, :]),
+                           sp.training, est.profile.hidden, sp.hardware, est.net)                    # (J, K)
+            grid = sp.layout_grid([mi], None, "none", micro_batch=self.mbs[None, :], zero=self.zero[:, None])
+            tail = np.zeros((len(sp.zero), len(sp.mbs)))
+            for st in self.stages[pos]:
+                tail = np.maximum(tail, sum(est.stage_tail(grid, st, HIDING_S)))
+            self._bound_terms[pos] = (np.broadcast_to(p2p, (len(sp.mbs), len(sp.vpp))), tail.min(axis=0))
+        p2p, tail = self._bound_terms[pos]
+        lb = SimpleNamespace(grad_accum=self.M[pos, j], pp=self.pp[pos], vpp=self.vpp)
+        return float(np.min(step_seconds(lb, self._stage_max(pos, j, r)[0], p2p[j], tail[j])))
 
     def time_lower_bound(self, pos: int, jr: np.ndarray) -> float:
         """Seconds no layout of this mesh that fits goes below: the bound without recomputation (it never speeds
