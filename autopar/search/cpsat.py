@@ -218,7 +218,8 @@ def layout_fits(space: Space, est: Estimator, deadline: float | None = None) -> 
 
 
 class _Tables:
-    """The term tables of the module docstring, filled one mesh (row ``pos``) at a time."""
+    """The term tables of the module docstring: memory filled per pipeline depth (all its meshes at once), time
+    one mesh (row ``pos``) at a time."""
 
     def __init__(self, space: Space, est: Estimator, meshes: list[int]):
         self.space, self.est, self.meshes = space, est, meshes
