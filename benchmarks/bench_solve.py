@@ -7,8 +7,8 @@ os.wait4). Then, where the space is small enough (``--exhaustive-max-space``) an
 ``--search exhaustive`` on the same space with a time cap (``--exhaustive-cap``), checks that both find the same
 top-5 step times and prints the CPU-time ratio.
 
-Default (a few minutes on 2 cores): counts 8, 32, 128, ..., 32768 and 65536; exhaustive capped at 30 s and run
-for spaces up to 25,000 layouts plus the headline cases. The 5-minute version of the exhaustive comparison
+Default (a few minutes on 2 idle cores): counts 8, 32, 128, ..., 32768 and 65536; exhaustive capped at 30 s of
+CPU and run for spaces up to 5,000 layouts plus the headline cases. The 5-minute version of the exhaustive comparison
 (every case whose exhaustive search finishes within 5 minutes; hours in total):
 
     python benchmarks/bench_solve.py --counts pow2 --exhaustive-cap 300 --exhaustive-max-space 100000000
@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,13 +38,16 @@ ROOT = Path(__file__).resolve().parent.parent
 HEADLINE = (("deepseek_v3", 256), ("llama3_405b", 16384), ("llama3_70b", 64))
 
 
-def run_solve(model: str, gpus: int, extra: list[str], timeout: float) -> dict:
+def run_solve(model: str, gpus: int, extra: list[str], timeout: float, cpu_cap: float | None = None) -> dict:
     """One whole `autopar solve` process: its JSON answer, wall seconds and CPU seconds (user + system of that
-    child alone, from os.wait4, so parallel jobs do not mix)."""
+    child alone, from os.wait4, so parallel jobs do not mix). ``cpu_cap``: CPU seconds after which the child is
+    stopped (RLIMIT_CPU), so a loaded machine does not cut a run short; ``timeout`` is a wall-clock safety."""
     cmd = [sys.executable, "-m", "autopar.cli.main", "solve", "--model", model, "--gpus", str(gpus), "--json", *extra]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        limit = None if cpu_cap is None else (lambda: resource.setrlimit(resource.RLIMIT_CPU, (int(cpu_cap) + 1,) * 2))
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                preexec_fn=limit)
         timer = threading.Timer(timeout, proc.kill)
         timer.start()
         _, status, ru = os.wait4(proc.pid, 0)
@@ -86,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="processes at once (default 1: cleaner timings)")
     ap.add_argument("--time-limit", type=float, default=60.0, help="--time-limit passed to solve (default 60)")
     ap.add_argument("--exhaustive-cap", type=float, default=30.0,
-                    help="seconds an exhaustive run may take before it is abandoned (default 30; 300 = 5 minutes)")
-    ap.add_argument("--exhaustive-max-space", type=int, default=25000,
+                    help="CPU seconds an exhaustive run may take before it is abandoned (default 30; 300 = 5 minutes)")
+    ap.add_argument("--exhaustive-max-space", type=int, default=5000,
                     help="run exhaustive only for spaces up to this many layouts, plus the headline cases "
-                         "(default 25000)")
+                         "(default 5000)")
     ap.add_argument("--json", metavar="OUT", default=None, help="write every row to this JSON file")
     args = ap.parse_args(argv)
     models = args.models.split(",") if args.models else zoo_models()
@@ -141,10 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     todo = [r for r in feas if r.get("space", 0) <= args.exhaustive_max_space or (r["model"], r["gpus"]) in headline]
     ratios = []
     for r in todo:
-        e = run_solve(r["model"], r["gpus"], ["--search", "exhaustive"], args.exhaustive_cap)
+        e = run_solve(r["model"], r["gpus"], ["--search", "exhaustive"], 20 * args.exhaustive_cap + 60,
+                      cpu_cap=args.exhaustive_cap)
         r["exhaustive"] = e
         if e["status"] == "TIMEOUT":
-            print(f"  {r['model']}/{r['gpus']}: exhaustive over {args.exhaustive_cap:.0f} s, no ratio")
+            print(f"  {r['model']}/{r['gpus']}: exhaustive over {args.exhaustive_cap:.0f} s CPU, no ratio")
             continue
         same = len(e.get("steps", [])) == len(r["steps"]) and all(
             math.isclose(a, b, rel_tol=1e-6, abs_tol=5e-6) for a, b in zip(e["steps"], r["steps"]))
