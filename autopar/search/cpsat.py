@@ -143,16 +143,15 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
             t.fill(pos)
     else:
         # 1. Memory of every mesh, vectorised over the meshes of one pipeline depth; the (micro-batch,
-        #    recompute) pairs with some layout that fits; whether any fully valid layout fits at all.
-        cap_bytes = cap / SCALE_M * GIB * (1 + 1e-9)
+        #    recompute) pairs with some fully valid layout (batch, interleaving) that fits.
         for group in t.by_depth():
             t.fill_memory(group)
         every = np.arange(nm)
-        fit = t.smallest_memory(every) <= cap_bytes   # (nm, J, R)
-        fit_jr = {pos: fit[pos] for pos in range(nm) if fit[pos].any()}
         _, mem_mib, b_bad, i_bad = t.compose(every, with_time=False)
-        valid = np.array([not b for b in mesh_bad], bool)
-        any_fit = bool(((~b_bad & ~i_bad & (mem_mib <= cap)).any(axis=1) & valid).any())
+        ok = (~b_bad & ~i_bad & (mem_mib <= cap)).reshape(nm, J, R, K, Z)
+        fit = ok.any(axis=(3, 4))   # (nm, J, R): some fully valid layout of the pair fits
+        fit_jr = {pos: fit[pos] for pos in range(nm) if fit[pos].any()}
+        any_fit = bool(fit_jr)
         if any_fit:   # (when nothing fits, nothing is timed: the explanation needs memory only)
             # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound. Bound:
             #    recomputation never makes a micro-batch faster; bubble + p2p at the best vpp; the tail at least
@@ -265,8 +264,8 @@ class _Tables:
         return self._times[key]
 
     def _bound(self, pos: int, j: int, r: int) -> float:
-        """Step-time lower bound of mesh ``pos`` at micro-batch j and recompute r: ``step_seconds`` at the best vpp
-        with the real p2p, and for the tail the optimizer step of the best ZeRO stage with the DP traffic as
+        """Step-time lower bound of mesh ``pos`` at micro-batch j and recompute r: ``step_seconds`` at the best valid
+        vpp with the real p2p, and for the tail the optimizer step of the best ZeRO stage with the DP traffic as
         hidden as the overlap allows (exposed DP time never grows as the compute it hides behind grows)."""
         if pos not in self._bound_terms:
             sp, est = self.space, self.est
@@ -280,7 +279,8 @@ class _Tables:
             self._bound_terms[pos] = (np.broadcast_to(p2p, (len(sp.mbs), len(sp.vpp))), tail.min(axis=0))
         p2p, tail = self._bound_terms[pos]
         lb = SimpleNamespace(grad_accum=self.M[pos, j], pp=self.pp[pos], vpp=self.vpp)
-        return float(np.min(step_seconds(lb, self._stage_max(pos, j, r)[0], p2p[j], tail[j])))
+        steps = step_seconds(lb, self._stage_max(pos, j, r)[0], p2p[j], tail[j])
+        return float(np.min(np.where(self.inter_ok[pos, j], steps, np.inf)))   # over the valid interleavings
 
     def time_lower_bound(self, pos: int, jr: np.ndarray) -> float:
         """Seconds no layout of this mesh that fits goes below: the bound without recomputation (it never speeds
@@ -340,12 +340,6 @@ class _Tables:
                      for rc in sp.recompute]
             hit = self._elems_cache[key] = tuple(np.array(x, float)[:, None, None] for x in zip(*per_r))
         return hit
-
-    def smallest_memory(self, rows: np.ndarray) -> np.ndarray:
-        """(n, J, R) bytes of the fullest stage at the best vpp and ZeRO stage, per mesh, micro-batch and recompute."""
-        mem = (self.states[:, rows][:, :, None, None, None, :] + self.act[:, rows][..., None]
-               + np.transpose(self.buf[:, rows], (0, 1, 3, 2))[:, :, :, None, None, :]).max(axis=0)
-        return mem.min(axis=(3, 4))
 
     def lower_bound_of(self, pos: int, jr: np.ndarray) -> float:
         """Step-time lower bound over the (micro-batch, recompute) pairs marked in ``jr`` (J, R)."""
