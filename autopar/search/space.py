@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from autopar.errors import AutoparInputError
 from autopar.specs.bounds import BOUNDS, limit
 from autopar.specs.hardware import HardwareSpec
@@ -117,6 +119,26 @@ class Space:
             grad_accum=max(1, self.training.global_batch // (dp * mbs)), recompute=rc,
             stage_layers=self.splits[pp] or (self.model.num_layers // pp,) * pp,
             offload_activations=self.options.offload_activations))
+
+
+    def layout_grid(self, meshes: list[int], shape: tuple[int, ...] | None, rc: str, *, micro_batch=1, vpp=1,
+                    zero=0) -> Layout:
+        """The layouts of several meshes of one pipeline depth (same pp) at once: the degrees as numpy arrays of
+        ``shape`` (one entry per mesh on the first axis), the knobs as broadcastable arrays (``micro_batch``,
+        ``vpp``, ``zero``; the gradient accumulation follows dp and the micro-batch). What the cost model's term
+        functions take to fill the search's tables in one call. Not a valid pydantic Layout (arrays in int
+        fields); only for the term functions that say they accept arrays. ``shape`` None: one mesh, its degrees
+        plain ints (as the collective-time functions need)."""
+        values = dict(self.layout(meshes[0], 1, rc, 1, 0).__dict__)
+        if shape is not None:
+            deg = np.array([self.meshes[m] for m in meshes], np.int64).reshape((len(meshes), 5))
+            tp, cp, pp, ep, etp = (deg[:, i].reshape(shape) for i in range(5))
+            sp = self.options.sequence_parallel
+            values.update(tp=tp, cp=cp, ep=ep, etp=etp, dp=self.gpus // (tp * cp * pp),
+                          sequence_parallel=tp > 1 if sp is None else sp)
+        values.update(micro_batch=micro_batch, vpp=vpp, zero_stage=zero, fsdp=np.asarray(zero) == 3,
+                      grad_accum=np.maximum(1, self.training.global_batch // (values["dp"] * np.asarray(micro_batch))))
+        return _fast_layout(values)
 
 
 def _fast_layout(values: dict) -> Layout:
