@@ -51,7 +51,7 @@ from autopar.cost.memory import (activation_bytes, activation_elems_per_token, b
 from autopar.cost.pipeline import p2p_time
 from autopar.cost.result import GIB
 from autopar.search.space import Space
-from autopar.specs.layout import check_layout_groups
+from autopar.specs.layout import check_layout_groups, max_vpp
 
 SCALE_T = 1e6      # objective unit: microseconds
 SCALE_M = 1024.0   # memory unit: MiB
@@ -223,7 +223,8 @@ class _Tables:
     def __init__(self, space: Space, est: Estimator, meshes: list[int]):
         self.space, self.est, self.meshes = space, est, meshes
         nm, J, R, K, Z = len(meshes), len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
-        self.stages = [est.stages(space.layout(mi, 1, "none", 1, 1).stage_layers) for mi in meshes]
+        self.splits = [space.layout(mi, 1, "none", 1, 1).stage_layers for mi in meshes]
+        self.stages = [est.stages(split) for split in self.splits]
         self.slots = slots = max(len(s) for s in self.stages)
         deg = np.array([space.meshes[mi] for mi in meshes], np.int64).reshape(nm, 5)
         self.pp = deg[:, 2]
@@ -315,7 +316,9 @@ class _Tables:
             act = np.broadcast_to(activation_bytes(prof, st, by_mbs_vpp, tr, (kept, working)), (G, R, J, K))
             self.act[s, pos] = np.swapaxes(act, 1, 2)
         self.batch_ok[pos] = tr.global_batch % (self.dp[pos][:, None] * self.mbs[None, :]) == 0
-        self.inter_ok[pos] = (self.vpp[None, None, :] == 1) | ((pp > 1) & (M[:, :, None] % pp == 0))
+        vmax = max_vpp(self.splits[pos[0]])
+        self.inter_ok[pos] = ((self.vpp[None, None, :] == 1)
+                              | ((pp > 1) & (M[:, :, None] % pp == 0) & (self.vpp[None, None, :] <= vmax)))
         self.mem_done[pos] = True
 
     def by_depth(self) -> list[np.ndarray]:

@@ -167,6 +167,14 @@ def balanced_stage_layers(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, 
     return (first, *([per] * (pp - 2)), last)
 
 
+def max_vpp(stage_layers: tuple[int, ...]) -> int:
+    """The most virtual stages a split allows: each virtual stage needs a layer, except that the first and the last
+    pipeline stage may give one virtual stage to the embedding or the loss alone (Megatron-LM
+    --account-for-embedding/loss-in-pipeline-split)."""
+    last = len(stage_layers) - 1
+    return min(x + (1 if i in (0, last) else 0) for i, x in enumerate(stage_layers)) if stage_layers else 1
+
+
 def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
                  hardware: HardwareSpec | None = None, allow_cross_domain_tp: bool = True) -> list[str]:
     """Every broken validity rule of a layout, as messages showing the numbers (empty = valid)."""
@@ -257,6 +265,11 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
             add(f"stage_layers sum to {sum(s)}, num_layers is {n}")
         if any(x < 1 for x in s):
             add(f"every pipeline stage needs at least one layer; got {list(s)}")
+        elif L.vpp > max_vpp(s):
+            group = "interleaving"
+            add(f"vpp = {L.vpp} virtual stages per pipeline stage need more layers than stage_layers {list(s)} "
+                f"hold (at most vpp = {max_vpp(s)}: a layer per virtual stage, the first and last stage may give "
+                "one to the embedding or the loss alone)")
     group = "batch"
     # Batch.
     B = training.global_batch
