@@ -132,8 +132,20 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
     return model, hw, training, notes
 
 
+def _finite(obj: object) -> object:
+    """NaN and infinities (an empty mean, an unreachable time) as null: JSON has no spelling for them."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def dump_json(obj: object) -> str:
-    return json.dumps(obj, indent=2, sort_keys=False)
+    """Strict JSON (RFC 8259): non-finite numbers become null."""
+    return json.dumps(_finite(obj), indent=2, sort_keys=False, allow_nan=False)
 
 
 def parse_int_list(text: str, name: str, bound: str = "degree", low: int = 1) -> list[int]:

@@ -255,3 +255,10 @@ def test_profile_compare_input_files(tmp_path, flag, content):
     if flag == "--training":
         argv += ["--layouts", "tp=1"]
     _fails(argv, str(path))
+
+
+def test_json_output_is_strict_json_even_for_an_empty_mean():
+    from autopar.cli.common import dump_json
+    import json
+    text = dump_json({"mape": float("nan"), "rows": [], "worst": float("inf"), "ok": 1.5})
+    assert json.loads(text) == {"mape": None, "rows": [], "worst": None, "ok": 1.5}
