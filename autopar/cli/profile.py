@@ -6,7 +6,7 @@
 ``autopar profile hardware`` and ``autopar profile compare`` are registered here too; they live in
 autopar/profile/hardware.py and autopar/profile/compare.py.
 
-torch is never imported here: the run happens in torchrun's worker processes (autopar.profile.worker).
+torch is never imported here: the run happens in torchrun's worker processes (autopar.run.worker).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from autopar.cli.common import dump_json, positive_int
 from autopar.cli.estimate import add_layout_args, layout_from_args
 from autopar.errors import AutoparInputError
-from autopar.profile._scale import scale_model
+from autopar.run._scale import scale_model
 from autopar.specs.layout import resolve_layout
 from autopar.specs.loaders import load_model
 from autopar.specs.model import ModelSpec
@@ -72,7 +72,7 @@ def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]
 
 
 def run(args: argparse.Namespace) -> int:
-    from autopar.profile.launch import run_layout
+    from autopar.run.launch import run_layout
     model, layout, training = _problem(args)
     resolved = resolve_layout(layout, model, training, args.gpus)
     print(f"autopar profile: {model.summary()}; {resolved.short()}; {args.gpus} ranks, "
@@ -104,13 +104,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def spec(args: argparse.Namespace) -> int:
-    from autopar.profile.launch import worker_spec
+    from autopar.run.launch import worker_spec
     model, layout, training = _problem(args)
     resolved = resolve_layout(layout, model, training, args.gpus)
     out = Path(args.out)
     out.write_text(json.dumps(worker_spec(model, resolved, training, steps=args.steps, warmup=args.warmup,
                                           seed=args.seed, backend=args.backend, timeout_s=args.timeout), indent=1))
-    print(f"wrote {out}; run it with:\n  torchrun --nproc-per-node {args.gpus} -m autopar.profile.worker --spec {out}")
+    print(f"wrote {out}; run it with:\n  torchrun --nproc-per-node {args.gpus} -m autopar.run.worker --spec {out}")
     return 0
 
 

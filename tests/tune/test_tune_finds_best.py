@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-import autopar.profile
+import autopar.run
 from autopar.search.space import SearchOptions
 from autopar.specs import TrainingSpec
 from autopar.specs.layout import resolve_layout
@@ -42,7 +42,7 @@ CACHE = Path(os.environ.get("AUTOPAR_TUNE_TEST_CACHE", Path(tempfile.gettempdir(
 def _measure(layout, attempts: int = 3):
     """Tokens/s of one run (a run that fails for a passing reason, e.g. a port taken by another process's
     rendezvous, is tried again); None with the failures printed when every attempt failed."""
-    from autopar.profile.launch import run_layout
+    from autopar.run.launch import run_layout
     for _ in range(attempts):
         r = run_layout(TINY, layout, TRAIN, world=GPUS, steps=STEPS, warmup=WARMUP, timeout_s=120, backend="gloo")
         if r.ok:
@@ -52,7 +52,7 @@ def _measure(layout, attempts: int = 3):
 
 
 def _runner_digest() -> str:
-    src = sorted(Path(autopar.profile.__file__).parent.glob("*.py"))
+    src = sorted(Path(autopar.run.__file__).parent.glob("*.py"))
     return hashlib.sha256(b"".join(p.read_bytes() for p in src)).hexdigest()[:12]
 
 

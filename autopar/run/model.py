@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autopar.profile._scale import scale_model  # noqa: F401  (torch-free; re-exported here)
+from autopar.run._scale import scale_model  # noqa: F401  (torch-free; re-exported here)
 from autopar.specs.model import ModelSpec
 
 

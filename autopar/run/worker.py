@@ -2,7 +2,7 @@
 
 Launch by hand with torch's launcher (one process per GPU, or per CPU "rank" with gloo)::
 
-    torchrun --nproc-per-node N -m autopar.profile.worker --spec spec.json
+    torchrun --nproc-per-node N -m autopar.run.worker --spec spec.json
 
 ``N`` must equal the layout's world size (pp·dp·cp·tp). ``spec.json`` holds::
 
@@ -11,7 +11,7 @@ Launch by hand with torch's launcher (one process per GPU, or per CPU "rank" wit
 
 ``autopar profile spec --model ... --gpus N [layout flags] -o spec.json`` writes one and prints the command.
 Each rank writes ``rank<R>.json`` (and ``rank<R>.pid``) into ``result_dir`` (default: the spec's folder);
-``autopar.profile.launch`` reads them. ``python -m autopar.profile.worker --spec spec.json`` without torchrun
+``autopar.run.launch`` reads them. ``python -m autopar.run.worker --spec spec.json`` without torchrun
 runs a world of one.
 
 Order of application on each (virtual) pipeline stage, as torchtitan: build + deterministic init ->
@@ -96,8 +96,8 @@ def approximations(model_spec, layout) -> list[str]:
 def build_stages(model_spec, layout, meshes, seq_len: int, seed: int, device):
     """This pipeline rank's (virtual) stages, built, initialised and parallelised, in torchtitan's order.
     Returns (plans, modules, fsdp_wrapped, recomputed module names)."""
-    from autopar.profile import context_parallel, expert_parallel, fsdp, pipeline, recompute, tensor_parallel
-    from autopar.profile.model import Transformer, init_weights
+    from autopar.run import context_parallel, expert_parallel, fsdp, pipeline, recompute, tensor_parallel
+    from autopar.run.model import Transformer, init_weights
 
     kv_heads = model_spec.kv_heads if model_spec.mla is not None else max(model_spec.kv_heads, layout.tp)
     tie = model_spec.tie_embeddings and layout.pp == 1     # across stages: two copies kept equal (pipeline.py)
@@ -121,10 +121,10 @@ def train(spec: dict, rank: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from autopar.profile import expert_parallel, fsdp, pipeline, tensor_parallel
-    from autopar.profile.context_parallel import shard_sequence
-    from autopar.profile.mesh import applied_sizes, build_meshes
-    from autopar.profile.model import loss_fn, synthetic_batch
+    from autopar.run import expert_parallel, fsdp, pipeline, tensor_parallel
+    from autopar.run.context_parallel import shard_sequence
+    from autopar.run.mesh import applied_sizes, build_meshes
+    from autopar.run.model import loss_fn, synthetic_batch
     from autopar.specs import Layout, ModelSpec, TrainingSpec
 
     model_spec = ModelSpec.model_validate(spec["model"])
@@ -221,7 +221,7 @@ def train(spec: dict, rank: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autopar.profile.worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m autopar.run.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, type=Path, help="JSON run spec (see the module docstring)")
     args = parser.parse_args(argv)
     spec = json.loads(args.spec.read_text())

@@ -12,10 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from autopar.errors import AutoparInputError  # noqa: E402
-from autopar.profile import context_parallel as cpm  # noqa: E402
-from autopar.profile.model import (MoE, Transformer, init_weights, local_dispatch, scale_model,  # noqa: E402
+from autopar.run import context_parallel as cpm  # noqa: E402
+from autopar.run.model import (MoE, Transformer, init_weights, local_dispatch, scale_model,  # noqa: E402
                                    synthetic_batch)
-from autopar.profile.pipeline import stage_plans  # noqa: E402
+from autopar.run.pipeline import stage_plans  # noqa: E402
 from autopar.specs import Layout, ModelSpec  # noqa: E402
 from autopar.specs.loaders import load_model  # noqa: E402
 
@@ -26,8 +26,8 @@ TINY_MOE = ModelSpec.model_validate(dict(TINY.model_dump(), name="tiny_moe", moe
 
 
 def test_planning_imports_stay_torch_free():
-    code = ("import sys, autopar.profile, autopar.profile.launch, autopar.cli.profile, autopar.cli.main as m; "
-            "m.build_parser(); autopar.profile.scale_model; assert 'torch' not in sys.modules, 'torch imported'")
+    code = ("import sys, autopar.run, autopar.run.launch, autopar.cli.profile, autopar.cli.main as m; "
+            "m.build_parser(); autopar.run.scale_model; assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 

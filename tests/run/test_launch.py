@@ -12,8 +12,8 @@ from unittest import mock
 import pytest
 
 from autopar.errors import AutoparInputError, LayoutError
-from autopar.profile.launch import RunResult, run_layout
-from autopar.profile.worker import FAULT_ENV
+from autopar.run.launch import RunResult, run_layout
+from autopar.run.worker import FAULT_ENV
 from autopar.specs import Layout, ModelSpec, TrainingSpec
 
 TINY = ModelSpec(name="tiny", num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2,

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 import torch.nn as nn
 
-from autopar.profile.mesh import Meshes
-from autopar.profile.model import GroupedExperts, MoE, Transformer, combine, sort_by_expert
+from autopar.run.mesh import Meshes
+from autopar.run.model import GroupedExperts, MoE, Transformer, combine, sort_by_expert
 
 
 def _slice_param(p: nn.Parameter | None, index: tuple) -> nn.Parameter | None:

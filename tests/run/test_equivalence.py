@@ -19,8 +19,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from autopar.profile.launch import run_layout  # noqa: E402
-from autopar.profile.worker import OPTIMIZER_ENV  # noqa: E402
+from autopar.run.launch import run_layout  # noqa: E402
+from autopar.run.worker import OPTIMIZER_ENV  # noqa: E402
 from autopar.specs import Layout, ModelSpec, TrainingSpec  # noqa: E402
 
 RTOL = 1e-5

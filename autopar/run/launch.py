@@ -80,7 +80,7 @@ def _descendants(pid: int) -> list[int]:
 
 def _is_worker(pid: int) -> bool:
     try:
-        return b"autopar.profile.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"autopar.run.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -127,7 +127,7 @@ def _worker_env() -> dict:
 def worker_spec(model: ModelSpec, layout: Layout, training: TrainingSpec, *, steps: int = 4, warmup: int = 1,
                 seed: int = 0, backend: str = "auto", result_dir: Path | None = None,
                 timeout_s: float = 600.0) -> dict:
-    """The JSON run spec ``python -m autopar.profile.worker --spec`` reads (layout already resolved)."""
+    """The JSON run spec ``python -m autopar.run.worker --spec`` reads (layout already resolved)."""
     return {"model": model.model_dump(mode="json"), "layout": layout.model_dump(mode="json"),
             "training": training.model_dump(mode="json"), "steps": steps, "warmup": warmup, "seed": seed,
             "backend": backend, "result_dir": None if result_dir is None else str(result_dir),
@@ -162,7 +162,7 @@ def run_layout(model: ModelSpec, layout: Layout, training: TrainingSpec, *, worl
     spec_path.write_text(json.dumps(spec, indent=1))
     log_path = work / "torchrun.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           "-m", "autopar.profile.worker", "--spec", str(spec_path)]
+           "-m", "autopar.run.worker", "--spec", str(spec_path)]
     timed_out = False
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

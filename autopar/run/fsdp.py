@@ -26,8 +26,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 
-from autopar.profile.expert_parallel import expert_parameters
-from autopar.profile.mesh import Meshes, local_grad
+from autopar.run.expert_parallel import expert_parameters
+from autopar.run.mesh import Meshes, local_grad
 from autopar.specs.layout import Layout
 
 
