@@ -82,7 +82,7 @@ def all_to_all_dispatch(moe: MoE, tokens: torch.Tensor, experts: torch.Tensor, w
     local_ids = torch.arange(el, device=x.device).repeat(ranks)
     row_expert = torch.repeat_interleave(local_ids, recv_counts.flatten())
     perm = torch.argsort(row_expert, stable=True)
-    y = moe.experts(x_recv[perm], recv_counts.sum(0).tolist())
+    y = moe.experts(x_recv[perm], recv_counts.sum(0))
     y = torch.empty_like(y).index_copy(0, perm, y)
     # 4. combine: mirror all-to-all, then sum the etp partial outputs of each EP block
     y_back = _all_to_all(y, in_splits, out_splits, group)
