@@ -334,10 +334,18 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 # ---- synthetic data --------------------------------------------------------------------------------------
+ALPHABET = 256   # distinct tokens of the synthetic task (fewer when the vocabulary is smaller)
+
+
 def synthetic_batch(step: int, global_batch: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor:
-    """[B, s+1] tokens with learnable structure: each sequence counts up from a random start with a random
-    stride in 1..4 (mod vocab), so the loss falls as the model learns to read the stride from context."""
+    """[B, s+1] tokens of a learnable task: each sequence counts up, with a random stride in 1..4, through an
+    alphabet of min(vocab, ALPHABET) tokens scattered over the vocabulary (a fixed random choice per seed), from
+    a random start. The loss falls in stages a model of any size goes through within a few steps: from
+    ln(vocab) to ln(alphabet) (which tokens occur), then towards ln 4 (the next token is one of 4 after the
+    current one), then below (the stride can be read from the context)."""
+    A = min(vocab, ALPHABET)
+    alphabet = torch.randperm(vocab, generator=_generator(seed, "data:alphabet"))[:A]
     g = _generator(seed, f"data:{step}")
-    start = torch.randint(0, vocab, (global_batch, 1), generator=g)
+    start = torch.randint(0, A, (global_batch, 1), generator=g)
     stride = torch.randint(1, 5, (global_batch, 1), generator=g)
-    return (start + stride * torch.arange(seq_len + 1)[None, :]) % vocab
+    return alphabet[(start + stride * torch.arange(seq_len + 1)[None, :]) % A]

@@ -55,7 +55,8 @@ CASES = [  # (model, optimizer, world, layout)
 
 def _run(model: str, optimizer: str, world: int, layout: dict):
     with mock.patch.dict(os.environ, {OPTIMIZER_ENV: optimizer}):
-        return run_layout(MODELS[model], Layout(**layout), TRAINING, world=world, steps=STEPS, timeout_s=180)
+        return run_layout(MODELS[model], Layout(**layout), TRAINING, world=world, steps=STEPS, timeout_s=180,
+                          lr=3e-3)      # AdamW: large enough that 3 steps move the loss measurably
 
 
 @pytest.fixture(scope="module")

@@ -80,3 +80,20 @@ def test_invalid_input_raises():
         run_layout(TINY, Layout(tp=3), TR, world=3)
     with pytest.raises(AutoparInputError, match="steps"):
         run_layout(TINY, Layout(), TR, world=1, steps=0)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_a_signal_is_reported_as_that_signal(tmp_path):
+    """Rank 1 SIGKILLs itself; rank 0 then loses its peer ("connection reset"): the cause is the signal."""
+    res, _ = _faulty_run("kill:1", tmp_path, timeout_s=120)
+    assert not res.ok and res.failure in ("killed by SIGKILL", "oom"), res.failure
+    _assert_no_worker_left(tmp_path)
+
+
+def test_cpu_allocator_failure_is_classified_as_oom():
+    from autopar.run.worker import classify
+    err = RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 85899345920 bytes. Error code 12 (Cannot allocate memory)")
+    assert classify(err) == "oom"
+    assert classify(MemoryError()) == "oom"
+    assert classify(ValueError("bad shape")) == "crash: ValueError: bad shape"
