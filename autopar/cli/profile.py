@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     for term, label in (("weights", "weights"), ("grads", "gradients"), ("optimizer", "optimizer (main+Adam)"),
                         ("fwd_bwd_peak", "fwd/bwd peak above step start")):
         vals = [t.get(term) for t in res.memory_terms_gib]
-        shown = "n/a on CPU" if all(v is None for v in vals) else " ".join(f"{v:.3f}" for v in vals)
+        shown = "n/a on CPU" if all(v is None for v in vals) else " ".join(f"{v:.4g}" for v in vals)
         print(f"          {label:<30} GiB per rank: {shown}")
     print(f"loss      {' '.join(f'{x:.4f}' for x in res.losses)}   ({a['lr']})")
     for n in res.notes:

@@ -7,7 +7,7 @@ Three guards (Linux; elsewhere only the third and the launcher's own clean-up ap
    (prctl(2); ``PR_SET_PDEATHSIG = 1`` in linux/prctl.h). So a SIGKILLed launcher takes torchrun down, and
    torchrun its workers. A child that lost its parent before the call notices (its parent pid changed) and
    exits.
-2. **A reaper per run.** ``python -m autopar.run.lifetime`` watches the launcher through a pipe, which the
+2. **A reaper per run.** This file, run as a script, watches the launcher through a pipe, which the
    kernel closes when the launcher dies however it dies. On EOF without the word "done" it SIGKILLs
    torchrun's process group, torchrun's descendants and every worker named in a ``rank<R>.pid`` file, and
    removes the run's temporary folder. It runs in its own session, so a signal to the launcher's process
@@ -155,12 +155,10 @@ def sweep_stale_run_dirs(root: Path | None = None) -> list[Path]:
 # ---- the reaper ------------------------------------------------------------------------------------------
 def start_reaper(torchrun_pid: int, workdir: Path, remove: bool) -> subprocess.Popen:
     """The watcher of guard 2. Tell it the run ended normally with :func:`stop_reaper`."""
-    cmd = [sys.executable, "-m", "autopar.run.lifetime", str(torchrun_pid), str(workdir), "1" if remove else "0"]
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=root + (os.pathsep + os.environ["PYTHONPATH"]
-                                              if os.environ.get("PYTHONPATH") else ""))
+    # Run as a plain script (this file needs only the standard library): no package import, a fast start.
+    cmd = [sys.executable, str(Path(__file__).resolve()), str(torchrun_pid), str(workdir), "1" if remove else "0"]
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env, start_new_session=True)
+                            start_new_session=True)
 
 
 def stop_reaper(reaper: subprocess.Popen) -> None:

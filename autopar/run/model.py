@@ -145,7 +145,8 @@ class GroupedExperts(nn.Module):
         """Whether ``forward`` runs one grouped GEMM per weight (CUDA, bf16, 16-byte aligned rows)."""
         h, f = self.w1.shape[1], self.w1.shape[2]
         return (x.is_cuda and x.dtype == torch.bfloat16 and self.w1.dtype == torch.bfloat16
-                and h % 8 == 0 and f % 8 == 0 and hasattr(F, "grouped_mm"))
+                and h % 8 == 0 and f % 8 == 0 and hasattr(F, "grouped_mm")
+                and torch.cuda.get_device_capability(x.device) >= (8, 0))     # grouped_mm's docs: SM >= 80
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x: tokens sorted by local expert, ``counts[e]`` (a tensor) tokens for local expert e. Returns the
