@@ -15,7 +15,7 @@ NVLink and the inter-domain part on the k NICs of the domain in parallel:
     all-to-all:  each rank sends S·(k-1)/n over NVLink and S·(n-k)/n over the network, concurrently:
                  max(S(k-1)/(n·B_nvl), S(n-k)/(n·B_net)) + (k-1)·a_nvl + (m-1)·a_net
     send/recv:   S/B + a (NVLink when both ends share a domain).
-B_nvl = nvlink_gbps · efficiency.nvlink, B_net = scaleout_gbps · efficiency.scaleout (GB/s = 1e9 B/s).
+B_nvl = nvlink_gbps · kernel_model.nvlink, B_net = scaleout_gbps · kernel_model.scaleout (GB/s = 1e9 B/s).
 
 With a measured table (``measured_busbw_gbps``), time = S · factor(n) / busbw(n), where factor is the
 nccl-tests bus-bandwidth factor: 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and
@@ -57,8 +57,8 @@ class Network:
     def __init__(self, hw: HardwareSpec):
         self.hw = hw
         self.domain = hw.nvlink_domain_size
-        self.b_nvl = hw.nvlink_gbps * 1e9 * hw.efficiency.nvlink
-        self.b_net = hw.scaleout_gbps * 1e9 * hw.efficiency.scaleout
+        self.b_nvl = hw.nvlink_gbps * 1e9 * hw.kernel_model.nvlink
+        self.b_net = hw.scaleout_gbps * 1e9 * hw.kernel_model.scaleout
         self.a_nvl = hw.nvlink_latency_us * 1e-6
         self.a_net = hw.scaleout_latency_us * 1e-6
         self.measured = hw.measured_busbw_gbps
