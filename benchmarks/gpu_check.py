@@ -62,7 +62,8 @@ def label(case: dict) -> str:
 
 def run_case(case: dict, hardware: str, steps: int, warmup: int, backend: str, timeout_s: float) -> dict:
     model = scale_model(load_model(case["model"]), **case["scale"])
-    training = TrainingSpec(seq_len=case["seq"], global_batch=case["mbs"] * GA)
+    # The runner's loss is plain torch cross entropy on fp32-upcast logits: the estimate's "unfused" kernel.
+    training = TrainingSpec(seq_len=case["seq"], global_batch=case["mbs"] * GA, cross_entropy="unfused")
     layout = Layout(micro_batch=case["mbs"], recompute=case["recompute"])
     est = estimate(model, hardware, training, layout, 1)
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in case["scale"].items()]
