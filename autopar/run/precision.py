@@ -66,39 +66,44 @@ def _local_grad(p: nn.Parameter) -> torch.Tensor | None:
 class MainParamOptimizer:
     """AdamW (or SGD, tests) over fp32 main weights. A parameter stored in fp32 is its own main weight; a
     low-precision one (bf16/fp16, possibly a DTensor shard) gets an fp32 copy of its local tensor here, its
-    gradient is cast to fp32 before the update and the updated main weight is cast back into it."""
+    gradient is cast to fp32 just before its update and the updated main weight is cast back into it.
+
+    One torch optimizer per parameter, stepped one after the other (both optimizers are elementwise, so this
+    is the same update): only one parameter's fp32 gradient copy exists at a time, as in Megatron's optimizer,
+    where the fp32 gradient of a shard is a view of the main-gradient buffer rather than a second full copy."""
 
     def __init__(self, params: Iterable[nn.Parameter], *, kind: str = "adamw", lr: float = 3e-4,
                  betas: tuple[float, float] = (0.9, 0.95), weight_decay: float = 0.1):
         self.pairs: list[tuple[nn.Parameter, nn.Parameter | None]] = []
-        mains = []
+        self.opts: list[torch.optim.Optimizer] = []
         for p in params:
-            if p.dtype == torch.float32:
-                self.pairs.append((p, None))
-                mains.append(p)
+            m = None if p.dtype == torch.float32 else nn.Parameter(local(p).detach().float().clone())
+            self.pairs.append((p, m))
+            target = [p if m is None else m]
+            if kind == "sgd":
+                self.opts.append(torch.optim.SGD(target, lr=lr, foreach=False))
             else:
-                m = nn.Parameter(local(p).detach().float().clone())
-                self.pairs.append((p, m))
-                mains.append(m)
-        if kind == "sgd":
-            self.opt = torch.optim.SGD(mains, lr=lr, foreach=False)
-        else:
-            self.opt = torch.optim.AdamW(mains, lr=lr, betas=betas, weight_decay=weight_decay, foreach=False)
+                self.opts.append(torch.optim.AdamW(target, lr=lr, betas=betas, weight_decay=weight_decay,
+                                                   foreach=False))
 
     def set_lr(self, lr: float) -> None:
-        for group in self.opt.param_groups:
-            group["lr"] = lr
+        for opt in self.opts:
+            for group in opt.param_groups:
+                group["lr"] = lr
 
     @torch.no_grad()
     def step(self) -> None:
-        for p, m in self.pairs:
-            if m is not None:
-                g = _local_grad(p)
-                m.grad = None if g is None else g.float()
-        self.opt.step()
-        for p, m in self.pairs:
-            if m is not None:
-                local(p).copy_(m)
+        for (p, m), opt in zip(self.pairs, self.opts):
+            if m is None:
+                opt.step()
+                continue
+            g = _local_grad(p)
+            if g is None:
+                continue
+            m.grad = g.float()
+            opt.step()
+            m.grad = None
+            local(p).copy_(m)
 
     def zero_grad(self) -> None:
         for p, m in self.pairs:
@@ -116,7 +121,7 @@ class MainParamOptimizer:
     def optimizer_bytes(self) -> int:
         """fp32 main copies (of low-precision weights) + every optimizer state tensor (Adam's two moments)."""
         mains = sum(_nbytes(m) for _, m in self.pairs if m is not None)
-        state = sum(_nbytes(local(v)) for s in self.opt.state.values() for v in s.values()
+        state = sum(_nbytes(local(v)) for opt in self.opts for s in opt.state.values() for v in s.values()
                     if torch.is_tensor(v) and v.dim() > 0)
         return mains + state
 
