@@ -105,6 +105,17 @@ def approximations(model_spec, layout) -> list[str]:
     return notes
 
 
+def precision_notes(training, wdtype) -> list[str]:
+    """What the runner's number formats leave out of the training spec's."""
+    import torch
+    notes = []
+    if wdtype == torch.float16:
+        notes.append("fp16 weights without loss scaling")
+    if training.precision not in ("bf16", "fp16", "fp32") and wdtype != torch.float32:
+        notes.append(f"precision {training.precision} not applied: the GEMMs run in {str(wdtype).split('.')[-1]}")
+    return notes
+
+
 def build_stages(model_spec, layout, meshes, seq_len: int, seed: int, device, wdtype=None, grad_dtype: str = "fp32"):
     """This pipeline rank's (virtual) stages, built, initialised and parallelised, in torchtitan's order.
     ``wdtype``: the weights' dtype (precision.py); FSDP2 parameters stay fp32 shards and are gathered in it.
@@ -256,7 +267,8 @@ def train(spec: dict, rank: int) -> dict:
     return {"rank": rank, "ok": True, "failure": None, "step_times_s": time_t.tolist(),
             "losses": loss_t.tolist() if holder else [], "loss_rank": holder, "peak_mem_gib": peak,
             "mem_method": how, "applied": applied,
-            "mem_terms_gib": {k: None if v is None else v / 2**30 for k, v in mem.items()}, "approximations": approximations(model_spec, layout),
+            "mem_terms_gib": {k: None if v is None else v / 2**30 for k, v in mem.items()},
+            "approximations": approximations(model_spec, layout) + precision_notes(training, wdtype),
             "tokens_per_step": B * S}
 
 

@@ -71,3 +71,13 @@ def test_weight_dtype_and_the_stated_scheme():
     assert gpu.startswith("weights bf16, grads bf16, fp32 main weights") and "CPU" not in gpu
     cpu = describe(torch.float32, "bf16", fsdp_wrapped=True, zero_stage=3, cuda=False, moe=True)
     assert "CPU: fp32" in cpu and "ZeRO-3" in cpu and "routed experts" in cpu
+
+
+def test_formats_the_runner_does_not_apply_are_noted():
+    from autopar.run.worker import precision_notes
+    from autopar.specs import TrainingSpec
+    assert precision_notes(TrainingSpec(), torch.bfloat16) == []
+    assert precision_notes(TrainingSpec(precision="fp8"), torch.bfloat16) == [
+        "precision fp8 not applied: the GEMMs run in bfloat16"]
+    assert precision_notes(TrainingSpec(precision="fp16", weight_dtype="fp16"), torch.float16) == [
+        "fp16 weights without loss scaling"]
