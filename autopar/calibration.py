@@ -14,7 +14,8 @@ Each constant has physical bounds (:data:`BOUNDS`, with the reason); the fit rep
 bound, which is a finding about the model, not a result.
 
 Loss: mean |predicted / measured − 1| tokens/s/GPU, the figure ``autopar validate`` reports, minimised by
-coordinate descent over a shrinking grid inside the bounds (deterministic). Honesty check: a grouped
+coordinate descent over a shrinking grid inside the bounds, then polished by Powell's method within the same
+bounds (``scipy.optimize.minimize``; both deterministic). Honesty check: a grouped
 cross-validation that refits without each source (Megatron 2021, Megatron-Core, Llama 3, NeMo, Megatron-MoE)
 and predicts that source's rows.
 """
@@ -96,8 +97,29 @@ def fit(cases: list[Case], idx: list[int] | None = None, sweeps: int = 6, progre
                     best, shared = val, trial
         if progress:
             progress(f"sweep {sweep + 1}/{sweeps}: mean absolute error {best:.2%}")
+    shared, best = _polish(rows, shared, best, idx)
+    if progress:
+        progress(f"polished: mean absolute error {best:.2%}")
     at_bound = [k for k, (lo, hi, _) in BOUNDS.items() if abs(shared[k] - lo) < 1e-9 or abs(shared[k] - hi) < 1e-9]
     return FitResult(shared, before, best, at_bound)
+
+
+def _polish(rows: _Rows, shared: dict, best: float, idx: list[int]) -> tuple[dict, float]:
+    """Powell's method (derivative-free, bounded) from the grid's optimum, on constants scaled to [0, 1]."""
+    from scipy.optimize import minimize
+    names = list(BOUNDS)
+    lo = [BOUNDS[k][0] for k in names]
+    span = [max(BOUNDS[k][1] - BOUNDS[k][0], 1e-12) for k in names]
+
+    def unpack(x) -> dict:
+        return {k: lo[i] + span[i] * float(x[i]) for i, k in enumerate(names)}
+
+    x0 = [(shared[k] - lo[i]) / span[i] for i, k in enumerate(names)]
+    res = minimize(lambda x: rows.loss(unpack(x), idx), x0, method="Powell", bounds=[(0.0, 1.0)] * len(names),
+                   options={"xtol": 1e-4, "ftol": 1e-7, "maxfev": 3000})
+    if res.fun < best - 1e-9:
+        return {k: round(v, 6) for k, v in unpack(res.x).items()}, float(res.fun)
+    return shared, best
 
 
 def source_of(case: Case) -> str:

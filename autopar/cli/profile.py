@@ -18,12 +18,12 @@ import json
 import sys
 from pathlib import Path
 
-from autopar.cli.common import dump_json, positive_int
+from autopar.cli.common import SCALE_BOUNDS, count, dump_json, seconds
 from autopar.cli.estimate import add_layout_args, layout_from_args
 from autopar.errors import AutoparInputError
 from autopar.run._scale import scale_model
 from autopar.specs.layout import resolve_layout
-from autopar.specs.loaders import load_model
+from autopar.specs.loaders import build_spec, load_model
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
@@ -34,21 +34,23 @@ SCALE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "experts", "vocab
 def _add_run_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("problem")
     g.add_argument("--model", required=True, help="zoo name (see `autopar zoo`), a model YAML, or a HF config.json")
-    g.add_argument("--gpus", type=positive_int, required=True,
+    g.add_argument("--gpus", type=count("gpus"), required=True,
                    help="ranks to launch (GPUs with NCCL, processes with gloo on the CPU)")
-    g.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN,
+    g.add_argument("--seq-len", type=count("seq_len"), default=DEFAULT_SEQ_LEN,
                    help=f"sequence length (default: {DEFAULT_SEQ_LEN})")
-    g.add_argument("--global-batch", type=positive_int, default=None,
+    g.add_argument("--global-batch", type=count("global_batch"), default=None,
                    help="sequences per step (default: dp·mbs·pp, the smallest batch that fills the pipeline)")
     s = p.add_argument_group("scale the model down (same architecture; divisibility is checked against the layout)")
     for name in SCALE_FLAGS:
-        s.add_argument(f"--{name.replace('_', '-')}", type=positive_int, default=None)
+        s.add_argument(f"--{name.replace('_', '-')}", type=count(SCALE_BOUNDS[name]), default=None)
     add_layout_args(p)
     r = p.add_argument_group("run")
-    r.add_argument("--steps", type=positive_int, default=4, help="training steps, warm-up included (default: 4)")
-    r.add_argument("--warmup", type=int, default=1, help="steps left out of the timing (default: 1)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data (default: 0)")
-    r.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is killed (default: 600)")
+    r.add_argument("--steps", type=count("steps"), default=4, help="training steps, warm-up included (default: 4)")
+    r.add_argument("--warmup", type=count("steps", low=0), default=1, help="steps left out of the timing (default: 1)")
+    r.add_argument("--seed", type=count("seed", low=0), default=0,
+                   help="seed of the weights and the synthetic data (default: 0)")
+    r.add_argument("--timeout", type=seconds("run_timeout_s"), default=600.0,
+                   help="seconds before the run is killed (default: 600)")
     r.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto = NCCL when CUDA is available, else gloo on the CPU")
     r.add_argument("--lr", type=float, default=None,
@@ -72,7 +74,7 @@ def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]
     gb = args.global_batch
     if gb is None:
         gb = max(1, args.gpus // (layout.tp * layout.cp * layout.pp)) * layout.micro_batch * layout.pp
-    training = TrainingSpec(seq_len=args.seq_len, global_batch=gb)
+    training = build_spec(TrainingSpec, dict(seq_len=args.seq_len, global_batch=gb), "training flags")
     resolve_layout(layout, model, training, args.gpus)      # invalid layouts fail here, with the arithmetic
     if args.warmup < 0 or args.steps <= args.warmup:
         raise AutoparInputError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
@@ -166,5 +168,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     def _usage(args: argparse.Namespace) -> int:
         p.print_help()
-        return 2
+        raise AutoparInputError("profile: no subcommand given (choose " + ", ".join(psub.choices) + ")")
     p.set_defaults(func=_usage)

@@ -33,8 +33,14 @@ APPROX_NOTE = ("Predictions are analytical (autopar/cost/, each formula cites it
                "see `autopar validate` for the error on published runs.")
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """stdout closed early (``| head``): let the CLI entry end quietly with status 141, as for print()."""
+        raise BrokenPipeError
+
+
 def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=170)
+    return _Console(stderr=stderr, highlight=False, soft_wrap=False, width=170)
 
 
 def header(model: ModelSpec, hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:

@@ -7,22 +7,10 @@ from pathlib import Path
 
 from rich.table import Table
 
-from autopar.cli.common import add_problem_args, dump_json, fraction, load_problem, parse_int_list, positive_int
+from autopar.cli.common import (add_problem_args, add_search_args, count, dump_json, fraction, load_problem,
+                                search_options)
 from autopar.cli.render import APPROX_NOTE, console, header, print_estimate
 from autopar.errors import AutoparInputError
-
-
-def options_from_args(args: argparse.Namespace):
-    from autopar.search import SearchOptions
-    pins = {k: parse_int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None
-            for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")}
-    if args.no_cp:
-        pins["cp"] = [1]
-    zero = [3] if args.fsdp else (parse_int_list(args.zero, "--zero") if args.zero else None)
-    rc = [x.strip() for x in args.recompute.split(";")] if args.recompute else None
-    return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp, allow_cross_domain=args.allow_cross_domain,
-                         top_k=args.top_k, time_limit_s=args.time_limit, sequence_parallel=False if args.no_sp else None,
-                         offload_activations=args.offload_activations)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from autopar.search.advice import advise
 
     model, hw, training, notes = load_problem(args)
-    opts = options_from_args(args)
+    opts = search_options(args, top_k=args.top_k, offload_activations=args.offload_activations)
     if args.report:
         from autopar.report import report_paths, write_report
     if args.report and not args.overwrite:   # refuse before a long search, not after
@@ -120,26 +108,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "over the analytical cost model. Defaults: hardware h100_sxm, seq 4096, bf16, "
                                    "global batch by model size. " + APPROX_NOTE)
     add_problem_args(p)
-    g = p.add_argument_group("pins and ranges (comma lists)")
-    searched = {"vpp": "1,2,4,8", "mbs": "1,2,4"}
-    for ax in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
-        g.add_argument(f"--{ax}", default=None, help=f"allowed {ax} values, e.g. --{ax} 2,4 (default: "
-                       + (searched[ax] if ax in searched else "the divisors of the GPU count the rules allow") + ")")
-    g.add_argument("--zero", default=None, help="allowed ZeRO stages, e.g. 1,3 (default: 0,1,2,3)")
-    g.add_argument("--fsdp", action="store_true", help="only FSDP (ZeRO-3) layouts")
-    g.add_argument("--recompute", default=None, help="allowed policies separated by ';' (default: none;selective;full)")
-    g.add_argument("--max-tp", type=positive_int, default=None, help="largest TP to consider")
-    g.add_argument("--no-cp", action="store_true", help="no context parallelism")
-    g.add_argument("--no-sp", action="store_true", help="no sequence parallelism")
+    g = add_search_args(p, "pins and ranges (comma lists)", time_limit_default=60.0)
     g.add_argument("--offload-activations", type=fraction, nargs="?", const=1.0, default=0.0, metavar="FRACTION",
                    help="every layout sends this fraction of its stored activations to host memory (alone: 1 = all; "
                         "default: 0; not searched)")
-    g.add_argument("--allow-cross-domain", action="store_true",
-                   help="let TP and EP·ETP span NVLink domains (default: forbidden)")
     p.add_argument("--search", choices=("cpsat", "exhaustive", "heuristic"), default="cpsat",
                    help="cpsat (default), exhaustive (reference enumeration), heuristic (rules of thumb)")
-    p.add_argument("--top-k", type=positive_int, default=5, help="layouts to list (default: 5)")
-    p.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT time limit in seconds (default: 60)")
+    p.add_argument("--top-k", type=count("top_k"), default=5, help="layouts to list (default: 5)")
     p.add_argument("--emit", choices=("megatron", "torchtitan", "env"), default=None,
                    help="print launcher settings for the best layout")
     p.add_argument("--report", metavar="OUT.md", default=None,

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from autopar.cli.common import dump_json
 from autopar.cli.render import console
+from autopar.errors import AutoparInputError
 from autopar.validation import DEFAULT_CSV, validate
 
 
@@ -19,7 +20,10 @@ def run_fit(args: argparse.Namespace) -> int:
     from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
     from autopar.validation import load_cases
     err = console(stderr=True)
-    cases, skipped = load_cases(Path(args.csv))
+    cases, skipped = load_cases(_csv_path(args))
+    if not cases:
+        raise AutoparInputError(f"{args.csv}: no usable row to fit ({len(skipped)} skipped"
+                                + (f"; first: {skipped[0][0]}: {skipped[0][1]}" if skipped else "") + ")")
     res = fit(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
     out = console()
     t = Table(title="Fitted constants (shared by every chip and run; kernel speeds are measured, not fitted)",
@@ -49,10 +53,16 @@ def run_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _csv_path(args: argparse.Namespace) -> Path:
+    if not args.csv.strip():
+        raise AutoparInputError("--csv: empty path; give a runs CSV file")
+    return Path(args.csv)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.fit:
         return run_fit(args)
-    rep = validate(Path(args.csv))
+    rep = validate(_csv_path(args))
     if args.json:
         print(dump_json({"mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
                          "rows": [{"id": r.case.row_id, "measured_tokens_per_s_per_gpu": r.case.measured_tokens,

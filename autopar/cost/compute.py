@@ -141,3 +141,38 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
             n_layers += prof.mtp_layers
     over = n_layers * overhead_s
     return fwd + bwd + rc + over, fwd + over / 3.0
+
+
+# Kernel class of each part of a layer (for reports: where the compute time goes).
+KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense GEMM", "shared_experts": "dense GEMM",
+                "router": "dense GEMM", "moe": "grouped GEMM (experts)", "core_attn": "attention core",
+                "norm": "memory-bound", "residual": "memory-bound", "rope": "memory-bound", "mlp_act": "memory-bound",
+                "shared_act": "memory-bound", "moe_act": "memory-bound", "permute": "memory-bound",
+                "fp8_cast": "memory-bound"}
+
+
+def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
+                     overhead_s: float = 0.0, imbalance: float = 1.0) -> dict[str, float]:
+    """Seconds of one micro-batch on stage ``st`` by kernel class (forward + backward + recomputation); the classes
+    sum to :func:`microbatch_time`'s total, and the ``recomputation`` entry says how much of them is re-run."""
+    tokens = L.micro_batch * tr.seq_len / L.cp
+    out: dict[str, float] = {}
+    kinds = list(prof.kind_counts(st.first, st.last))
+    if st.is_last and prof.mtp_layers:
+        kinds.append((prof.kind_of[-1], prof.mtp_layers))
+    for j, count in kinds:
+        parts = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
+        rc_names = (set(parts) if L.recompute == "full" else set() if L.recompute == "none" else
+                    {p for mod in L.recompute_modules for p in RECOMPUTE_PARTS.get(mod, ())})
+        for name, (f, b) in parts.items():
+            cls = KERNEL_CLASS[name]
+            rc = f if name in rc_names else 0.0
+            out[cls] = out.get(cls, 0.0) + count * (f + b + rc)
+            if rc:
+                out["recomputation"] = out.get("recomputation", 0.0) + count * rc
+    n_layers = st.n_layers + (prof.mtp_layers if st.is_last else 0)
+    if st.is_last:
+        hf, hb = head_time(kern, prof, L, tr, tokens)
+        out["LM head + loss"] = (1 + prof.mtp_layers) * (hf + hb)
+    out["per-layer overhead"] = n_layers * overhead_s
+    return out

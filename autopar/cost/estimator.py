@@ -117,6 +117,15 @@ class Estimator:
         p_local = dense / (sd if L.zero_stage >= 1 else 1) + expert / (se if L.zero_stage >= 1 else 1)
         return dp_exposed, optimizer_time(p_local, tr, hw)
 
+    def compute_by_kernel(self, layout: Layout, *, resolved: bool = False) -> dict[str, float]:
+        """Seconds per step of the slowest stage's compute by kernel class (dense GEMM, grouped GEMM, attention
+        core, memory-bound, LM head + loss, per-layer overhead, recomputation): the ``compute`` term split up."""
+        L = layout if resolved else self.resolve(layout)
+        slowest = max(self.stages(L.stage_layers), key=lambda st: microbatch_seconds(self.stage_times(L, st)))
+        per_mb = _compute.kernel_breakdown(self.profile, slowest, L, self.training, self.kernels,
+                                           self.layer_overhead_s, self.imbalance)
+        return {k: v * L.grad_accum for k, v in per_mb.items()}
+
     def estimate(self, layout: Layout, *, resolved: bool = False) -> Estimate:
         """Predict one layout. ``resolved=True`` skips validation (the caller resolved it already)."""
         L = layout if resolved else self.resolve(layout)

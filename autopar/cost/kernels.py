@@ -92,23 +92,26 @@ class Kernels:
         bwd = ATTN_BWD_FLOP_RATIO * flops_fwd / (self.attn_peak * self.attn_eff(span, head_dim, True))
         return fwd, bwd
 
-    def attention_unfused(self, flops_fwd: float, span: float, head_dim: float, scores: float
-                          ) -> tuple[float, float]:
+    def attention_unfused(self, flops_fwd: float, span: float, head_dim: float, scores: float,
+                          dropout: bool = True) -> tuple[float, float]:
         """(forward, backward) seconds of attention without a flash kernel (Megatron-LM before FlashAttention):
         QK^T and AV as batched GEMMs over the full span (M = N = span, K = d; no causal skipping, so
         ``flops_fwd`` counts the whole s x s square) at the BF16/FP16 GEMM rate with the token-dimension factor
         on both s dimensions and none on d (the FlashAttention-3 paper's measured 'standard attention' is
         reproduced so; see the hardware files' ``gemm_half_nk`` note), and a fused scale-mask-softmax
-        plus dropout over ``scores`` score elements, memory-bound: per score, forward writes the scores (2 B),
-        the softmax reads them and writes probabilities (4 B), dropout writes its mask and output (3 B), AV
-        reads them (2 B); backward reads them and the output gradient's product, writes the gradients
-        (17 B): 11 B forward, 17 B backward, in the activation dtype (Shoeybi et al. 2019, arXiv 1909.08053;
-        Korthikanti et al. 2022, arXiv 2205.05198 sec. 4)."""
+        over ``scores`` score elements, memory-bound: per score, forward writes the scores (2 B), the softmax
+        reads them and writes probabilities (4 B), AV reads them (2 B) = 8 B; backward writes dP (2 B), the
+        softmax backward reads P and dP and writes dS (6 B), the dQ, dK and dV GEMMs read dS, dS and P (6 B) =
+        14 B (2-byte activations). Attention ``dropout`` (Megatron-LM's default 0.1 before FlashAttention) adds
+        its mask and output: 3 B forward, 3 B backward (Shoeybi et al. 2019, arXiv 1909.08053; Korthikanti et
+        al. 2022, arXiv 2205.05198 sec. 4). The FlashAttention-3 paper's measured 'standard attention'
+        (Fig. 5(c), 6(b), no dropout) is reproduced within 15% (tests/cost/test_kernels.py)."""
         if flops_fwd <= 0:
             return 0.0, 0.0
         rate = self.peak_hi * self.gemm_max_hi * (span / (span + self.half_m)) ** 2
-        return (flops_fwd / rate + self.stream(11.0 * scores),
-                2.0 * flops_fwd / rate + self.stream(17.0 * scores))
+        drop = 3.0 if dropout else 0.0
+        return (flops_fwd / rate + self.stream((8.0 + drop) * scores),
+                2.0 * flops_fwd / rate + self.stream((14.0 + drop) * scores))
 
     def stream(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` through HBM in memory-bound kernels."""

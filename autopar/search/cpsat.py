@@ -316,8 +316,12 @@ class _Tables:
         mem = (self.states[:, rows][:, :, None, None, None, :] + self.act[:, rows][:, :, :, :, :, None]
                + np.transpose(self.buf[:, rows], (0, 1, 3, 2))[:, :, :, None, None, :]).max(axis=0)
         shape = step.shape
-        step_us = np.rint(step * SCALE_T).astype(np.int64).reshape(n, -1)
-        mem_mib = np.ceil(mem / GIB * SCALE_M).astype(np.int64).reshape(n, -1)
+        # Clipped at the placeholders (a step of 31 years, 1 EB of memory) so that absurd but valid inputs (a
+        # hardware file with a GFLOP/s chip and a 16M-token sequence) stay integers CP-SAT can sum without overflow.
+        step_us = np.rint(np.minimum(np.nan_to_num(step, nan=UNREACHABLE_S), UNREACHABLE_S) * SCALE_T
+                          ).astype(np.int64).reshape(n, -1)
+        mem_mib = np.ceil(np.minimum(np.nan_to_num(mem, nan=UNREACHABLE_BYTES), UNREACHABLE_BYTES) / GIB * SCALE_M
+                          ).astype(np.int64).reshape(n, -1)
         b_bad = np.broadcast_to(~self.batch_ok[rows][:, :, None, None, None], shape).reshape(n, -1)
         i_bad = np.broadcast_to(~self.inter_ok[rows][:, :, None, :, None], shape).reshape(n, -1)
         return step_us, mem_mib, b_bad, i_bad

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from autopar.errors import AutoparInputError
+from autopar.specs.bounds import FIELD_BOUNDS, bound_note
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.model import ModelSpec
 
@@ -21,6 +22,7 @@ _PKG = Path(__file__).resolve().parents[1]
 _ZOO_DIRS = {kind: [_PKG / "_zoo" / kind, _PKG.parent / kind] for kind in ("models", "hardware")}
 
 T = TypeVar("T", bound=BaseModel)
+MAX_INPUT_BYTES = 16 * 2 ** 20   # input files (specs, runs CSV, layout lists) are kB; this refuses a wrong file
 
 
 def zoo_dir(kind: str) -> Path:
@@ -43,6 +45,10 @@ def format_validation_error(err: ValidationError, where: str) -> str:
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key (not a field of this spec; check the spelling)"
+        elif e["type"] in ("less_than_equal", "too_long"):
+            name = next((str(x) for x in reversed(e["loc"]) if str(x) in FIELD_BOUNDS), None)
+            if name is not None:
+                msg += f"; autopar's bound {bound_note(FIELD_BOUNDS[name])}"
         lines.append(f"{where}: field '{loc}': {msg}")
     return "; ".join(lines)
 
@@ -56,24 +62,53 @@ def build_spec(cls: type[T], data: Any, where: str) -> T:
         raise AutoparInputError(format_validation_error(err, where)) from None
 
 
-def read_structured_file(path: Path) -> Any:
-    """Parse a YAML or JSON file; syntax errors become AutoparInputError with the line."""
+def read_text_file(path: Path) -> str:
+    """The text of a small input file; a folder, a file too large for an input, or bytes that are not UTF-8
+    become AutoparInputError naming the path."""
     try:
-        text = path.read_text()
+        is_dir, size = path.is_dir(), path.stat().st_size
     except OSError as err:
-        raise AutoparInputError(f"cannot read {path}: {err.strerror}") from None
+        raise AutoparInputError(f"cannot read {_show(path)}: {err.strerror or err}") from None
+    except ValueError as err:   # a NUL byte in the name
+        raise AutoparInputError(f"cannot read {_show(path)!r}: {err}") from None
+    if is_dir:
+        raise AutoparInputError(f"cannot read {_show(path)}: a folder, not a file")
+    if size > MAX_INPUT_BYTES:
+        raise AutoparInputError(f"{_show(path)} holds {size:,} bytes; autopar reads input files of at most "
+                                f"{MAX_INPUT_BYTES:,} bytes (model, hardware and runs files are a few kB)")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise AutoparInputError(f"cannot read {_show(path)}: {err.strerror or err}") from None
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise AutoparInputError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+        raise AutoparInputError(f"{_show(path)}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+
+
+def _show(path: Path | str, width: int = 80) -> str:
+    """A path as shown in a message: shortened in the middle when longer than ``width`` characters."""
+    text = str(path)
+    return text if len(text) <= width else f"{text[:width // 2 - 2]}...{text[-(width // 2 - 1):]}"
+
+
+def read_structured_file(path: Path) -> Any:
+    """Parse a YAML or JSON file; syntax errors become AutoparInputError with the line. Nesting deeper than
+    Python's recursion limit is an error too (no real spec is nested more than three levels)."""
+    text = read_text_file(path)
     try:
         if path.suffix == ".json":
             return json.loads(text)
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise AutoparInputError(f"{_show(path)}: nested too deeply to be a spec file") from None
     except json.JSONDecodeError as err:
-        raise AutoparInputError(f"{path}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
+        raise AutoparInputError(f"{_show(path)}: malformed JSON at line {err.lineno} column {err.colno}: "
+                                f"{err.msg}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise AutoparInputError(f"{path}: malformed YAML{at}: {getattr(err, 'problem', err)}") from None
+        raise AutoparInputError(f"{_show(path)}: malformed YAML{at}: {getattr(err, 'problem', err)}") from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -83,6 +118,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key must be a plain name, not a {type(key).__name__}", key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key '{key}'", key_node.start_mark)
@@ -93,20 +131,30 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 _LABEL = {"models": "model", "hardware": "hardware"}
 
 
+def _exists(path: Path) -> bool:
+    """path.exists(), False for names the OS cannot look up (too long, a NUL byte, a denied folder)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
 def _resolve(ref: str | Path, kind: str) -> Path:
-    path = Path(ref)
     label = _LABEL[kind]
-    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-        if not path.exists():
-            raise AutoparInputError(f"{label} file not found: {path}")
-        if path.is_dir() and (path / "config.json").exists():
+    if not str(ref).strip():
+        raise AutoparInputError(f"empty {label} name: give a zoo name or a file")
+    path = Path(ref)
+    if path.suffix in (".yaml", ".yml", ".json") or _exists(path):
+        if not _exists(path):
+            raise AutoparInputError(f"{label} file not found: {_show(path)}")
+        if path.is_dir() and _exists(path / "config.json"):
             return path / "config.json"
         return path
     candidate = zoo_dir(kind) / f"{ref}.yaml"
-    if candidate.exists():
+    if "/" not in str(ref) and _exists(candidate):
         return candidate
     names = zoo_names(kind)
-    raise AutoparInputError(f"unknown {label} '{ref}': not a file and not in the zoo ({', '.join(names)})")
+    raise AutoparInputError(f"unknown {label} '{_show(ref)}': not a file and not in the zoo ({', '.join(names)})")
 
 
 def load_model(ref: str | Path | ModelSpec, *, warn: Any = None) -> ModelSpec:

@@ -45,17 +45,16 @@ def _assert_no_worker_left(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_crashing_rank_is_reported_with_its_error(tmp_path):
-    res, took = _faulty_run("crash:1", tmp_path, timeout_s=120)
+    res, _ = _faulty_run("crash:1", tmp_path, timeout_s=120)
     assert not res.ok and res.failure == "crash: RuntimeError: injected crash (test)"
-    assert res.step_time_s is None and took < 100
+    assert res.step_time_s is None
     _assert_no_worker_left(tmp_path)
 
 
 @pytest.mark.slow
 def test_hanging_rank_times_out_and_every_process_is_killed(tmp_path):
-    res, took = _faulty_run("hang:1", tmp_path, timeout_s=8)
-    assert not res.ok and res.failure == "timeout"
-    assert took < 25
+    res, _ = _faulty_run("hang:1", tmp_path, timeout_s=8)
+    assert not res.ok and res.failure == "timeout"      # how soon after the timeout: a timing, not asserted here
     _assert_no_worker_left(tmp_path)
     assert Path(res.log_path).exists()
 
@@ -70,9 +69,10 @@ def test_out_of_memory_is_reported_as_oom(tmp_path):
 def test_layouts_the_runner_cannot_apply_fail_without_launching():
     moe = ModelSpec.model_validate(dict(TINY.model_dump(), moe=dict(num_experts=2, top_k=1,
                                                                       expert_ffn_hidden_size=32)))
-    res = run_layout(moe, Layout(tp=2, sequence_parallel=False), TR, world=2)
+    with mock.patch("subprocess.Popen", side_effect=AssertionError("a process was launched")):
+        res = run_layout(moe, Layout(tp=2, sequence_parallel=False), TR, world=2)
     assert not res.ok and res.failure.startswith("unsupported: MoE with tp > 1 needs sequence parallelism")
-    assert res.to_dict()["failure"] == res.failure and res.wall_s < 1
+    assert res.to_dict()["failure"] == res.failure
 
 
 def test_invalid_input_raises():
