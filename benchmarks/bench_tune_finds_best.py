@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autopar.profile.launch import run_layout  # noqa: E402
+from autopar.run.launch import run_layout  # noqa: E402
 from autopar.specs.layout import resolve_layout  # noqa: E402
 from autopar.tune import solve_space, tune  # noqa: E402
 from autopar.tune._problem import resolve_problem  # noqa: E402

@@ -6,7 +6,8 @@
 ``autopar profile hardware`` and ``autopar profile compare`` are registered here too; their command lines are
 in autopar/cli/measure.py, the work in autopar/measure/.
 
-torch is never imported here: the run happens in torchrun's worker processes (autopar.profile.worker).
+torch is never imported here: the run happens in torchrun's worker processes (autopar.run.worker; see
+docs/runner.md).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from autopar.cli.common import SCALE_BOUNDS, count, dump_json, seconds
 from autopar.cli.estimate import add_layout_args, layout_from_args
 from autopar.cli.measure import register_compare, register_hardware
 from autopar.errors import AutoparInputError
-from autopar.profile._scale import scale_model
+from autopar.run._scale import scale_model
 from autopar.specs.layout import resolve_layout
 from autopar.specs.loaders import build_spec, load_model
 from autopar.specs.model import ModelSpec
@@ -52,6 +53,13 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="seconds before the run is killed (default: 600)")
     r.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto = NCCL when CUDA is available, else gloo on the CPU")
+    r.add_argument("--lr", type=float, default=None,
+                   help="peak AdamW learning rate (default: 3e-4, Llama 3 8B's)")
+    r.add_argument("--lr-warmup", type=int, default=None,
+                   help="steps of linear LR warm-up (default: a quarter of --steps, at least 1)")
+    r.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                   help="model weights' dtype; auto = the training precision's (bf16) on CUDA, fp32 on the CPU "
+                        "(fp32 main weights and Adam moments always)")
 
 
 def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]:
@@ -70,11 +78,15 @@ def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]
     resolve_layout(layout, model, training, args.gpus)      # invalid layouts fail here, with the arithmetic
     if args.warmup < 0 or args.steps <= args.warmup:
         raise AutoparInputError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    if args.lr is not None and not args.lr > 0:
+        raise AutoparInputError(f"--lr must be positive (got {args.lr})")
+    if args.lr_warmup is not None and args.lr_warmup < 0:
+        raise AutoparInputError(f"--lr-warmup must be at least 0 (got {args.lr_warmup})")
     return model, layout, training
 
 
 def run(args: argparse.Namespace) -> int:
-    from autopar.profile.launch import run_layout
+    from autopar.run.launch import run_layout
     model, layout, training = _problem(args)
     resolved = resolve_layout(layout, model, training, args.gpus)
     print(f"autopar profile: {model.summary()}; {resolved.short()}; {args.gpus} ranks, "
@@ -82,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     res = run_layout(model, layout, training, world=args.gpus, steps=args.steps, warmup=args.warmup,
                      timeout_s=args.timeout, seed=args.seed, backend=args.backend,
                      workdir=Path(args.workdir) if args.workdir else None,
-                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+                     progress=lambda line: print(line, file=sys.stderr, flush=True),
+                     lr=args.lr, lr_warmup_steps=args.lr_warmup, dtype=args.dtype)
     if args.json:
         print(dump_json(dict(res.to_dict(), model=model.model_dump(mode="json"), layout=resolved.short(),
                              global_batch=training.global_batch, seq_len=training.seq_len)))
@@ -99,20 +112,27 @@ def run(args: argparse.Namespace) -> int:
     print(f"step      {res.step_time_s:.4f} s (median of {args.steps - args.warmup} after {args.warmup} warm-up)"
           f"   {res.tokens_per_s:,.0f} tokens/s")
     print(f"memory    peak GiB per rank: {' '.join(f'{m:.3f}' for m in res.peak_mem_gib)}  ({a['memory']})")
-    print(f"loss      {' '.join(f'{x:.4f}' for x in res.losses)}")
+    print(f"          scheme: {a['memory_scheme']}")
+    for term, label in (("weights", "weights"), ("grads", "gradients"), ("optimizer", "optimizer (main+Adam)"),
+                        ("fwd_bwd_peak", "fwd/bwd peak above step start")):
+        vals = [t.get(term) for t in res.memory_terms_gib]
+        shown = "n/a on CPU" if all(v is None for v in vals) else " ".join(f"{v:.4g}" for v in vals)
+        print(f"          {label:<30} GiB per rank: {shown}")
+    print(f"loss      {' '.join(f'{x:.4f}' for x in res.losses)}   ({a['lr']})")
     for n in res.notes:
         print(f"note      {n}")
     return 0
 
 
 def spec(args: argparse.Namespace) -> int:
-    from autopar.profile.launch import worker_spec
+    from autopar.run.launch import worker_spec
     model, layout, training = _problem(args)
     resolved = resolve_layout(layout, model, training, args.gpus)
     out = Path(args.out)
     out.write_text(json.dumps(worker_spec(model, resolved, training, steps=args.steps, warmup=args.warmup,
-                                          seed=args.seed, backend=args.backend, timeout_s=args.timeout), indent=1))
-    print(f"wrote {out}; run it with:\n  torchrun --nproc-per-node {args.gpus} -m autopar.profile.worker --spec {out}")
+                                          seed=args.seed, backend=args.backend, timeout_s=args.timeout,
+                                          lr=args.lr, lr_warmup_steps=args.lr_warmup, dtype=args.dtype), indent=1))
+    print(f"wrote {out}; run it with:\n  torchrun --nproc-per-node {args.gpus} -m autopar.run.worker --spec {out}")
     return 0
 
 

@@ -17,8 +17,8 @@ How
   cross-node bandwidth needs the worker started by ``torchrun`` on each node (see ``_worker_main``) and the
   result merged with ``--results-from``.
 
-  This launcher is separate from the training runner's (``autopar.profile.launch``, torchrun-based), which is
-  being moved to ``autopar/run/``; it needs no torchrun (a file rendezvous) and streams records as they come.
+  This launcher is separate from the training runner's (``autopar.run.launch``, torchrun-based): it needs no
+  torchrun (a file rendezvous) and streams records as they come.
 
 torch is imported inside functions only.
 """
