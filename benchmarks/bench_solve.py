@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda c: run_solve(c[0], c[1], limit, args.time_limit + 60), cases))
-    print(f"{len(rows)} cases ({len(models)} models x {len(parse_counts(args.counts))} GPU counts + the headline ones) in "
-          f"{time.perf_counter() - t0:.0f} s, {args.jobs} at a time\n")
+    print(f"{len(rows)} cases ({len(models)} models x {len(parse_counts(args.counts))} GPU counts, plus the headline "
+          f"ones) in {time.perf_counter() - t0:.0f} s, {args.jobs} at a time\n")
 
     feas = [r for r in rows if r.get("status") in ("OPTIMAL", "FEASIBLE")]
     infeas = [r for r in rows if r.get("status") == "INFEASIBLE"]
