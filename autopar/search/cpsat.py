@@ -51,13 +51,15 @@ from autopar.cost.memory import (activation_bytes, activation_elems_per_token, b
 from autopar.cost.pipeline import p2p_time
 from autopar.cost.result import GIB
 from autopar.search.space import Space
-from autopar.specs.layout import check_layout_groups
+from autopar.specs.layout import check_layout_groups, max_vpp
 
 SCALE_T = 1e6      # objective unit: microseconds
 SCALE_M = 1024.0   # memory unit: MiB
 # Placeholder micro-batch time for what the branch and bound did not time (cannot fit, or cannot beat the
-# incumbent): such candidates are then cut by the incumbent cutoff, or, when nothing fits, never chosen.
-UNREACHABLE_S = 1e6
+# incumbent): such candidates are then cut by the incumbent cutoff, or, when nothing fits, never chosen. Also the
+# clip for absurd but valid inputs (31 years of step time, 1 EB of memory): still integers CP-SAT sums safely.
+UNREACHABLE_S = 1e9
+UNREACHABLE_BYTES = 1e18
 MESH_GROUPS = ("world size", "min_gpus", "tensor parallel", "sequence parallel", "context parallel", "experts",
                "pipeline layers", "recompute", "topology", "sharding")
 ALL_GROUPS = MESH_GROUPS + ("batch", "interleaving", "hbm capacity")
@@ -221,7 +223,8 @@ class _Tables:
     def __init__(self, space: Space, est: Estimator, meshes: list[int]):
         self.space, self.est, self.meshes = space, est, meshes
         nm, J, R, K, Z = len(meshes), len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
-        self.stages = [est.stages(space.layout(mi, 1, "none", 1, 1).stage_layers) for mi in meshes]
+        self.splits = [space.layout(mi, 1, "none", 1, 1).stage_layers for mi in meshes]
+        self.stages = [est.stages(split) for split in self.splits]
         self.slots = slots = max(len(s) for s in self.stages)
         deg = np.array([space.meshes[mi] for mi in meshes], np.int64).reshape(nm, 5)
         self.pp = deg[:, 2]
@@ -313,7 +316,9 @@ class _Tables:
             act = np.broadcast_to(activation_bytes(prof, st, by_mbs_vpp, tr, (kept, working)), (G, R, J, K))
             self.act[s, pos] = np.swapaxes(act, 1, 2)
         self.batch_ok[pos] = tr.global_batch % (self.dp[pos][:, None] * self.mbs[None, :]) == 0
-        self.inter_ok[pos] = (self.vpp[None, None, :] == 1) | ((pp > 1) & (M[:, :, None] % pp == 0))
+        vmax = max_vpp(self.splits[pos[0]])
+        self.inter_ok[pos] = ((self.vpp[None, None, :] == 1)
+                              | ((pp > 1) & (M[:, :, None] % pp == 0) & (self.vpp[None, None, :] <= vmax)))
         self.mem_done[pos] = True
 
     def by_depth(self) -> list[np.ndarray]:
@@ -368,13 +373,17 @@ class _Tables:
                + np.transpose(self.buf[:, rows], (0, 1, 3, 2))[:, :, :, None, None, :]).max(axis=0)
         shape = mem.shape
         step_us = None
+        # Clipped at the placeholders (a step of 31 years, 1 EB of memory) so that absurd but valid inputs (a
+        # hardware file with a GFLOP/s chip and a 16M-token sequence) stay integers CP-SAT can sum without overflow.
         if with_time:
             grid = SimpleNamespace(grad_accum=self.M[rows][:, :, None, None, None],
                                    pp=self.pp[rows][:, None, None, None, None], vpp=self.vpp[None, None, None, :, None])
             step = step_seconds(grid, self.t_mb[rows][:, :, :, None, None], self.p2p[rows][:, :, None, :, None],
                                 np.transpose(self.tail[rows], (0, 2, 1))[:, :, None, None, :])
-            step_us = np.rint(np.broadcast_to(step, shape) * SCALE_T).astype(np.int64).reshape(n, -1)
-        mem_mib = np.ceil(mem / GIB * SCALE_M).astype(np.int64).reshape(n, -1)
+            step = np.minimum(np.nan_to_num(np.broadcast_to(step, shape), nan=UNREACHABLE_S), UNREACHABLE_S)
+            step_us = np.rint(step * SCALE_T).astype(np.int64).reshape(n, -1)
+        mem_mib = np.ceil(np.minimum(np.nan_to_num(mem, nan=UNREACHABLE_BYTES), UNREACHABLE_BYTES) / GIB * SCALE_M
+                          ).astype(np.int64).reshape(n, -1)
         b_bad = np.broadcast_to(~self.batch_ok[rows][:, :, None, None, None], shape).reshape(n, -1)
         i_bad = np.broadcast_to(~self.inter_ok[rows][:, :, None, :, None], shape).reshape(n, -1)
         return step_us, mem_mib, b_bad, i_bad

@@ -10,11 +10,13 @@ Sequence parallelism is on exactly when tp > 1 unless pinned off: in the cost mo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from autopar.errors import AutoparInputError
+from autopar.specs.bounds import BOUNDS, limit
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import RECOMPUTE_POLICIES, Layout, balanced_stage_layers, normalize_recompute
 from autopar.specs.model import ModelSpec
@@ -44,12 +46,46 @@ class SearchOptions:
     time_limit_s: float = 20.0
     workers: int = 2
 
+    def __post_init__(self) -> None:
+        """Check every option once, for every caller (the CLI's solve and tune, the library): one line per
+        mistake naming the option, as AutoparInputError."""
+        bounds = {"vpp": "vpp", "mbs": "micro_batch"}
+        for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
+            vals = getattr(self, k)
+            if vals is None:
+                continue
+            top = limit(bounds.get(k, "degree"))
+            bad = [v for v in vals if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top]
+            if bad or not vals:
+                raise AutoparInputError(f"--{k}: values must be whole numbers from 1 to {top:,}, got {vals}")
+        if self.zero is not None and (not self.zero or any(z not in (0, 1, 2, 3) for z in self.zero)):
+            raise AutoparInputError(f"--zero: ZeRO stages are 0, 1, 2 and 3, got {self.zero}")
+        if self.recompute is not None:
+            if not self.recompute:
+                raise AutoparInputError("--recompute: no policy given")
+            for r in self.recompute:
+                try:
+                    normalize_recompute(r)
+                except ValueError as err:
+                    raise AutoparInputError(f"--recompute: {err}") from None
+        if self.max_tp is not None and not 1 <= self.max_tp <= limit("degree"):
+            raise AutoparInputError(f"--max-tp must be from 1 to {limit('degree'):,}, got {self.max_tp}")
+        if not 1 <= self.top_k <= limit("top_k"):
+            raise AutoparInputError(f"--top-k must be from 1 to {limit('top_k'):,}, got {self.top_k}")
+        if not (math.isfinite(self.time_limit_s) and 0 < self.time_limit_s <= limit("time_limit_s")):
+            raise AutoparInputError(f"--time-limit must be finite, above 0 and at most {limit('time_limit_s'):,g} s, "
+                                    f"got {self.time_limit_s}")
+        if not 0 <= self.offload_activations <= 1:
+            raise AutoparInputError(f"--offload-activations must be between 0 and 1, got {self.offload_activations}")
+
     def pinned(self) -> dict[str, list[int]]:
         return {k: v for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "zero") if (v := getattr(self, k))}
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n in increasing order, in O(sqrt n) steps."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 @dataclass
@@ -118,8 +154,8 @@ def _fast_layout(values: dict) -> Layout:
 
 def build_space(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec, gpus: int,
                 options: SearchOptions) -> Space:
-    if gpus <= 0:
-        raise AutoparInputError(f"gpus must be positive (got {gpus})")
+    if not 1 <= gpus <= limit("gpus"):
+        raise AutoparInputError(f"gpus must be from 1 to {limit('gpus'):,} (got {gpus}; bound: {BOUNDS['gpus'].why})")
     o = options
     n = gpus
     divs = divisors(n)
