@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from autopar.errors import AutoparInputError
-from autopar.specs.loaders import build_spec
+from autopar.specs._base import build_spec
 from autopar.specs.model import ModelSpec
 
 # Keys that never change parameter counts, FLOPs or memory as autopar models them. Each group says why.
