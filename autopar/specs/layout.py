@@ -114,9 +114,11 @@ class Layout(Spec):
         return self.pp * max(self.tp * self.cp, self.ep * self.etp)
 
     def layers_per_stage(self, num_layers: int) -> tuple[int, ...]:
+        """``stage_layers`` if given, else the balanced split by layer count (even when the layers divide;
+        see :func:`balanced_stage_layers`). A resolved layout always carries its split."""
         if self.stage_layers is not None:
             return self.stage_layers
-        return (num_layers // self.pp,) * self.pp
+        return balanced_stage_layers(num_layers, self.pp, self.vpp) or (num_layers // self.pp,) * self.pp
 
     def short(self) -> str:
         """Compact one-line label, e.g. 'TP2 PP16 EP64 DP8 mbs1 GA16 sel'."""
@@ -156,6 +158,15 @@ def balanced_stage_layers(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, 
     if first < 1 or last > per:
         return None
     return (first, *([per] * (pp - 2)), last)
+
+
+def default_stage_layers(model: ModelSpec, pp: int, vpp: int = 1) -> tuple[int, ...] | None:
+    """The split autopar uses when a layout gives no ``stage_layers`` (``solve``, ``estimate`` and the library
+    alike): :func:`balanced_stage_layers` by layer count. None when no split exists (more stages than layers
+    can fill)."""
+    if model.num_layers < pp:
+        return None
+    return balanced_stage_layers(model.num_layers, pp, vpp)
 
 
 def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
@@ -237,9 +248,10 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         add(f"vpp = {L.vpp} needs pp > 1")
     group = "pipeline layers"
     if L.stage_layers is None:
-        if n % (L.pp * L.vpp):
-            add(f"num_layers ({n}) not divisible by pp·vpp = {L.pp}·{L.vpp} = {L.pp * L.vpp}; "
-                     "give stage_layers for an uneven split")
+        if n % (L.pp * L.vpp) and default_stage_layers(model, L.pp, L.vpp) is None:
+            add(f"num_layers ({n}) not divisible by pp·vpp = {L.pp}·{L.vpp} = {L.pp * L.vpp}, and no balanced "
+                f"uneven split exists (ceil({n}/{L.pp}) = {-(-n // L.pp)} layers on each middle stage leave "
+                f"{n - -(-n // L.pp) * (L.pp - 2)} for the first and last); give stage_layers")
     else:
         s = L.stage_layers
         if len(s) != L.pp:
@@ -287,7 +299,8 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
 
 def resolve_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
                    hardware: HardwareSpec | None = None, allow_cross_domain_tp: bool = True) -> Layout:
-    """Validate and fill in dp, grad_accum, sequence_parallel and stage_layers. Raises LayoutError."""
+    """Validate and fill in dp, grad_accum, sequence_parallel and stage_layers (when not given: the split
+    :func:`default_stage_layers` picks, the one ``solve`` searches). Raises LayoutError."""
     problems = check_layout(layout, model, training, gpus, hardware, allow_cross_domain_tp)
     if problems:
         raise LayoutError(problems)
@@ -295,4 +308,4 @@ def resolve_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpu
     ga = training.global_batch // (dp * layout.micro_batch)
     return layout.model_copy(update={
         "dp": dp, "grad_accum": ga, "sequence_parallel": layout.sp,
-        "stage_layers": layout.layers_per_stage(model.num_layers)})
+        "stage_layers": layout.stage_layers or default_stage_layers(model, layout.pp, layout.vpp)})
