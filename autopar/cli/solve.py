@@ -135,7 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="every layout sends this fraction of its stored activations to host memory (alone: 1 = all; "
                         "default: 0; not searched)")
     g.add_argument("--allow-cross-domain", action="store_true",
-                   help="let TP and EP·ETP span NVLink domains (default: forbidden)")
+                   help="let TP and ETP span NVLink domains (default: forbidden; EP may always span domains)")
     p.add_argument("--search", choices=("cpsat", "exhaustive", "heuristic"), default="cpsat",
                    help="cpsat (default), exhaustive (reference enumeration), heuristic (rules of thumb)")
     p.add_argument("--top-k", type=positive_int, default=5, help="layouts to list (default: 5)")

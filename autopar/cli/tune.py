@@ -156,7 +156,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pins.add_argument("--max-tp", type=positive_int, default=None, help="largest TP to consider")
     pins.add_argument("--no-cp", action="store_true", help="no context parallelism")
     pins.add_argument("--no-sp", action="store_true", help="no sequence parallelism")
-    pins.add_argument("--allow-cross-domain", action="store_true", help="let TP and EP·ETP span NVLink domains")
+    pins.add_argument("--allow-cross-domain", action="store_true", help="let TP and ETP span NVLink domains (EP may always span domains)")
     pins.add_argument("--top-k", type=positive_int, default=8,
                       help="distinct parallel structures kept from the solver (default: 8)")
     pins.add_argument("--time-limit", type=float, default=20.0, help="CP-SAT time limit per solve, s (default: 20)")

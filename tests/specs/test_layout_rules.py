@@ -265,10 +265,11 @@ def test_tp_inside_the_nvlink_domain():
     assert_clean(problems(wide, 16, hardware=nvl72, allow_cross_domain_tp=False))
 
 
-def test_expert_mesh_inside_the_nvlink_domain():
+def test_expert_parallel_may_span_domains_but_etp_may_not():
     h100, nvl72 = load_hardware("h100_sxm"), load_hardware("gb200_nvl72")
-    assert_flags(problems(Layout(ep=16), 16, MOE, hardware=h100, allow_cross_domain_tp=False),
-                 "ep·etp = 16 exceeds the NVLink domain (8 GPUs on h100_sxm)")
+    assert_clean(problems(Layout(ep=16), 16, MOE, hardware=h100, allow_cross_domain_tp=False))
+    assert_flags(problems(Layout(ep=1, etp=16), 16, MOE, hardware=h100, allow_cross_domain_tp=False),
+                 "etp (16) exceeds the NVLink domain (8 GPUs on h100_sxm)")
     assert_clean(problems(Layout(ep=8), 16, MOE, hardware=h100, allow_cross_domain_tp=False))
     assert_clean(problems(Layout(ep=16, etp=2), 32, MOE, hardware=nvl72, allow_cross_domain_tp=False))
 
