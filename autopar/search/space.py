@@ -133,5 +133,5 @@ def build_space(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec
                   mbs=sorted(set(o.mbs or [1, 2, 4])), recompute=list(dict.fromkeys(rcs)),
                   vpp=sorted(set(o.vpp or [1, 2, 4, 8])), zero=sorted(set(o.zero if o.zero is not None else [0, 1, 2, 3])))
     for pp in {m[2] for m in meshes}:
-        space.splits[pp] = default_stage_layers(model, pp, 1)
+        space.splits[pp] = default_stage_layers(model, pp, 1, training.seq_len)
     return space
