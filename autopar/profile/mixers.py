@@ -18,7 +18,7 @@ and a **recurrent** reference (one token at a time, the definition), which the t
 The :class:`LinearMixer` module packs its projections so the runner's tensor-parallel plan (wq, wk, wv column-
 parallel, wo row-parallel) splits it by heads: every per-head quantity (gates, β, Δt) sits in wv next to that
 head's values, every per-group one (Mamba-2's B, C) in wq/wk. Approximations, reported by :func:`approximations`:
-no short convolutions; decays are data-dependent log-sigmoid / softplus gates of a learned projection (Lightning's
+no short convolutions; KDA's per-channel decay runs as a per-head one; decays are data-dependent log-sigmoid / softplus gates of a learned projection (Lightning's
 fixed per-head decays and Mamba-2's learned A are folded into that projection's bias); per-head RMSNorm without a
 learned scale on the output; no Mamba-2 D skip. The work the cost model prices (projections and the chunked scan)
 is what runs.
@@ -148,7 +148,7 @@ class LinearMixer(nn.Module):
         if mx.kind == "gla":            # wq per head: [q, forget-gate logits]; wv per head: [v, output gate]
             self.split = ((dk, dk), (dk,), (dv, dv))
             shapes = (H * 2 * dk, H * dk, H * 2 * dv, H * dv)
-        elif mx.kind == "gated_deltanet":   # wv per value head: [v, output gate z, beta logit, decay logit]
+        elif mx.kind in ("gated_deltanet", "kda"):   # wv per value head: [v, output gate z, beta logit, decay logit]
             Hv = mx.v_heads
             self.split = ((dk,), (dk,), (dv, dv, 1, 1))
             shapes = (H * dk, H * dk, Hv * (2 * dv + 2), Hv * dv)
@@ -166,7 +166,9 @@ class LinearMixer(nn.Module):
         self.wk = nn.Linear(h, shapes[1], bias=False)
         self.wv = nn.Linear(h, shapes[2], bias=True)     # the bias holds the decay / Δt offsets per head
         self.wo = nn.Linear(shapes[3], h, bias=False)
-        self.core = ChunkScan(mx.kind, mx.chunk_size)
+        self.core = ChunkScan("gated_deltanet" if mx.kind == "kda" else mx.kind, mx.chunk_size)
+        if mx.kind == "kda":
+            self.kind = "gated_deltanet"   # KDA's per-channel decay is run as the per-head decay of the delta rule
 
     def _heads(self, t: torch.Tensor, widths: tuple[int, ...]) -> list[torch.Tensor]:
         """[b, s, heads·sum(widths)] -> per-part tensors [b, heads, s, width] (local heads under TP)."""

@@ -10,6 +10,8 @@ A :class:`MixerSpec` is named in ``ModelSpec.mixers`` and placed by ``ModelSpec.
 ``gla``             gated linear attention (Yang et al. 2023, arXiv 2312.06635; FLA ``GatedLinearAttention``).
 ``gated_deltanet``  gated delta rule (Yang, Kautz & Hatamizadeh 2024, arXiv 2412.06464; FLA ``GatedDeltaNet``,
                     Qwen3-Next ``Qwen3NextGatedDeltaNet``).
+``kda``             Kimi Delta Attention (Kimi Linear, arXiv 2510.26692): the gated delta rule with a per-channel
+                    (not per-head) forget gate, from low-rank gate projections (FLA ``KimiDeltaAttention``).
 ``lightning``       linear attention with a fixed per-head decay (Lightning Attention-2, Qin et al. 2024,
                     arXiv 2401.04658; MiniMax-01).
 ``mamba2``          state-space duality (Dao & Gu 2024, arXiv 2405.21060; Megatron-Core ``MambaMixer``,
@@ -26,7 +28,8 @@ softmax attention of autopar.specs.model is):
 * linear attention (GLA, Lightning; GLA paper sec. 4, eq. 6-7, the "chunkwise parallel form"):
   intra-chunk scores Q·K^T and scores·V over C/2 keys on average: 2·(C/2)·d_k + 2·(C/2)·d_v;
   inter-chunk output Q·S (S the d_k x d_v state): 2·d_k·d_v; state update K^T·V: 2·d_k·d_v.
-* gated delta rule (GDN paper sec. 3.3, the WY/UT representation of the chunkwise delta rule, as FLA's
+* gated delta rule and KDA (GDN paper sec. 3.3; Kimi Linear sec. 3 uses the same chunkwise form with a per-channel
+  decay; the WY/UT representation of the chunkwise delta rule, as FLA's
   ``chunk_gated_delta_rule`` computes it): the lower-triangular K·K^T (2·(C/2)·d_k), its triangular inverse
   (C²/3 per token: C³/3 per chunk), W = T·K and U = T·V (2·(C/2)·d_k + 2·(C/2)·d_v), the intra-chunk
   Q·K^T and scores·(U − W·S) (2·(C/2)·d_k + 2·(C/2)·d_v), and three d_k x d_v products with the state (W·S,
@@ -50,15 +53,15 @@ from autopar.specs._base import Spec
 if TYPE_CHECKING:
     from autopar.specs.model import ModelSpec
 
-MixerKind = Literal["attention", "gla", "gated_deltanet", "lightning", "mamba2"]
-LINEAR_KINDS = ("gla", "gated_deltanet", "lightning", "mamba2")
+MixerKind = Literal["attention", "gla", "gated_deltanet", "kda", "lightning", "mamba2"]
+LINEAR_KINDS = ("gla", "gated_deltanet", "kda", "lightning", "mamba2")
 
 
 class MixerSpec(Spec):
     """One token-mixer kind, placed on layers by ``ModelSpec.layer_pattern``. Fields not used by a kind must
     stay unset (checked)."""
 
-    kind: MixerKind = Field(description="attention | gla | gated_deltanet | lightning | mamba2.")
+    kind: MixerKind = Field(description="attention | gla | gated_deltanet | kda | lightning | mamba2.")
     # softmax attention options (heads and dims are the model's)
     window: int | None = Field(default=None, gt=0, description="attention: sliding window in tokens.")
     chunk: int | None = Field(default=None, gt=0, description="attention: chunked attention, tokens per chunk.")
@@ -98,8 +101,8 @@ class MixerSpec(Spec):
                 raise ValueError(f"mamba2: num_heads ({self.num_heads}) not divisible by n_groups ({self.n_groups})")
         elif self.state_size is not None:
             raise ValueError(f"state_size is a mamba2 field, not {k}'s")
-        if self.gate_low_rank is not None and k != "gla":
-            raise ValueError(f"gate_low_rank is a gla field, not {k}'s")
+        if self.gate_low_rank is not None and k not in ("gla", "kda"):
+            raise ValueError(f"gate_low_rank is a gla / kda field, not {k}'s")
         if self.num_value_heads is not None and k != "gated_deltanet":
             raise ValueError(f"num_value_heads is a gated_deltanet field, not {k}'s")
         if k == "gated_deltanet" and self.v_heads % self.num_heads:
@@ -146,6 +149,8 @@ class MixerSpec(Spec):
         h·r + r·H·d_k (the low-rank gk_proj); o H·d_v·h.
         gated_deltanet (Qwen3-Next in_proj_qkvz + in_proj_ba, FLA GatedDeltaNet): q, k h·H_k·d_k each;
         v h·H_v·d_v; output gate h·H_v·d_v; decay and β h·H_v each; o H_v·d_v·h.
+        kda (FLA KimiDeltaAttention): q, k, v h·H·d each; forget gate h·r + r·H·d and output gate h·r + r·H·d
+        (low rank r, default d); β h·H; o H·d·h.
         lightning (MiniMax-01): q, k, v h·H·d each; output gate h·H·d; o H·d·h.
         mamba2 (mamba_ssm Mamba2 in_proj / out_proj): h·(2·d_in + 2·G·N + H) in; d_in·h out."""
         H, dk, dv = self.num_heads or 0, self.dk, self.dv
@@ -159,6 +164,9 @@ class MixerSpec(Spec):
                     + Hv * dv * h)
         if self.kind == "lightning":
             return 3 * h * H * dk + (h * H * dk if self.output_gate else 0) + H * dk * h
+        if self.kind == "kda":
+            r = self.gate_low_rank or dv
+            return 3 * h * H * dk + (h * r + r * H * dk) + (h * r + r * H * dv) + h * H + H * dv * h
         if self.kind == "mamba2":
             G, N, d = self.n_groups, self.state_size or 0, self.d_inner
             return h * (2 * d + 2 * G * N + H) + d * h
@@ -168,7 +176,8 @@ class MixerSpec(Spec):
         """Non-GEMM weights: convolutions (K·channels; Mamba-2 + bias), gate biases, decay parameters, norms.
 
         gla: gk bias H·d_k (low-rank form), output norm d_v (FLA's per-head gated RMSNorm, shared by heads).
-        gated_deltanet: A_log and dt_bias H_v each, output norm d_v. lightning: output norm H·d.
+        gated_deltanet: A_log and dt_bias H_v each, output norm d_v. kda: A_log H, dt_bias H·d_k, output-gate
+        bias H·d_v, output norm d_v. lightning: output norm H·d.
         mamba2: conv bias (channels), dt_bias, A_log, D (H each), gated RMSNorm d_in."""
         H = self.num_heads or 0
         conv = self.conv_kernel * self.conv_channels()
@@ -178,6 +187,8 @@ class MixerSpec(Spec):
             return conv + 2 * self.v_heads + self.dv
         if self.kind == "lightning":
             return conv + H * self.dk
+        if self.kind == "kda":
+            return conv + H + H * self.dk + H * self.dv + self.dv
         if self.kind == "mamba2":
             return conv + self.conv_channels() + 3 * H + self.d_inner
         return 0  # pragma: no cover
@@ -190,7 +201,7 @@ class MixerSpec(Spec):
         conv = 2.0 * self.conv_kernel * self.conv_channels()
         if self.kind in ("gla", "lightning"):
             return conv + H * (2 * (C / 2) * (dk + dv) + 4 * dk * dv)
-        if self.kind == "gated_deltanet":
+        if self.kind in ("gated_deltanet", "kda"):
             Hv = self.v_heads    # FLA broadcasts q and k over the value heads: the scan runs per value head
             per_head = 2 * (C / 2) * dk + C * C / 3 + 2 * (C / 2) * (dk + dv) + 2 * (C / 2) * (dk + dv) + 6 * dk * dv
             return conv + Hv * per_head
@@ -206,7 +217,7 @@ class MixerSpec(Spec):
         conv = max(self.conv_kernel - 1, 0) * self.conv_channels()
         if self.kind == "mamba2":
             return (self.num_heads or 0) * (self.head_dim or 0) * (self.state_size or 0) + conv
-        heads = self.v_heads if self.kind == "gated_deltanet" else (self.num_heads or 0)
+        heads = self.v_heads if self.kind in ("gated_deltanet", "kda") else (self.num_heads or 0)
         return heads * self.dk * self.dv + conv
 
     def stored_elems(self) -> tuple[float, float]:
@@ -221,6 +232,8 @@ class MixerSpec(Spec):
         if self.kind == "gated_deltanet":
             Hv = self.v_heads
             return conv_in + 2 * H * dk + Hv * dv + 2 * Hv + (Hv * dv if self.output_gate else 0), Hv * dv
+        if self.kind == "kda":   # q, k, v, the per-channel gate, β, the output gate
+            return conv_in + 3 * H * dk + H * dk + H + H * dv, H * dv
         if self.kind == "lightning":
             return conv_in + 3 * H * dk + (H * dk if self.output_gate else 0), H * dk
         if self.kind == "mamba2":
