@@ -170,6 +170,15 @@ class LinearMixer(nn.Module):
         if mx.kind == "kda":
             self.kind = "gated_deltanet"   # KDA's per-channel decay is run as the per-head decay of the delta rule
 
+    def __setattr__(self, name: str, value) -> None:
+        # Context parallelism swaps every block's attention.core for ring attention; a linear/SSM scan needs a
+        # state pass between CP ranks instead, which the runner does not implement: say so instead of failing later.
+        if name == "core" and "core" in self._modules and not (
+                isinstance(value, ChunkScan) or isinstance(getattr(value, "inner", None), ChunkScan)):
+            raise ValueError(f"the runner has no context parallelism for {self.kind} layers (their scan passes a "
+                             "state between CP ranks, not implemented here); run hybrid models with cp = 1")
+        super().__setattr__(name, value)
+
     def _heads(self, t: torch.Tensor, widths: tuple[int, ...]) -> list[torch.Tensor]:
         """[b, s, heads·sum(widths)] -> per-part tensors [b, heads, s, width] (local heads under TP)."""
         b, s = t.shape[:2]

@@ -102,6 +102,14 @@ def test_hybrid_model_splits_over_pipeline_stages_with_the_full_weights():
     assert logits.shape == (2, 16, 128) and torch.isfinite(logits).all()
 
 
+def test_context_parallel_swap_of_a_linear_scan_is_refused_clearly():
+    mod = LinearMixer(HYBRID, MixerSpec(**MIXERS["gla"]))
+    with pytest.raises(ValueError, match="no context parallelism for gla layers"):
+        mod.core = torch.nn.Identity()
+    from autopar.profile.recompute import Checkpointed
+    mod.core = Checkpointed(mod.core)     # selective recomputation's wrapper is fine
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world, layout", [(2, dict(tp=2, sequence_parallel=False)), (2, dict(pp=2)),
                                            (4, dict(tp=2, pp=2))],
