@@ -80,6 +80,32 @@ class Report:
     def predicted_oom(self) -> list[str]:
         return [r.case.row_id for r in self.rows if not r.fits]
 
+    def breakdown(self) -> dict[str, dict[str, tuple[int, float, float]]]:
+        """Error by group, for each way of grouping the rows: {grouping: {group: (rows, mean |err|, mean err)}}.
+        Groupings: source (the row id's prefix), dense/MoE, precision, system, context length."""
+        out: dict[str, dict[str, tuple[int, float, float]]] = {}
+        for name, key in GROUPINGS.items():
+            groups: dict[str, list[float]] = {}
+            for r in self.rows:
+                groups.setdefault(key(r.case), []).append(r.error)
+            out[name] = {g: (len(v), sum(abs(e) for e in v) / len(v), sum(v) / len(v))
+                         for g, v in sorted(groups.items())}
+        return out
+
+
+def _context_bucket(c: "Case") -> str:
+    s = c.training.seq_len
+    return "<= 4K" if s <= 4096 else "8K-16K" if s <= 16384 else "32K-64K" if s <= 65536 else "> 64K"
+
+
+GROUPINGS = {
+    "source": lambda c: c.row_id.split("-")[0],
+    "dense/MoE": lambda c: "MoE" if c.model.is_moe else "dense",
+    "precision": lambda c: c.training.precision,
+    "system": lambda c: c.hardware.name,
+    "context": _context_bucket,
+}
+
 
 def _int(v: str, default: int | None = None) -> int | None:
     v = (v or "").strip()
@@ -132,8 +158,18 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         notes.append("precision n/f: bf16")
     half = "fp16" if prec == "fp16" else "bf16"
     routing = "dropless" if "dropless" in rid else "balanced"
+    kernels = {}
+    if src == "mlm21":
+        # Megatron-LM 2021 predates FlashAttention (2022) and the fused cross entropy: attention was batched GEMMs
+        # around a fused scale-mask-softmax kernel, with attention dropout, and the loss plain vocab-parallel.
+        kernels = {"attention_kernel": "unfused", "cross_entropy": "unfused"}
+        notes.append("kernels (2021): unfused attention and cross entropy")
+    # TP communication overlap is a framework switch: on only where the source says the run used it.
+    kernels["tp_comm_overlap"] = "--tp-comm-overlap" in row.get("notes", "")
+    if not kernels["tp_comm_overlap"] and _int(row["tp"], 1) > 1:
+        notes.append("TP comm overlap n/f: off")
     training = TrainingSpec(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half, grad_dtype=half,
-                            moe_routing=routing if model.is_moe else "balanced")
+                            moe_routing=routing if model.is_moe else "balanced", **kernels)
     tp, pp = _int(row["tp"], 1), _int(row["pp"], 1)
     vpp = _int(row["vpp"])
     choose_vpp = vpp is None and pp > 1

@@ -45,16 +45,25 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
 def run(args: argparse.Namespace) -> int:
     model, hw, training, notes = load_problem(args)
     layout = layout_from_args(args)
-    est = Estimator(model, hw, training, args.gpus).estimate(layout)
+    estimator = Estimator(model, hw, training, args.gpus)
+    est = estimator.estimate(layout)
+    by_kernel = estimator.compute_by_kernel(est.layout, resolved=True)
     if args.json:
         d = est.to_dict()
         d["notes"] = notes + d["notes"]
+        d["compute_by_kernel_s"] = by_kernel
         print(dump_json(d))
         return 0
     out = console()
     for n in notes:
         out.print(f"note: {n}")
     print_estimate(est, model, hw, training, out)
+    total = sum(v for k, v in by_kernel.items() if k != "recomputation")
+    out.print("compute by kernel class (s/step, slowest stage): " + ", ".join(
+        f"{k} {v:.3g} ({v / total:.0%})" for k, v in sorted(by_kernel.items(), key=lambda kv: -kv[1])
+        if k != "recomputation" and v > 0) + (f"; of which recomputation {by_kernel['recomputation']:.3g}"
+                                              if by_kernel.get("recomputation") else ""))
+    out.print(f"kernel speeds: {hw.kernel_model.source}")
     return 0
 
 

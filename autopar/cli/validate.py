@@ -15,35 +15,37 @@ from autopar.validation import DEFAULT_CSV, validate
 def run_fit(args: argparse.Namespace) -> int:
     from datetime import date
 
-    from autopar.calibration import INHERIT, cross_validate, fit, write_efficiency
+    from autopar.calibration import BOUNDS, cross_validate, fit, write_efficiency
     from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
     from autopar.validation import load_cases
     err = console(stderr=True)
     cases, skipped = load_cases(Path(args.csv))
     res = fit(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
     out = console()
-    t = Table(title="Fitted constants (physical: per chip/precision, or shared)", title_justify="left")
-    for c in ("constant", "value", "rows"):
+    t = Table(title="Fitted constants (shared by every chip and run; kernel speeds are measured, not fitted)",
+              title_justify="left")
+    for c in ("constant", "value", "bounds", "at a bound", "why the bounds"):
         t.add_column(c)
-    for (chip, prec), v in sorted(res.gemm.items()):
-        t.add_row(f"{chip}.gemm({prec})", f"{v:.3f}", str(res.rows_per_gemm[chip, prec]))
     for k, v in res.shared.items():
-        t.add_row(k, f"{v:.3f}", "all")
+        lo, hi, why = BOUNDS[k]
+        t.add_row(k, f"{v:.4g}", f"[{lo:g}, {hi:g}]", "[yellow]yes[/yellow]" if k in res.at_bound else "no", why)
     out.print(t)
-    out.print(f"mean absolute error: {res.loss_before:.2%} before, {res.loss_after:.2%} after")
+    out.print(f"mean absolute error (in-sample): {res.loss_before:.2%} before, {res.loss_after:.2%} after")
+    if res.at_bound:
+        out.print("[yellow]constants at a bound (see README 'Accuracy'):[/yellow] " + ", ".join(res.at_bound))
     if args.cv:
         cv = cross_validate(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
+        mean = sum(cv.values()) / len(cv)
         out.print("held-out source (fit on the others) mean absolute error: "
-                  + ", ".join(f"{k} {v:.1%}" for k, v in cv.items()))
+                  + ", ".join(f"{k} {v:.1%}" for k, v in cv.items()) + f"; mean over sources {mean:.1%}")
     if args.write:
         d = zoo_dir("hardware")
-        chips = {k[0] for k in res.gemm} | {n for n in zoo_names("hardware") if INHERIT.get(n) in {k[0] for k in res.gemm}}
         note = (f"fitted {date.today()} on {Path(args.csv).name} ({len(cases)} rows): mean absolute error "
                 f"{res.loss_before:.2%} -> {res.loss_after:.2%}")
-        for name in sorted(chips):
+        for name in sorted(zoo_names("hardware")):
             hw = load_hardware(name)
             write_efficiency(d / f"{name}.yaml", res.efficiency_for(hw), note)
-            out.print(f"wrote the calibrated efficiency of {name} to {d / (name + '.yaml')}")
+            out.print(f"wrote the calibrated constants of {name} to {d / (name + '.yaml')}")
     return 0
 
 
@@ -57,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
                                    "measured_from": r.case.measured_from, "predicted": r.predicted_tokens,
                                    "error": r.error, "fits": r.fits, "memory_gib": r.memory_gib,
                                    "assumptions": r.case.assumptions} for r in rep.rows],
+                         "breakdown": {k: {g: {"rows": n, "mean_abs_error": mae, "mean_error": b}
+                                           for g, (n, mae, b) in v.items()} for k, v in rep.breakdown().items()},
                          "skipped": rep.skipped}))
         return 0
     out = console()
@@ -70,6 +74,13 @@ def run(args: argparse.Namespace) -> int:
     out.print(t)
     for rid, why in rep.skipped:
         out.print(f"skipped {rid}: {why}")
+    for grouping, groups in rep.breakdown().items():
+        g = Table(title=f"Error by {grouping}", title_justify="left")
+        for c in (grouping, "rows", "mean |error|", "mean error (+ = predicted fast)"):
+            g.add_column(c, justify="left" if c == grouping else "right")
+        for name, (n, mae, bias) in groups.items():
+            g.add_row(name, str(n), f"{mae:.1%}", f"{bias:+.1%}")
+        out.print(g)
     out.print(f"[bold]{len(rep.rows)} rows: mean absolute error {rep.mape:.2%}, max {rep.max_abs_error:.1%}; "
               f"predicted OOM for {len(rep.predicted_oom)} layouts that ran[/bold]")
     return 0

@@ -17,7 +17,7 @@ NVLink and the inter-domain part on the k NICs of the domain in parallel:
     send/recv:   S/B + a (NVLink when both ends share a domain).
     MoE dispatch/combine (:meth:`Network.moe_dispatch_time`): the all-to-all of routed tokens, priced
                  hierarchically as DeepEP-style dispatchers run it across domains (below).
-B_nvl = nvlink_gbps · efficiency.nvlink, B_net = scaleout_gbps · efficiency.scaleout (GB/s = 1e9 B/s).
+B_nvl = nvlink_gbps · kernel_model.nvlink, B_net = scaleout_gbps · kernel_model.scaleout (GB/s = 1e9 B/s).
 
 With a measured table (``measured_busbw_gbps``), time = S · factor(n) / busbw(n), where factor is the
 nccl-tests bus-bandwidth factor: 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and
@@ -59,8 +59,8 @@ class Network:
     def __init__(self, hw: HardwareSpec):
         self.hw = hw
         self.domain = hw.nvlink_domain_size
-        self.b_nvl = hw.nvlink_gbps * 1e9 * hw.efficiency.nvlink
-        self.b_net = hw.scaleout_gbps * 1e9 * hw.efficiency.scaleout
+        self.b_nvl = hw.nvlink_gbps * 1e9 * hw.kernel_model.nvlink
+        self.b_net = hw.scaleout_gbps * 1e9 * hw.kernel_model.scaleout
         self.a_nvl = hw.nvlink_latency_us * 1e-6
         self.a_net = hw.scaleout_latency_us * 1e-6
         self.measured = hw.measured_busbw_gbps

@@ -1,85 +1,178 @@
-"""Compute time: the math of one micro-batch on one GPU of a pipeline stage.
+"""Compute time: the kernels of one micro-batch on one GPU of a pipeline stage, priced class by class.
 
-FLOPs per token come from :mod:`autopar.specs.model` (2 FLOPs per multiply-add; backward = 2x forward,
-Narayanan et al. 2021, arXiv 2104.04473 sec. 5.1). A stage's GPUs (tp·cp of them per data-parallel rank, and
-the same GPUs re-sliced as ep·etp for the experts) share the tokens of a micro-batch evenly, so per GPU:
+A stage's GPUs (tp·cp of them per data-parallel rank, re-sliced as ep·etp for the experts) share the tokens of a
+micro-batch: each GPU runs the GEMMs of T = b·s/cp tokens on its 1/tp slice of the weights (column-parallel
+layers split N, row-parallel split K; Shoeybi et al. 2019, arXiv 1909.08053 sec. 3), the attention core of its
+a/tp heads, and the memory-bound kernels of T/tp tokens where sequence parallelism splits them (Korthikanti et
+al. 2022, arXiv 2205.05198 sec. 4.2.2). Routed experts: each GPU runs the T·k/tp token copies its EP rank
+receives (balanced routing) over E/ep local experts of f_e/etp columns, so one local expert sees
+M_e = T·k·ep·etp / (tp·E) tokens; under dropless routing the busiest rank has ``imbalance`` times the mean.
 
-    F_mb = (b·s) / (tp·cp) · [3·F_fwd(stage) + F_recompute(stage)]
-
-where b is the micro-batch size, s the sequence length, F_fwd the forward FLOPs per token of the stage's
-layers (+ LM head and MTP on the last stage) and F_recompute the forward FLOPs run again by the recompute
-policy (full: the whole layer; selective: QK^T and AV; 'mlp'/'moe'/'shared_experts': those blocks).
-Routed experts assume balanced routing (the published MoE runs force it). Time = F_mb / (peak · eff_gemm),
-with the dense peak of the training precision (datasheet) and the achievable fraction ``efficiency.gemm``
-(calibrated, see autopar validate).
+Each layer is the sum, per kernel class, of :mod:`autopar.cost.kernels`' prices of the kernels listed in its
+:class:`autopar.cost.shapes.LayerKind`, plus the calibrated per-layer overhead (``efficiency.layer_overhead_us``,
+one third in the forward pass). Recomputation re-runs the forward kernels of the modules it names (full: all of
+them). The last stage adds the LM head (a BF16 GEMM) and its cross-entropy over the vocabulary; MTP modules
+(DeepSeek-V3) are priced as one more layer of the last kind plus one more head each.
 """
 
 from __future__ import annotations
 
+from autopar.cost.kernels import Kernels
 from autopar.cost.profile import ModelProfile
+from autopar.cost.shapes import TP_SPLIT, LayerKind
 from autopar.cost.stage import Stage
 from autopar.specs.layout import Layout
 from autopar.specs.training import TrainingSpec
 
+# Cross entropy over the vocabulary, bytes moved per logit element (forward + backward): fused (Megatron
+# --cross-entropy-loss-fusion / Transformer Engine: logits read once in forward, the gradient written once in
+# backward, bf16: 2 + 2 B, plus the fp32 max/sum statistics re-read: 4 B) or unfused (Megatron's
+# vocab-parallel cross entropy in plain torch: bf16 logits read and upcast to fp32 (2 + 4), max (4), exp and
+# sum (4 + 4), softmax (4 + 4); backward softmax − one-hot (4 + 4) and the bf16 gradient (4 + 2) = 44 B).
+CROSS_ENTROPY_BYTES = {"fused": 8.0, "unfused": 44.0}
 
-def forward_flops_per_token(prof: ModelProfile, st: Stage) -> float:
-    f = st.sum(prof, "fwd_flops")
-    if st.is_last:
-        f += prof.head_fwd_flops + prof.mtp_fwd_flops
-    return f
-
-
-def recompute_flops_per_token(prof: ModelProfile, st: Stage, layout: Layout) -> float:
-    policy = layout.recompute
-    if policy == "none":
-        return 0.0
-    if policy == "full":
-        return st.sum(prof, "fwd_flops")
-    mods = layout.recompute_modules
-    f = 0.0
-    if "core_attn" in mods:
-        f += st.sum(prof, "attn_core_flops")
-    if "mlp" in mods:
-        f += st.sum(prof, "mlp_flops") - st.sum(prof, "moe_mlp_flops")
-    if "moe" in mods:
-        f += st.sum(prof, "moe_mlp_flops")
-    # layernorm, moe_act, mla_up_proj and shared_experts recomputation is memory-bound or small; counted as 0
-    # FLOPs here (an approximation: MLA up-projections are ~5% of a DeepSeek-V3 layer's forward FLOPs).
-    return f
+# Forward kernels re-run by each Megatron-Core recompute module (``--recompute-modules``).
+RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"), "moe": ("moe", "moe_act", "permute"),
+                   "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
+                   "layernorm": ("norm",), "mla_up_proj": ("mla_up_proj",)}
 
 
-def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, flops_per_s: float,
-                    hbm_bytes_per_s: float, elementwise_passes: float = 0.0,
-                    imbalance: float = 1.0) -> tuple[float, float]:
-    """(total, forward-only) seconds of one micro-batch's math on one GPU, by the roofline model
-    (Williams, Waterman & Patterson 2009): each group of GEMMs takes max(FLOPs / achievable FLOP/s,
-    weight bytes / achievable HBM bandwidth). A GEMM over T tokens with a K x N weight does 2·T·K·N FLOPs
-    and reads 2·K·N bytes of bf16 weight, so below T ≈ peak/bandwidth tokens (≈ 300 on an H100) it is
-    memory-bound. ``imbalance`` (busiest expert rank / mean, 1 for balanced routing) scales the routed
-    experts' work. Two groups are timed separately: the routed experts (grouped GEMMs over the few tokens
-    each local expert receives — why small-micro-batch MoE runs far below peak) and everything else.
-
-    Weight traffic per micro-batch: forward reads W (w bytes/param), backward reads W again for the input
-    gradient and writes the weight gradient (g bytes/param); full recomputation reads W once more."""
-    tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
-    routed = st.sum(prof, "routed_flops") * tokens
-    fwd_all = forward_flops_per_token(prof, st) * tokens + routed * (imbalance - 1)
-    rc_all = recompute_flops_per_token(prof, st, L) * tokens
-    fwd_routed = routed * imbalance
-    rc_routed = fwd_routed if (L.recompute == "full" or "moe" in L.recompute_modules) else 0.0
-    w_dense = st.sum(prof, "dense_params") / L.tp + (prof.head_params / L.tp if st.is_last else 0.0)
-    w_expert = st.sum(prof, "expert_params") / (L.ep * L.etp)
+def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tokens: float,
+                imbalance: float) -> dict[str, tuple[float, float]]:
+    """(forward, backward) seconds of each part of one layer for ``tokens`` = b·s/cp tokens per GPU."""
+    tp, ep, etp = L.tp, L.ep, L.etp
     wb, gb = tr.weight_bytes, tr.grad_bytes
-    passes = 2 * wb + gb + (wb if L.recompute == "full" else 0)
+    parts: dict[str, list[float]] = {}
 
-    def roof(flops: float, weight_bytes: float) -> float:
-        return max(flops / flops_per_s, weight_bytes / hbm_bytes_per_s)
+    def add(name: str, fb: tuple[float, float], scale: float = 1.0) -> None:
+        cur = parts.setdefault(name, [0.0, 0.0])
+        cur[0] += fb[0] * scale
+        cur[1] += fb[1] * scale
 
-    f_other, f_routed = fwd_all - fwd_routed, fwd_routed
-    # Non-GEMM kernels (norms, residuals, rotary, activation functions, casts) are HBM-bound: each layer moves
-    # about `elementwise_passes` h-wide activation tensors per token (SP splits them over the TP group).
-    sp_tokens = L.micro_batch * tr.seq_len / (L.cp * (L.tp if L.sp else 1))
-    t_elem = st.n_layers * elementwise_passes * prof.hidden * tr.activation_bytes * sp_tokens / hbm_bytes_per_s
-    total = roof(3 * f_other + rc_all - rc_routed, w_dense * passes) + roof(3 * f_routed + rc_routed, w_expert * passes)
-    fwd = roof(f_other, w_dense * wb) + roof(f_routed, w_expert * wb)
-    return total + t_elem, fwd + t_elem / 3
+    m_exp = tokens * kind.top_k * ep * etp / (tp * kind.num_experts) if kind.is_moe else 0.0
+    for lin in kind.linears:
+        if lin.split == "col":
+            add(lin.module, kern.gemm(tokens, lin.n / tp, lin.k, lin.params / tp, wb, gb))
+        elif lin.split == "row":
+            add(lin.module, kern.gemm(tokens, lin.n, lin.k / tp, lin.params / tp, wb, gb))
+        elif lin.split == "replicated":
+            add(lin.module, kern.gemm(tokens / tp, lin.n, lin.k, lin.params, wb, gb))
+        else:
+            local = kind.num_experts / ep * lin.params / etp
+            n, k = (lin.n / etp, lin.k) if lin.split == "expert_col" else (lin.n, lin.k / etp)
+            add(lin.module, kern.gemm(m_exp, n, k, local, wb, gb, grouped=True), imbalance)
+    span = min(kind.attn_window, tr.seq_len / L.cp)
+    if tr.attention_kernel == "unfused":
+        full = kind.attn_flops * kind.attn_window / kind.attn_ctx   # no causal skipping: the whole square
+        add("core_attn", kern.attention_unfused(full * tokens / tp, span, kind.head_dim,
+                                                kind.heads / tp * kind.attn_window * tokens))
+    else:
+        add("core_attn", kern.attention(kind.attn_flops * tokens / tp, span, kind.head_dim))
+    e = tr.activation_bytes
+    for name, (fwd, bwd) in kind.membound.items():
+        split = TP_SPLIT[name]
+        if split == "sp":
+            n_tok = tokens / tp if L.sp else tokens
+        elif split == "routed":
+            n_tok = tokens / tp * (etp if name == "permute" else 1)
+        else:
+            n_tok = tokens / tp
+        scale = imbalance if split == "routed" else 1.0
+        add(name, (kern.stream(fwd * e * n_tok), kern.stream(bwd * e * n_tok)), scale)
+    if kern.fp8:
+        # Transformer Engine cast_transpose: 4 B per element of each GEMM input (forward) and output gradient
+        # (backward) — see autopar.cost.shapes.
+        half = 0.5 * kind.fp8_cast_width * 4.0 * tokens / tp
+        add("fp8_cast", (kern.stream(half), kern.stream(half)))
+        if kind.is_moe:
+            half_e = 0.5 * kind.fp8_cast_width_expert * 4.0 * tokens * kind.top_k / tp
+            add("moe", (kern.stream(half_e), kern.stream(half_e)), imbalance)
+    return {k: (v[0], v[1]) for k, v in parts.items()}
+
+
+def _layer_times(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: TrainingSpec, tokens: float,
+                 imbalance: float) -> tuple[float, float, float]:
+    """(forward, backward, recompute) seconds of one layer of kind j, cached per layout axes it depends on."""
+    key = (id(prof), j, tokens, L.tp, L.sp, L.ep, L.etp, L.recompute, L.recompute_modules, imbalance)
+    hit = kern.cache.get(key)
+    if hit is None:
+        parts = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
+        fwd = sum(v[0] for v in parts.values())
+        bwd = sum(v[1] for v in parts.values())
+        if L.recompute == "full":
+            rc = fwd
+        elif L.recompute == "none":
+            rc = 0.0
+        else:
+            names = {p for mod in L.recompute_modules for p in RECOMPUTE_PARTS.get(mod, ())}
+            rc = sum(parts[p][0] for p in names if p in parts)
+        hit = kern.cache[key] = (fwd, bwd, rc)
+    return hit
+
+
+def head_time(kern: Kernels, prof: ModelProfile, L: Layout, tr: TrainingSpec, tokens: float) -> tuple[float, float]:
+    """(forward, backward) seconds of the LM head GEMM (BF16) and the cross entropy over V/tp logits."""
+    h, v = prof.hidden, prof.vocab
+    g = kern.gemm(tokens, v / L.tp, h, h * v / L.tp, tr.weight_bytes, tr.grad_bytes, hi=True)
+    ce = kern.stream(CROSS_ENTROPY_BYTES[tr.cross_entropy] * tokens * v / L.tp)
+    return g[0] + ce / 3.0, g[1] + 2.0 * ce / 3.0
+
+
+def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
+                    overhead_s: float = 0.0, imbalance: float = 1.0) -> tuple[float, float]:
+    """(total, forward-only) seconds of one micro-batch's kernels on one GPU of stage ``st``: forward +
+    backward + recomputation of every layer, the head on the last stage, and ``overhead_s`` per layer."""
+    tokens = L.micro_batch * tr.seq_len / L.cp
+    fwd = bwd = rc = 0.0
+    for j, count in prof.kind_counts(st.first, st.last):
+        f, b, r = _layer_times(kern, prof, j, L, tr, tokens, imbalance)
+        fwd += count * f
+        bwd += count * b
+        rc += count * r
+    n_layers = st.n_layers
+    if st.is_last:
+        hf, hb = head_time(kern, prof, L, tr, tokens)
+        fwd, bwd = fwd + hf, bwd + hb
+        if prof.mtp_layers:
+            f, b, r = _layer_times(kern, prof, prof.kind_of[-1], L, tr, tokens, imbalance)
+            fwd += prof.mtp_layers * (f + hf)
+            bwd += prof.mtp_layers * (b + hb)
+            rc += prof.mtp_layers * r
+            n_layers += prof.mtp_layers
+    over = n_layers * overhead_s
+    return fwd + bwd + rc + over, fwd + over / 3.0
+
+
+# Kernel class of each part of a layer (for reports: where the compute time goes).
+KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense GEMM", "shared_experts": "dense GEMM",
+                "router": "dense GEMM", "moe": "grouped GEMM (experts)", "core_attn": "attention core",
+                "norm": "memory-bound", "residual": "memory-bound", "rope": "memory-bound", "mlp_act": "memory-bound",
+                "shared_act": "memory-bound", "moe_act": "memory-bound", "permute": "memory-bound",
+                "fp8_cast": "memory-bound"}
+
+
+def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
+                     overhead_s: float = 0.0, imbalance: float = 1.0) -> dict[str, float]:
+    """Seconds of one micro-batch on stage ``st`` by kernel class (forward + backward + recomputation); the classes
+    sum to :func:`microbatch_time`'s total, and the ``recomputation`` entry says how much of them is re-run."""
+    tokens = L.micro_batch * tr.seq_len / L.cp
+    out: dict[str, float] = {}
+    kinds = list(prof.kind_counts(st.first, st.last))
+    if st.is_last and prof.mtp_layers:
+        kinds.append((prof.kind_of[-1], prof.mtp_layers))
+    for j, count in kinds:
+        parts = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
+        rc_names = (set(parts) if L.recompute == "full" else set() if L.recompute == "none" else
+                    {p for mod in L.recompute_modules for p in RECOMPUTE_PARTS.get(mod, ())})
+        for name, (f, b) in parts.items():
+            cls = KERNEL_CLASS[name]
+            rc = f if name in rc_names else 0.0
+            out[cls] = out.get(cls, 0.0) + count * (f + b + rc)
+            if rc:
+                out["recomputation"] = out.get("recomputation", 0.0) + count * rc
+    n_layers = st.n_layers + (prof.mtp_layers if st.is_last else 0)
+    if st.is_last:
+        hf, hb = head_time(kern, prof, L, tr, tokens)
+        out["LM head + loss"] = (1 + prof.mtp_layers) * (hf + hb)
+    out["per-layer overhead"] = n_layers * overhead_s
+    return out

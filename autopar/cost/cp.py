@@ -9,7 +9,9 @@ cp − 1 steps; the backward pass passes K, V and their gradients (2x): 3(cp −
 
 as point-to-point sends between neighbours tp ranks apart; full recomputation adds one forward pass.
 Ring attention overlaps each transfer with the attention block it feeds, so only what the attention math of
-the layer cannot cover is exposed:  T_cp = max(0, T_comm − cp_overlap · T_attention).
+the layer cannot cover is exposed:  T_cp = max(0, T_comm − cp_overlap · T_attention), with T_attention the
+flash-attention core's forward + backward (+ recomputed forward) time from :mod:`autopar.cost.kernels` at the
+ring's block span s/cp.
 
 Linear-attention and SSM layers (autopar.specs.mixers) keep no KV: each CP rank scans its own s/cp tokens from
 a zero state, and the ranks then pass the d_k x d_v state along the sequence, rank r adding its chunk's
@@ -27,6 +29,7 @@ intra-chunk part with it).
 from __future__ import annotations
 
 from autopar.cost.collectives import Network
+from autopar.cost.kernels import Kernels
 from autopar.cost.profile import ModelProfile
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec
@@ -35,7 +38,7 @@ from autopar.specs.training import TrainingSpec
 
 
 def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
-                           net: Network, flops_per_s: float) -> float:
+                           net: Network, kern: Kernels) -> float:
     if L.cp == 1:
         return 0.0
     m = prof.model
@@ -48,7 +51,9 @@ def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     n_attn = st.sum(prof, "attn_layers")
     comm = n_attn * passes * (L.cp - 1) * net.time("send_recv", kv_bytes, 2, L.tp)
     tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
-    attn = passes * st.sum(prof, "attn_core_flops") * tokens / flops_per_s
+    span = tr.seq_len / L.cp
+    fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, span, m.qk_head_dim)
+    attn = fwd + bwd + (fwd if L.recompute == "full" else 0.0)
     t = max(0.0, comm - hw.efficiency.cp_overlap * attn)
     n_state = st.sum(prof, "state_layers")
     if n_state:

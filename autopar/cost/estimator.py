@@ -21,6 +21,7 @@ from autopar.cost.collectives import Network
 from autopar.cost.cp import cp_time_per_microbatch
 from autopar.cost.dp import dp_time_per_step
 from autopar.cost.ep import ep_time_per_microbatch
+from autopar.cost.kernels import Kernels
 from autopar.cost.memory import offloaded_activation_bytes, shard_groups, stage_memory, stage_params
 from autopar.cost.offload import offload_time_per_microbatch
 from autopar.cost.optimizer import optimizer_time
@@ -50,27 +51,24 @@ class Estimator:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec, gpus: int):
         self.model, self.hardware, self.training, self.gpus = model, hardware, training, gpus
         self.profile = ModelProfile(model, training)
+        self._bind(hardware)
+        self._stages: dict[tuple[int, ...], list[Stage]] = {}
+
+    def _bind(self, hardware: HardwareSpec) -> None:
+        """Hardware-derived prices: network, kernel classes, calibrated overhead and imbalance."""
+        self.hardware = hardware
         self.net = Network(hardware)
-        self.peak = hardware.peak_tflops(training.precision) * 1e12
-        self.flops_per_s = self.peak * hardware.efficiency.gemm_for(training.precision)
-        self.hbm_bytes_per_s = hardware.hbm_tbps * 1e12 * hardware.efficiency.hbm
-        self.elementwise = hardware.efficiency.elementwise_passes
+        self.kernels = Kernels(hardware, self.training)
+        self.peak = hardware.peak_tflops(self.training.precision) * 1e12
+        self.layer_overhead_s = hardware.efficiency.layer_overhead_us * 1e-6
         self.imbalance = (hardware.efficiency.moe_dropless_imbalance if self.training.moe_routing == "dropless"
                           else 1.0)
-        self._stages: dict[tuple[int, ...], list[Stage]] = {}
 
     def with_hardware(self, hardware: HardwareSpec) -> "Estimator":
         """The same model and training on other hardware constants, reusing the model profile (calibration)."""
         other = object.__new__(Estimator)
         other.__dict__.update(self.__dict__)
-        other.hardware = hardware
-        other.net = Network(hardware)
-        other.peak = hardware.peak_tflops(self.training.precision) * 1e12
-        other.flops_per_s = other.peak * hardware.efficiency.gemm_for(self.training.precision)
-        other.hbm_bytes_per_s = hardware.hbm_tbps * 1e12 * hardware.efficiency.hbm
-        other.elementwise = hardware.efficiency.elementwise_passes
-        other.imbalance = (hardware.efficiency.moe_dropless_imbalance if self.training.moe_routing == "dropless"
-                           else 1.0)
+        other._bind(hardware)
         return other
 
     def resolve(self, layout: Layout, allow_cross_domain_tp: bool = True) -> Layout:
@@ -96,10 +94,10 @@ class Estimator:
         """(compute, tp, cp, ep, forward-only compute, exposed offload) seconds of one micro-batch on stage
         ``st``; the micro-batch time is the sum of all but the forward-only compute."""
         prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
-        t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.flops_per_s, self.hbm_bytes_per_s,
-                                                self.elementwise, self.imbalance)
+        t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
+                                                self.imbalance)
         return (t_tot, tp_time_per_microbatch(prof, st, L, tr, hw, net),
-                cp_time_per_microbatch(prof, st, L, tr, hw, net, self.flops_per_s),
+                cp_time_per_microbatch(prof, st, L, tr, hw, net, self.kernels),
                 ep_time_per_microbatch(prof, st, L, tr, hw, net) * self.imbalance, t_fwd,
                 offload_time_per_microbatch(prof, st, L, tr, hw, t_fwd, t_tot) if L.offload_activations else 0.0)
 
@@ -112,12 +110,21 @@ class Estimator:
         prof, tr, hw = self.profile, self.training, self.hardware
         dense, expert = stage_params(prof, st, L)
         if t_fwd is None:
-            t_fwd = _compute.microbatch_time(prof, st, L, tr, self.flops_per_s, self.hbm_bytes_per_s,
-                                             self.elementwise, self.imbalance)[1]
+            t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
+                                             self.imbalance)[1]
         dp_exposed, _ = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd)
         sd, se = shard_groups(L)
         p_local = dense / (sd if L.zero_stage >= 1 else 1) + expert / (se if L.zero_stage >= 1 else 1)
         return dp_exposed, optimizer_time(p_local, tr, hw)
+
+    def compute_by_kernel(self, layout: Layout, *, resolved: bool = False) -> dict[str, float]:
+        """Seconds per step of the slowest stage's compute by kernel class (dense GEMM, grouped GEMM, attention
+        core, memory-bound, LM head + loss, per-layer overhead, recomputation): the ``compute`` term split up."""
+        L = layout if resolved else self.resolve(layout)
+        slowest = max(self.stages(L.stage_layers), key=lambda st: microbatch_seconds(self.stage_times(L, st)))
+        per_mb = _compute.kernel_breakdown(self.profile, slowest, L, self.training, self.kernels,
+                                           self.layer_overhead_s, self.imbalance)
+        return {k: v * L.grad_accum for k, v in per_mb.items()}
 
     def estimate(self, layout: Layout, *, resolved: bool = False) -> Estimate:
         """Predict one layout. ``resolved=True`` skips validation (the caller resolved it already)."""

@@ -24,8 +24,12 @@ worth of one micro-batch (the one computing and the one in transfer) instead of 
 the rest sits in host DRAM (reported, see :func:`offloaded_activation_bytes`). f < 1 stands for offloading some
 modules' tensors, approximated as a share of the bytes. The transfer time is in :mod:`autopar.cost.offload`.
 
-Logits: the last stage keeps one micro-batch's vocab-parallel logits, b·s/cp · V/tp elements in the
-activation dtype plus their fp32 softmax for the loss (Megatron's vocab-parallel cross entropy).
+Logits: the last stage keeps one micro-batch's vocab-parallel logits, b·s/cp · V/tp elements, and what the
+loss kernel holds on top of them per element (:data:`LOGIT_EXTRA_BYTES`): the fused cross entropy (Megatron's
+vocab-parallel cross entropy with ``--cross-entropy-loss-fusion``, Transformer Engine) keeps the fp32 softmax
+it needs for the backward (4 B); the unfused one (plain torch ``log_softmax`` on upcast logits, as autopar's
+runner) holds the fp32 upcast (4 B), the saved fp32 log-softmax output (4 B) and, at the start of the backward,
+its fp32 gradient (4 B) at once.
 
 Buffers: the SP/TP all-gathered input of one linear (b·s/cp·h), EP dispatch/combine buffers (2·b·s/(cp·tp)
 ·k·h), FSDP's unsharded parameters of two layers (current + prefetch) and one layer's unsharded gradient,
@@ -112,6 +116,12 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
     mlp = st.sum(prof, "act_mlp")
     shared = st.sum(prof, "act_shared")
     moe = st.sum(prof, "act_moe_io") + st.sum(prof, "act_moe_inner")
+    # Unfused attention (before FlashAttention) materialises the s x s scores: softmax output (2 B), dropout
+    # mask (1 B) and dropout output (2 B) per score, 5·a·s²·b bytes per layer (Korthikanti et al. 2022, arXiv
+    # 2205.05198 eq. 1), i.e. 2.5 two-byte elements per score, a·s scores per token.
+    scores = (2.5 * n * prof.model.num_attention_heads * prof.training.seq_len
+              if prof.training.attention_kernel == "unfused" else 0.0)
+    attn_out += scores
     full_layers = (norm_in + norm_out) / sp_div + (qkv + attn_out + mlp + shared + moe) / tp_div
     working = full_layers / max(n, 1)
     if L.recompute == "full":
@@ -156,6 +166,9 @@ def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec
     return w, g, o
 
 
+LOGIT_EXTRA_BYTES = {"fused": 4, "unfused": 12}
+
+
 def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
                      elems: tuple[float, float] | None = None) -> float:
     """Stored activations of the in-flight micro-batches (+ logits and MTP on the last stage).
@@ -170,7 +183,8 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         layers = (1 - f) * layers + f * resident_offload_layers(st)
     act = mb_tokens * e * (kept * layers + working)
     if st.is_last:
-        act += mb_tokens / (L.cp * L.tp) * prof.vocab * (e + 4) * (1 + prof.model.mtp_layers)
+        act += (mb_tokens / (L.cp * L.tp) * prof.vocab * (e + LOGIT_EXTRA_BYTES[tr.cross_entropy])
+                * (1 + prof.model.mtp_layers))
         if prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight micro-batch
             act += mb_tokens * e * (kept / max(st.n_layers, 1)) * prof.model.mtp_layers * min(st.pp, L.grad_accum)
     return act

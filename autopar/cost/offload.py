@@ -13,7 +13,7 @@ pass, on a copy stream beside the compute stream (Megatron-Core's CPU activation
     t_copy = A_mb / (B_host · η_host)
 
 with B_host = ``hardware.host_link_gbps`` (PCIe or NVLink-C2C, per GPU per direction) and
-η_host = ``efficiency.host_link``. Each copy hides behind the pass it runs beside, so per micro-batch
+η_host = ``kernel_model.host_link``. Each copy hides behind the pass it runs beside, so per micro-batch
 
     exposed = max(0, t_copy − t_fwd) + max(0, t_copy − t_bwd),    t_bwd = t_mb − t_fwd (recompute included).
 
@@ -37,5 +37,5 @@ def offload_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Tr
         return 0.0
     kept, _ = activation_elems_per_token(prof, st, L, linear_input_scale(tr))
     t_copy = (L.offload_activations * L.micro_batch * tr.seq_len * tr.activation_bytes * kept
-              / (hw.host_link_gbps * 1e9 * hw.efficiency.host_link))
+              / (hw.host_link_gbps * 1e9 * hw.kernel_model.host_link))
     return max(0.0, t_copy - t_fwd) + max(0.0, t_copy - (t_total - t_fwd))

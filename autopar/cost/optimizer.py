@@ -3,7 +3,7 @@ achievable HBM bandwidth (as the example analysis report models AdamW).
 
 Per local parameter the update reads the gradient (grad_dtype), the master weight and both moments
 (optimizer_bytes) and writes the master weight, both moments and the model weight (weight_dtype):
-    bytes = P_local · (g + 2·o + w),   T = bytes / (hbm_tbps · 1e12 · efficiency.hbm)
+    bytes = P_local · (g + 2·o + w),   T = bytes / (hbm_tbps · 1e12 · kernel_model.hbm)
 P_local is the parameters this GPU updates: its stage share divided by the ZeRO group when z >= 1.
 """
 
@@ -15,4 +15,4 @@ from autopar.specs.training import TrainingSpec
 
 def optimizer_time(p_local: float, tr: TrainingSpec, hw: HardwareSpec) -> float:
     nbytes = p_local * (tr.grad_bytes + 2 * tr.optimizer_bytes + tr.weight_bytes)
-    return nbytes / (hw.hbm_tbps * 1e12 * hw.efficiency.hbm)
+    return nbytes / (hw.hbm_tbps * 1e12 * hw.kernel_model.hbm)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
+from autopar.cost.shapes import LayerKind, layer_kind
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
@@ -61,6 +62,15 @@ class LayerSums:
 
 class ModelProfile:
     """Model-derived constants for the cost model (per token, per layer)."""
+
+    def kind_counts(self, first: int, last: int) -> list[tuple[int, int]]:
+        """(kind index, number of layers of that kind) among layers [first, last)."""
+        out = []
+        for j, pre in enumerate(self._kind_prefix):
+            n = int(round(pre[last] - pre[first]))
+            if n:
+                out.append((j, n))
+        return out
 
     def __init__(self, model: ModelSpec, training: TrainingSpec):
         self.model = model
@@ -117,6 +127,18 @@ class ModelProfile:
             for k, v in row.items():
                 cols[k].append(float(v))
         self.layers = LayerSums(**{k: _prefix(v) for k, v in cols.items()})
+        # Kernel inventory (autopar.cost.shapes): layers with the same inventory share a kind.
+        self.kinds: list[LayerKind] = []
+        self.kind_of: list[int] = []
+        index: dict[tuple, int] = {}
+        for i in range(m.num_layers):
+            lk = layer_kind(m, i, s)
+            j = index.setdefault(lk.key(), len(self.kinds))
+            if j == len(self.kinds):
+                self.kinds.append(lk)
+            self.kind_of.append(j)
+        self._kind_prefix = [_prefix([1.0 if k == j else 0.0 for k in self.kind_of]) for j in range(len(self.kinds))]
+        self.mtp_layers = m.mtp_layers
         self.num_layers = m.num_layers
         self.embedding_params = float(m.embedding_params)
         self.head_params = float(m.lm_head_params)

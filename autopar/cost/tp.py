@@ -8,7 +8,8 @@ MoE layers keep the attention's 2 but replace the MLP's with expert all-to-alls 
 requires SP for MoE with TP, so routed tokens are already split across the TP group. Full recomputation
 repeats the forward collectives (+1 per block). The last stage adds 1 for the LM head's gathered input.
 
-    T_tp = n_ar · AR(b·(s/cp)·h·e bytes, tp ranks, stride 1),   exposed fraction 1 − tp_overlap.
+    T_tp = n_ar · AR(b·(s/cp)·h·e bytes, tp ranks, stride 1),   exposed fraction 1 − tp_overlap when the
+    framework overlaps TP communication (training.tp_comm_overlap), all of it otherwise.
 """
 
 from __future__ import annotations
@@ -29,4 +30,5 @@ def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     n_moe = st.sum(prof, "moe_layers")
     n_ar = per_block * (st.n_layers + (st.n_layers - n_moe)) + (1 if st.is_last else 0)
     nbytes = L.micro_batch * (tr.seq_len / L.cp) * prof.hidden * tr.activation_bytes
-    return (1.0 - hw.efficiency.tp_overlap) * n_ar * net.time("all_reduce", nbytes, L.tp, 1)
+    exposed = 1.0 - hw.efficiency.tp_overlap if tr.tp_comm_overlap else 1.0
+    return exposed * n_ar * net.time("all_reduce", nbytes, L.tp, 1)

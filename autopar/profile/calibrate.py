@@ -84,24 +84,32 @@ def _bounds(name: str) -> tuple[float, float]:
     return BOUNDS["gemm" if name.startswith("gemm[") else name]
 
 
+KERNEL_FIELDS = ("nvlink", "scaleout", "hbm")   # live in hardware.kernel_model; the rest in hardware.efficiency
+
+
 def _get(hardware: HardwareSpec, name: str) -> float:
-    eff = hardware.efficiency
+    km = hardware.kernel_model
     if name.startswith("gemm["):
-        p = name[5:-1]
-        return float(eff.gemm.get(p, 1.0))
-    return float(getattr(eff, name))
+        return float(km.gemm.get(name[5:-1], 1.0))
+    if name in KERNEL_FIELDS:
+        return float(getattr(km, name))
+    return float(getattr(hardware.efficiency, name))
 
 
 def with_constants(hardware: HardwareSpec, values: dict[str, float]) -> HardwareSpec:
-    """A copy of ``hardware`` whose efficiency section has ``values`` (names as in FitReport: 'gemm[bf16]',
-    'nvlink', 'dp_overlap', ...)."""
+    """A copy of ``hardware`` with ``values`` (names as in FitReport: 'gemm[bf16]', 'nvlink', 'dp_overlap', ...)
+    set in its kernel_model (GEMM, link and HBM fractions) or efficiency (overlaps) section."""
     eff = hardware.efficiency.model_dump()
+    km = hardware.kernel_model.model_dump()
     for name, v in values.items():
         if name.startswith("gemm["):
-            eff["gemm"][name[5:-1]] = float(v)
+            km["gemm"][name[5:-1]] = float(v)
+        elif name in KERNEL_FIELDS:
+            km[name] = float(v)
         else:
             eff[name] = float(v)
-    return hardware.model_copy(update={"efficiency": type(hardware.efficiency).model_validate(eff)})
+    return hardware.model_copy(update={"efficiency": type(hardware.efficiency).model_validate(eff),
+                                       "kernel_model": type(hardware.kernel_model).model_validate(km)})
 
 
 def _default_estimator() -> Estimator:

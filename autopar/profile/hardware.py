@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autopar.errors import AutoparInputError
-from autopar.specs.hardware import Efficiency, HardwareSpec, MeasuredCollectives
+from autopar.specs.hardware import HardwareSpec, KernelModel, MeasuredCollectives
 from autopar.specs.model import ModelSpec
 
 MIB = 2 ** 20
@@ -580,7 +580,7 @@ def profile_hardware(base: HardwareSpec | None, *, world: int, sizes_mib: list[f
     """Measure this machine and return (hardware spec, raw measurements).
 
     ``base`` None: a description of this machine built from the measurements, each process playing one GPU:
-    peak_tflops_* = measured GEMM TFLOP/s with efficiency.gemm 1.0 (on CPU: the ``cpu_math`` rate, fp32 by
+    peak_tflops_* = measured GEMM TFLOP/s with kernel_model.gemm 1.0 (on CPU: the ``cpu_math`` rate, fp32 by
     default, because autopar's CPU runner computes in fp32 whatever the training precision; measured with
     the process's share of the cores), hbm_gib = MemTotal / world, hbm_tbps = copy bandwidth of one process,
     nvlink and scale-out bandwidth = measured all-reduce bus bandwidth with efficiency 1.0, latency from a
@@ -682,18 +682,18 @@ def _describe_machine(raw: dict, world: int, table: MeasuredCollectives | None, 
             raise ProfileError(f"--cpu-math {cpu_math} was not measured (measured: {', '.join(tf)})")
         bf16 = fp16 = tf[cpu_math]
         peaks = (f"peak_tflops_bf16 and peak_tflops_fp16 both hold the measured {cpu_math} rate, the math "
-                 f"autopar's CPU runner executes whatever training.precision says (efficiency.gemm 1.0)")
+                 f"autopar's CPU runner executes whatever training.precision says (kernel_model.gemm 1.0)")
     else:
         fallback = max(tf.values())
         bf16, fp16 = tf.get("bf16", fallback), tf.get("fp16", fallback)
-        peaks = "peak_tflops_* hold these measured figures (efficiency.gemm 1.0)"
+        peaks = "peak_tflops_* hold these measured figures (kernel_model.gemm 1.0)"
     recs = raw["records"]
     lat = [r for r in recs if r["kind"] == "latency"]
     alpha_us = min((r["alpha_us"] for r in lat), default=10.0)
     rss = [r["rss_gib"] for r in recs if r["kind"] == "start" and not math.isnan(r.get("rss_gib", math.nan))]
     ar = table.all_reduce if table else {}
     link = ar[max(ar)] if ar else 1.0  # bus GB/s of the largest all-reduce group at the largest message
-    gemm_eff = dict(Efficiency().gemm)
+    gemm_eff = dict(KernelModel().gemm)
     gemm_eff.update({p: 1.0 for p in (*tf, "bf16", "fp16")})
     source = (f"measured by 'autopar profile hardware' on {raw['cpu']} ({os.cpu_count()} cores, {world} processes, "
               f"{raw['device']}) {time.strftime('%Y-%m-%d')}: GEMM GFLOP/s {measured}"
@@ -712,7 +712,13 @@ def _describe_machine(raw: dict, world: int, table: MeasuredCollectives | None, 
         nvlink_latency_us=round(alpha_us, 2),
         scaleout_latency_us=round(alpha_us, 2),
         reserve_gib=round(max(rss), 3) if rss else 0.5,
-        efficiency=Efficiency(gemm=gemm_eff, nvlink=1.0, scaleout=1.0, hbm=1.0),
+        # The peaks above ARE the measured rates: every kernel class runs at 1.0 of them with no shape falloff
+        # (attention, grouped GEMMs and small shapes are not measured separately on this path).
+        kernel_model=KernelModel(source="measured peaks of this machine (see source); shape and kernel-class "
+                                        "factors not measured: 1.0", gemm=gemm_eff, gemm_half_m=1e-6,
+                                 gemm_half_nk=1e-6, grouped_gemm=1.0, attention_fwd=1.0, attention_bwd=1.0,
+                                 attention_half_seq=1e-6, attention_head_dim={128: 1.0}, hbm=1.0, nvlink=1.0,
+                                 scaleout=1.0),
         measured_busbw_gbps=table,
     )
 

@@ -163,7 +163,7 @@ def _training_section(m: ModelSpec, tr: TrainingSpec) -> str:
 
 def _hardware_section(hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:
     peak = hw.peak_tflops(tr.precision)
-    eff = hw.efficiency
+    eff, km = hw.efficiency, hw.kernel_model
     nodes = gpus / hw.gpus_per_node
     rows = [
         ("GPUs", f"{gpus} × {hw.name} ({nodes:g} node(s) of {hw.gpus_per_node})"),
@@ -174,8 +174,11 @@ def _hardware_section(hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:
         ("Scale-out", f"{hw.scaleout_gbps:g} GB/s per GPU per direction, {hw.scaleout_latency_us:g} µs latency"),
         ("Memory reserve", f"{hw.reserve_gib:g} GiB (CUDA context, NCCL) + {hw.fragmentation:.0%} of the "
                            "modelled memory (allocator fragmentation)"),
-        ("Efficiency used", f"GEMM {eff.gemm_for(tr.precision):.0%} of peak ({tr.precision}); bandwidth "
-                            f"NVLink {eff.nvlink:.0%}, scale-out {eff.scaleout:.0%}, HBM {eff.hbm:.0%} of peak"),
+        ("Kernel speeds used", f"large GEMMs {km.gemm_max(tr.precision):.0%} of peak ({tr.precision}), by shape; "
+                               f"flash attention {km.attention_fwd:.0%} fwd / {km.attention_bwd:.0%} bwd of the BF16 "
+                               f"peak at long sequences; bandwidth NVLink {km.nvlink:.0%}, scale-out "
+                               f"{km.scaleout:.0%}, HBM {km.hbm:.0%} of peak ({km.source})"),
+        ("Per-layer overhead", f"{eff.layer_overhead_us:,.0f} µs per layer and micro-batch (calibrated)"),
         ("Overlap used", f"DP {eff.dp_overlap:.0%}, TP {eff.tp_overlap:.0%}, CP {eff.cp_overlap:.0%}, "
                          f"EP {eff.ep_overlap:.0%}, PP send/recv {eff.pp_overlap:.0%} hidden behind compute"),
     ]

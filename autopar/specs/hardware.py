@@ -33,18 +33,86 @@ class MeasuredCollectives(Spec):
     message_mib: float = Field(default=64.0, gt=0, description="Message size the table was measured at (MiB).")
 
 
-class Efficiency(Spec):
-    """Achievable fractions of datasheet peaks. Defaults are starting points; calibration overwrites them."""
+class KernelModel(Spec):
+    """Achieved fractions of the datasheet peaks, by kernel class, from microbenchmarks (measured with
+    ``autopar profile hardware``, or published: ``source`` names them). Nothing here is fitted to training runs.
 
+    Dense GEMM of shape (M, N, K) (M tokens, K x N weight) runs at
+
+        eff_gemm(M, N, K) = gemm[precision] · M/(M + gemm_half_m) · N/(N + gemm_half_nk) · K/(K + gemm_half_nk)
+
+    of the precision's peak: large GEMMs reach ``gemm``; a small dimension leaves tiles and SMs idle (a
+    saturating curve per dimension; the token dimension M saturates sooner than the weight dimensions, whose
+    tiles are deeper). A grouped GEMM (routed experts) runs at ``grouped_gemm`` times a dense GEMM of one
+    expert's shape. The flash-attention core runs at
+
+        eff_attn(s, d) = attention_{fwd|bwd} · s / (s + attention_half_seq) · attention_head_dim[d]
+
+    of the BF16 peak (attention runs in BF16 under FP8 linear-layer recipes unless the training spec asks for
+    FP8 attention; then at ``attention_fp8`` of the FP8 peak), with s the keys one query block spans (the
+    sequence, the window, or the CP block s/cp) and the head-dim factor interpolated in log2(d) between the
+    measured head dims (1.0 at d = 128). Memory-bound kernels stream at ``hbm`` of the HBM peak."""
+
+    source: str = Field(default="defaults: the H100 SXM figures of hardware/h100_sxm.yaml, NOT measured for this "
+                                "hardware (run 'autopar profile hardware')",
+                        description="Where these figures come from (benchmark, machine, date, or citation).")
     gemm: dict[str, float] = Field(
-        default_factory=lambda: {"bf16": 0.6, "fp16": 0.6, "fp8": 0.45, "fp8_block": 0.4, "mxfp8": 0.45,
-                                 "nvfp4": 0.35},
-        description="Achieved/peak dense TFLOP/s of a whole training step's math, per precision.")
-    nvlink: float = Field(default=0.75, gt=0, le=1, description="Achieved/peak bandwidth of collectives on NVLink.")
-    scaleout: float = Field(default=0.75, gt=0, le=1, description="Achieved/peak bandwidth on the scale-out network.")
-    hbm: float = Field(default=0.8, gt=0, le=1, description="Achieved/peak HBM bandwidth (optimizer step).")
+        default_factory=lambda: {"bf16": 0.803, "fp16": 0.803, "fp8": 0.709, "fp8_block": 0.709, "mxfp8": 0.709,
+                                 "nvfp4": 0.709},
+        description="Large-GEMM achieved/peak TFLOP/s per precision (cuBLAS-class).")
+    gemm_half_m: float = Field(default=170.0, gt=0, le=65536,
+                               description="Token count M at which the M factor is 1/2.")
+    gemm_half_nk: float = Field(default=490.0, gt=0, le=65536,
+                                description="Weight dimension N or K at which its factor is 1/2.")
+    grouped_gemm: float = Field(default=0.52, gt=0, le=1,
+                                description="Grouped-GEMM throughput / dense GEMM of the same shape.")
+    attention_fwd: float = Field(default=0.646, gt=0, le=1,
+                                 description="Flash-attention causal forward achieved/BF16 peak, long s, d=128.")
+    attention_bwd: float = Field(default=0.559, gt=0, le=1,
+                                 description="Flash-attention causal backward achieved/BF16 peak (FLOPs counted as "
+                                             "2.5x forward), long s, d=128.")
+    attention_half_seq: float = Field(default=610.0, gt=0, le=1_048_576,
+                                      description="Key span at which attention efficiency halves.")
+    attention_head_dim: dict[int, float] = Field(
+        default_factory=lambda: {64: 0.768, 128: 1.0, 256: 1.042},
+        description="Attention throughput at head dim d relative to d = 128 (measured points).")
+    attention_fp8: float | None = Field(default=None, gt=0, le=1,
+                                        description="FP8 attention forward achieved/FP8 peak; None = not available.")
+    hbm: float = Field(default=0.80, gt=0, le=1, description="Memory-bound kernels' achieved/peak HBM bandwidth.")
+    nvlink: float = Field(default=0.8, gt=0, le=1,
+                          description="Collectives' achieved/peak bus bandwidth inside the NVLink domain (nccl-tests "
+                                      "busbw / nvlink_gbps), used without a measured collective table.")
+    scaleout: float = Field(default=0.8, gt=0, le=1,
+                            description="Collectives' achieved/peak bandwidth per GPU on the scale-out network.")
     host_link: float = Field(default=0.8, gt=0, le=1,
-                             description="Achieved/peak GPU<->host copy bandwidth (pinned memory, activation offload).")
+                             description="Pinned GPU<->host copies' achieved/peak bandwidth (activation offload).")
+
+    def gemm_max(self, precision: str) -> float:
+        from autopar.errors import AutoparInputError
+        if precision not in self.gemm:
+            raise AutoparInputError(f"kernel_model.gemm has no efficiency for precision '{precision}'")
+        return self.gemm[precision]
+
+    def head_dim_factor(self, d: float) -> float:
+        """attention_head_dim interpolated in log2(d); the nearest point beyond the measured range."""
+        import math
+        pts = sorted(self.attention_head_dim.items())
+        if d <= pts[0][0]:
+            return pts[0][1]
+        if d >= pts[-1][0]:
+            return pts[-1][1]
+        for (d0, f0), (d1, f1) in zip(pts, pts[1:]):
+            if d0 <= d <= d1:
+                t = (math.log2(d) - math.log2(d0)) / (math.log2(d1) - math.log2(d0))
+                return f0 + t * (f1 - f0)
+        return 1.0  # unreachable: d lies within the measured range
+
+
+class Efficiency(Spec):
+    """Constants no microbenchmark of a single kernel can see: how much communication a framework hides
+    (overlaps), what it spends between kernels (per-layer overhead), how unevenly dropless routing loads the
+    experts. These are fitted to training runs (``autopar validate --fit``, ``autopar profile compare``)."""
+
     dp_overlap: float = Field(default=0.8, ge=0, le=1,
                               description="Fraction of DP/FSDP communication hidden behind compute.")
     tp_overlap: float = Field(default=0.0, ge=0, le=1,
@@ -57,16 +125,10 @@ class Efficiency(Spec):
         default=1.3, ge=1.0, le=4.0,
         description="Tokens on the busiest expert rank / the mean, under dropless routing (calibrated); the routed "
                     "expert math and the all-to-all wait for that rank.")
-    elementwise_passes: float = Field(
-        default=40.0, ge=0, le=400,
-        description="Hidden-size-wide activation tensors read or written per layer and token by the non-GEMM "
-                    "kernels (norms, residual adds, rotary, activation functions, casts) over forward + backward; "
-                    "their HBM traffic is time the GEMM roofline does not see (calibrated).")
-
-    def gemm_for(self, precision: str) -> float:
-        if precision in self.gemm:
-            return self.gemm[precision]
-        raise KeyError(precision)
+    layer_overhead_us: float = Field(
+        default=0.0, ge=0, le=10_000,
+        description="Time per transformer layer and micro-batch (forward + backward) that no kernel accounts for: "
+                    "launch gaps, host-side framework work, synchronisation (calibrated), microseconds.")
 
 
 class HardwareSpec(Spec):
@@ -100,7 +162,9 @@ class HardwareSpec(Spec):
                                              "the modelled memory. Default 2%: PyTorch's allocator with "
                                              "expandable_segments (as Megatron/NeMo launchers run it) leaves little "
                                              "fragmentation; raise it for the default allocator.")
-    efficiency: Efficiency = Field(default_factory=Efficiency, description="Achievable fractions (calibrated).")
+    kernel_model: KernelModel = Field(default_factory=KernelModel,
+                                      description="Achieved fractions of peak by kernel class (microbenchmarks).")
+    efficiency: Efficiency = Field(default_factory=Efficiency, description="Overlaps and overheads (calibrated).")
     measured_busbw_gbps: MeasuredCollectives | None = Field(
         default=None, description="Measured collective bus bandwidths; used instead of the alpha-beta model.")
 

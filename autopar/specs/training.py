@@ -34,6 +34,25 @@ class TrainingSpec(Spec):
         description="MoE token routing: 'balanced' (auxiliary-loss or forced balance: every expert gets its share) "
                     "or 'dropless' (no capacity limit: the busiest expert rank sets the pace, see "
                     "efficiency.moe_dropless_imbalance).")
+    tp_comm_overlap: bool = Field(
+        default=True,
+        description="Framework overlaps TP/SP communication with the GEMMs (Megatron --tp-comm-overlap, Transformer "
+                    "Engine userbuffers; on in NVIDIA's dense performance recipes). Off: every TP collective is "
+                    "exposed; on: efficiency.tp_overlap of it is hidden.")
+    fp8_attention: bool = Field(
+        default=False,
+        description="Run the attention core (flash attention) in FP8 too. Off by default: FP8 recipes (Transformer "
+                    "Engine, torchao Float8) quantise the linear layers and keep attention in BF16 flash kernels.")
+    attention_kernel: Literal["flash", "unfused"] = Field(
+        default="flash",
+        description="Attention core: 'flash' (FlashAttention-class fused kernel, s x s scores never stored) or "
+                    "'unfused' (batched QK^T and AV GEMMs around a fused softmax kernel, with the scores and "
+                    "dropout stored: Megatron-LM before FlashAttention, e.g. its 2021 runs).")
+    cross_entropy: Literal["fused", "unfused"] = Field(
+        default="fused",
+        description="Loss kernel over the vocabulary: 'fused' (Megatron --cross-entropy-loss-fusion, Transformer "
+                    "Engine) or 'unfused' (plain torch log-softmax, as autopar's own runner): sets the HBM traffic "
+                    "and the fp32 buffers the last stage holds.")
     activation_dtype: Literal["bf16", "fp16", "fp32"] = Field(
         default="bf16", description="Dtype activations are stored in (FP8 recipes still store most in bf16).")
 

@@ -16,7 +16,7 @@ from autopar.errors import AutoparInputError
 from autopar.profile.calibrate import fit_efficiency, kendall_tau, leave_one_out, with_constants
 from autopar.profile.compare import (compare_layouts, format_comparison, parse_layouts,
                                      register_compare)
-from autopar.specs.hardware import Efficiency
+from autopar.specs.hardware import Efficiency, KernelModel
 from autopar.specs.layout import Layout
 from autopar.specs.loaders import load_hardware
 from autopar.specs.model import ModelSpec
@@ -72,14 +72,14 @@ def standin(model, hardware, training, layout, gpus):
     """A small cost function with the shape of the real one: compute / gemm, TP traffic / nvlink exposed
     (1 - tp_overlap), stage-to-stage sends / nvlink, DP traffic hidden up to dp_overlap·compute, a pipeline
     bubble, an hbm-bound optimizer step."""
-    e = hardware.efficiency
+    e, km = hardware.efficiency, hardware.kernel_model
     shards = layout.tp * layout.pp
-    compute = (1.0 + 0.3 * (layout.recompute == "full")) / shards / e.gemm["bf16"]
-    tp = 0.3 * (layout.tp - 1) / layout.tp / e.nvlink * (1 - e.tp_overlap)
-    p2p = 0.1 * (layout.pp - 1) / e.nvlink
-    dp = max(0.0, 1.2 / shards / e.nvlink - e.dp_overlap * compute)
+    compute = (1.0 + 0.3 * (layout.recompute == "full")) / shards / km.gemm["bf16"]
+    tp = 0.3 * (layout.tp - 1) / layout.tp / km.nvlink * (1 - e.tp_overlap)
+    p2p = 0.1 * (layout.pp - 1) / km.nvlink
+    dp = max(0.0, 1.2 / shards / km.nvlink - e.dp_overlap * compute)
     bubble = (layout.pp - 1) / (4 * layout.micro_batch) * compute
-    opt = 0.05 / shards / e.hbm
+    opt = 0.05 / shards / km.hbm
     return SimpleNamespace(step_time_s=compute + tp + p2p + dp + bubble + opt)
 
 
@@ -95,15 +95,15 @@ def _rows(cost, hw, truth):
 
 def test_fit_recovers_standin_constants():
     # start from the uncalibrated defaults (the zoo file carries constants fitted to published runs)
-    hw = load_hardware("h100_sxm").model_copy(update={"efficiency": Efficiency()})
+    hw = load_hardware("h100_sxm").model_copy(update={"efficiency": Efficiency(), "kernel_model": KernelModel()})
     truth = {"gemm[bf16]": 0.37, "nvlink": 0.55, "tp_overlap": 0.25, "dp_overlap": 0.4, "hbm": 0.7}
     fitted, rep = fit_efficiency(hw, _rows(standin, hw, truth), estimator=standin)
     for name, value in truth.items():
         assert rep.constants[name][1] == pytest.approx(value, abs=2e-3), name
     # The stand-in ignores these: reported, left unchanged.
     assert set(rep.not_identifiable) == {"scaleout", "ep_overlap", "cp_overlap", "pp_overlap"}
-    assert fitted.efficiency.scaleout == hw.efficiency.scaleout
-    assert fitted.efficiency.gemm["bf16"] == pytest.approx(0.37, abs=2e-3)
+    assert fitted.kernel_model.scaleout == hw.kernel_model.scaleout
+    assert fitted.kernel_model.gemm["bf16"] == pytest.approx(0.37, abs=2e-3)
     assert rep.rms_log_err_after < 1e-4 < rep.rms_log_err_before
     assert rep.tau_after == pytest.approx(1.0)
     assert "gemm[bf16]" in rep.format()
@@ -112,16 +112,16 @@ def test_fit_recovers_standin_constants():
 def test_fit_reports_constants_it_cannot_separate():
     # Only TP traffic / (nvlink / (1 - tp_overlap)) is observable: the fit must say the two trade off.
     def confounded(model, hardware, training, layout, gpus):
-        e = hardware.efficiency
-        tp = 0.3 * (layout.tp - 1) / layout.tp / e.nvlink * (1 - e.tp_overlap)
-        return SimpleNamespace(step_time_s=1 / (layout.tp * layout.pp) / e.gemm["bf16"] + tp)
+        e, km = hardware.efficiency, hardware.kernel_model
+        tp = 0.3 * (layout.tp - 1) / layout.tp / km.nvlink * (1 - e.tp_overlap)
+        return SimpleNamespace(step_time_s=1 / (layout.tp * layout.pp) / km.gemm["bf16"] + tp)
 
     hw = load_hardware("h100_sxm")
     fitted, rep = fit_efficiency(hw, _rows(confounded, hw, {"nvlink": 0.55, "tp_overlap": 0.25}),
                                  estimator=confounded)
     assert any("nvlink, tp_overlap" in n for n in rep.notes), rep.notes
-    e = fitted.efficiency
-    assert e.nvlink / (1 - e.tp_overlap) == pytest.approx(0.55 / 0.75, rel=1e-3)  # the combination is right
+    e, km = fitted.efficiency, fitted.kernel_model
+    assert km.nvlink / (1 - e.tp_overlap) == pytest.approx(0.55 / 0.75, rel=1e-3)  # the combination is right
 
 
 def test_fit_respects_bounds():
@@ -130,8 +130,8 @@ def test_fit_respects_bounds():
     rows = _rows(standin, hw, {"gemm[bf16]": 1.0, "nvlink": 1.0, "hbm": 1.0, "dp_overlap": 1.0})
     rows = [Row(r.model, r.training, r.layout, r.gpus, r.measured_step_s / 3) for r in rows]
     fitted, rep = fit_efficiency(hw, rows, estimator=standin)
-    e = fitted.efficiency
-    assert e.gemm["bf16"] == pytest.approx(1.0) and 0 < e.nvlink <= 1 and 0 <= e.tp_overlap <= 1
+    e, km = fitted.efficiency, fitted.kernel_model
+    assert km.gemm["bf16"] == pytest.approx(1.0) and 0 < km.nvlink <= 1 and 0 <= e.tp_overlap <= 1
 
 
 def test_fit_needs_two_measured_rows():
@@ -143,7 +143,7 @@ def test_fit_needs_two_measured_rows():
 
 
 def test_leave_one_out_is_exact_on_noise_free_data():
-    hw = load_hardware("h100_sxm").model_copy(update={"efficiency": Efficiency()})
+    hw = load_hardware("h100_sxm").model_copy(update={"efficiency": Efficiency(), "kernel_model": KernelModel()})
     rows = _rows(standin, hw, {"gemm[bf16]": 0.5, "nvlink": 0.6, "tp_overlap": 0.1, "dp_overlap": 0.5, "hbm": 0.6})
     loo = leave_one_out(hw, rows, estimator=standin)
     assert kendall_tau(loo, [r.measured_step_s for r in rows]) == pytest.approx(1.0)
@@ -157,7 +157,7 @@ def test_fit_recovers_constants_from_the_real_cost_model():
     hw = load_hardware("h100_sxm")
     tr = TrainingSpec(seq_len=2048, global_batch=64)
     truth = {"gemm[bf16]": 0.42, "nvlink": 0.55, "scaleout": 0.35, "hbm": 0.6, "dp_overlap": 0.3,
-             "tp_overlap": 0.2, "cp_overlap": 0.7}
+             "tp_overlap": 0.2, "cp_overlap": 0.1}
     hw_true = with_constants(hw, truth)
     layouts = [Layout(tp=1), Layout(tp=2), Layout(tp=4), Layout(tp=8), Layout(tp=2, pp=2),
                Layout(pp=4, micro_batch=2), Layout(tp=2, cp=2), Layout(tp=4, fsdp=True),

@@ -91,7 +91,7 @@ def test_real_two_process_gloo_measurement_writes_a_loadable_file(tmp_path):
     assert table.message_mib == 0.25 and set(table.all_reduce) == {2} and table.all_reduce[2] > 0
     assert table.all_gather[2] > 0 and not table.all_to_all
     assert spec.gpus_per_node == spec.nvlink_domain_size == 2
-    assert "fp32" in raw["gemm"]["tflops"] and spec.efficiency.gemm["fp32"] == 1.0
+    assert "fp32" in raw["gemm"]["tflops"] and spec.kernel_model.gemm["fp32"] == 1.0
     # The CPU runner computes in fp32: that is the rate a bf16 training spec must look up on this "GPU".
     # The rate is the one each process gets while all compute at once, as in a training step.
     together = [r for r in raw["records"] if r["kind"] == "compute"]

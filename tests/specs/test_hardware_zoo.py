@@ -68,7 +68,6 @@ def test_bandwidths_and_topology_are_sensible(hw):
     text = (zoo_dir("hardware") / f"{hw.name}.yaml").read_text()
     if "calibrated efficiency" not in text:
         assert hw.efficiency == HardwareSpec.model_fields["efficiency"].default_factory()
-    assert all(0 < v <= 1 for v in hw.efficiency.gemm.values())
     # datasheet files carry no measured tables; a system described by a published report may carry the ones it printed
     assert hw.measured_busbw_gbps is None or hw.name in MEASURED_IN_SOURCE
 
@@ -84,6 +83,19 @@ def test_the_reference_report_system_carries_its_printed_numbers():
     assert m.all_reduce == {2: 23.1, 4: 46.3, 8: 80.1}
     assert m.all_gather == {2: 34.3, 4: 89.9, 8: 186.3}
     assert m.reduce_scatter == {2: 46.0, 4: 92.5, 8: 185.3}
+
+
+def test_kernel_model_is_sourced_and_physical(hw):
+    km = hw.kernel_model
+    # every zoo file states where its kernel speeds come from (not the generic default)
+    assert km.source != type(km).model_fields["source"].default
+    assert all(0 < v <= 1 for v in km.gemm.values())
+    for prec in ("bf16", "fp16", "fp8", "mxfp8", "nvfp4"):
+        if getattr(hw, f"peak_tflops_{prec}") is not None:
+            assert prec in km.gemm, f"{hw.name}: a peak for {prec} but no GEMM efficiency"
+    assert km.attention_bwd <= km.attention_fwd <= max(km.gemm.values())
+    assert km.head_dim_factor(128) == pytest.approx(1.0)
+    assert 0 < km.nvlink <= 1 and 0 < km.scaleout <= 1 and 0 < km.hbm <= 1
 
 
 @pytest.mark.parametrize("name,gb", sorted(EXPECTED_GB.items()))
@@ -152,7 +164,8 @@ def test_round_trip_keeps_measured_collectives_and_efficiency(tmp_path):
     spec = base.model_copy(update={
         "measured_busbw_gbps": MeasuredCollectives(all_reduce={2: 23.1, 4: 46.3, 8: 80.1}, all_to_all={8: 41.5},
                                                    message_mib=128),
-        "efficiency": base.efficiency.model_copy(update={"nvlink": 0.62, "gemm": {"bf16": 0.55}}),
+        "efficiency": base.efficiency.model_copy(update={"tp_overlap": 0.62, "layer_overhead_us": 55.0}),
+        "kernel_model": base.kernel_model.model_copy(update={"gemm": {"bf16": 0.55}, "nvlink": 0.62}),
     })
     path = tmp_path / "calibrated.yaml"
     dump_spec(spec, path)

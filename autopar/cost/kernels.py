@@ -1,0 +1,118 @@
+"""Seconds per kernel class on one GPU, from the hardware file's measured kernel efficiencies.
+
+Every kernel is priced by what the hardware does with it, not by one "efficiency" for a whole step:
+
+* **Dense GEMM** (M tokens, K x N weight): roofline (Williams, Waterman & Patterson 2009)
+      t = max(2·M·N·K / (P · eff_gemm(M, N, K)),  weight bytes / B_hbm)
+  with P the dense tensor-core peak of the precision (datasheet) and eff_gemm the shape curve of
+  :class:`autopar.specs.hardware.KernelModel`; the backward pass is two GEMMs of the same size (input gradient
+  M x K x N, weight gradient K x N x M; Narayanan et al. 2021, arXiv 2104.04473 sec. 5.1: backward = 2x
+  forward), whose shape factors are the same product.
+* **Grouped GEMM** (routed experts): the same, per local expert of M_e tokens, times ``grouped_gemm``.
+* **Attention core** (QK^T, softmax, AV in one flash kernel; Dao 2023, arXiv 2307.08691): forward F at
+  eff_attn(span, d) of the attention peak, backward 2.5·F (FlashAttention-2 sec. 4: the backward runs 5 GEMMs
+  to the forward's 2) at the backward efficiency.
+* **Memory-bound kernels**: bytes / (HBM peak · ``hbm``).
+
+B_hbm = hbm_tbps · 1e12 · kernel_model.hbm (B/s). P in FLOP/s.
+"""
+
+from __future__ import annotations
+
+from autopar.specs.hardware import HardwareSpec
+from autopar.specs.training import TrainingSpec
+
+FP8_FAMILY = ("fp8", "fp8_block", "mxfp8", "nvfp4")
+ATTN_BWD_FLOP_RATIO = 2.5   # FlashAttention-2 (arXiv 2307.08691) sec. 4.1: backward FLOPs = 2.5 x forward
+
+
+class Kernels:
+    """Kernel-class prices for one (hardware, training): peaks, efficiency curves, HBM bandwidth."""
+
+    def __init__(self, hw: HardwareSpec, tr: TrainingSpec):
+        km = hw.kernel_model
+        self.km = km
+        self.precision = tr.precision
+        self.peak = hw.peak_tflops(tr.precision) * 1e12
+        self.gemm_max = km.gemm_max(tr.precision)
+        # The LM head (and anything outside the transformer blocks) stays in BF16 under FP8 recipes
+        # (Transformer Engine / Megatron keep the output layer in higher precision).
+        hi = "fp16" if tr.precision == "fp16" else "bf16"
+        self.peak_hi = hw.peak_tflops(hi) * 1e12
+        self.gemm_max_hi = km.gemm_max(hi)
+        if tr.fp8_attention and tr.precision in FP8_FAMILY:
+            if km.attention_fp8 is None:
+                from autopar.errors import AutoparInputError
+                raise AutoparInputError(f"hardware '{hw.name}': fp8_attention needs kernel_model.attention_fp8")
+            self.attn_peak = hw.peak_tflops("fp8") * 1e12
+            self.attn_scale = km.attention_fp8 / km.attention_fwd
+        else:
+            self.attn_peak = self.peak_hi
+            self.attn_scale = 1.0
+        self.hbm_bytes_per_s = hw.hbm_tbps * 1e12 * km.hbm
+        self.fp8 = tr.precision in FP8_FAMILY
+        self.half_m, self.half_nk = km.gemm_half_m, km.gemm_half_nk
+        self.cache: dict = {}   # compute.layer_parts results, keyed by the layout axes they depend on
+        self._attn: dict = {}
+
+    def gemm_eff(self, m: float, n: float, k: float, hi: bool = False) -> float:
+        """eff_gemm(M, N, K) = gemm_max · M/(M + half_m) · N/(N + half_nk) · K/(K + half_nk)."""
+        top = self.gemm_max_hi if hi else self.gemm_max
+        return top * m / (m + self.half_m) * n / (n + self.half_nk) * k / (k + self.half_nk)
+
+    def gemm(self, m: float, n: float, k: float, weight_elems: float, wb: float, gb: float,
+             grouped: bool = False, hi: bool = False) -> tuple[float, float]:
+        """(forward, backward) seconds of a GEMM (or ``grouped``: all local experts, m = tokens per expert,
+        ``weight_elems`` = all local experts' weights). wb, gb: bytes per weight and per weight gradient."""
+        if m <= 0:
+            return 0.0, 0.0
+        eff = self.gemm_eff(m, n, k, hi) * (self.km.grouped_gemm if grouped else 1.0)
+        flops = 2.0 * m * n * k * (weight_elems / (n * k) if grouped else 1.0)
+        rate = (self.peak_hi if hi else self.peak) * eff
+        bw = self.hbm_bytes_per_s
+        return (max(flops / rate, weight_elems * wb / bw),
+                max(2.0 * flops / rate, weight_elems * (wb + gb) / bw))
+
+    def attn_eff(self, span: float, head_dim: float, backward: bool) -> float:
+        key = (span, head_dim, backward)
+        hit = self._attn.get(key)
+        if hit is None:
+            km = self.km
+            top = km.attention_bwd if backward else km.attention_fwd
+            hit = self._attn[key] = min(1.0, top * self.attn_scale * span / (span + km.attention_half_seq)
+                                        * km.head_dim_factor(head_dim))
+        return hit
+
+    def attention(self, flops_fwd: float, span: float, head_dim: float) -> tuple[float, float]:
+        """(forward, backward) seconds of the flash-attention core doing ``flops_fwd`` forward FLOPs over key
+        spans of ``span`` tokens with head dim ``head_dim``."""
+        if flops_fwd <= 0:
+            return 0.0, 0.0
+        fwd = flops_fwd / (self.attn_peak * self.attn_eff(span, head_dim, False))
+        bwd = ATTN_BWD_FLOP_RATIO * flops_fwd / (self.attn_peak * self.attn_eff(span, head_dim, True))
+        return fwd, bwd
+
+    def attention_unfused(self, flops_fwd: float, span: float, head_dim: float, scores: float,
+                          dropout: bool = True) -> tuple[float, float]:
+        """(forward, backward) seconds of attention without a flash kernel (Megatron-LM before FlashAttention):
+        QK^T and AV as batched GEMMs over the full span (M = N = span, K = d; no causal skipping, so
+        ``flops_fwd`` counts the whole s x s square) at the BF16/FP16 GEMM rate with the token-dimension factor
+        on both s dimensions and none on d (the FlashAttention-3 paper's measured 'standard attention' is
+        reproduced so; see the hardware files' ``gemm_half_nk`` note), and a fused scale-mask-softmax
+        over ``scores`` score elements, memory-bound: per score, forward writes the scores (2 B), the softmax
+        reads them and writes probabilities (4 B), AV reads them (2 B) = 8 B; backward writes dP (2 B), the
+        softmax backward reads P and dP and writes dS (6 B), the dQ, dK and dV GEMMs read dS, dS and P (6 B) =
+        14 B (2-byte activations). Attention ``dropout`` (Megatron-LM's default 0.1 before FlashAttention) adds
+        its mask and output: 3 B forward, 3 B backward (Shoeybi et al. 2019, arXiv 1909.08053; Korthikanti et
+        al. 2022, arXiv 2205.05198 sec. 4). The FlashAttention-3 paper's measured 'standard attention'
+        (Fig. 5(c), 6(b), no dropout) is reproduced within 15% (tests/cost/test_kernels.py)."""
+        if flops_fwd <= 0:
+            return 0.0, 0.0
+        rate = self.peak_hi * self.gemm_max_hi * (span / (span + self.half_m)) ** 2
+        drop = 3.0 if dropout else 0.0
+        return (flops_fwd / rate + self.stream((8.0 + drop) * scores),
+                2.0 * flops_fwd / rate + self.stream((14.0 + drop) * scores))
+
+    def stream(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` through HBM in memory-bound kernels."""
+        return nbytes / self.hbm_bytes_per_s

@@ -1,0 +1,144 @@
+"""Kernel-class pricing (autopar/cost/kernels.py, compute.py, shapes.py) against hand counts and invariants."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autopar.cost import Estimator
+from autopar.cost import compute as C
+from autopar.cost.kernels import ATTN_BWD_FLOP_RATIO, Kernels
+from autopar.cost.shapes import layer_kind
+from autopar.specs.layout import Layout
+from autopar.specs.loaders import load_hardware, load_model
+from autopar.specs.model import ModelSpec
+from autopar.specs.training import TrainingSpec
+
+H100 = load_hardware("h100_sxm")
+TR = TrainingSpec(seq_len=4096, global_batch=64)
+
+
+def test_gemm_matches_the_hand_formula():
+    k = Kernels(H100, TR)
+    km = H100.kernel_model
+    m, n, kk = 8192, 4096, 4096
+    eff = km.gemm["bf16"] * m / (m + km.gemm_half_m) * n / (n + km.gemm_half_nk) * kk / (kk + km.gemm_half_nk)
+    fwd, bwd = k.gemm(m, n, kk, n * kk, 2, 2)
+    assert fwd == pytest.approx(2 * m * n * kk / (989e12 * eff))
+    assert bwd == pytest.approx(2 * fwd)   # input and weight gradients: two GEMMs of the same size
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 1 << 16), st.integers(1, 1 << 16), st.integers(1, 1 << 16))
+def test_gemm_efficiency_grows_with_every_dimension_and_stays_below_the_large_gemm_figure(m, n, k):
+    kern = Kernels(H100, TR)
+    e = kern.gemm_eff(m, n, k)
+    assert 0 < e < H100.kernel_model.gemm["bf16"]
+    assert kern.gemm_eff(2 * m, n, k) > e and kern.gemm_eff(m, 2 * n, k) > e and kern.gemm_eff(m, n, 2 * k) > e
+
+
+def test_small_token_gemm_is_bound_by_reading_its_weights():
+    k = Kernels(H100, TR)
+    w = 8192 * 8192
+    fwd, _ = k.gemm(8, 8192, 8192, w, 2, 2)
+    assert fwd == pytest.approx(w * 2 / (3.35e12 * H100.kernel_model.hbm))
+
+
+def test_attention_follows_the_flash_curve_and_the_backward_counts_two_and_a_half():
+    k = Kernels(H100, TR)
+    km = H100.kernel_model
+    f = 1e12
+    fwd, bwd = k.attention(f, 16384, 128)
+    eff_f = km.attention_fwd * 16384 / (16384 + km.attention_half_seq)
+    eff_b = km.attention_bwd * 16384 / (16384 + km.attention_half_seq)
+    assert fwd == pytest.approx(f / (989e12 * eff_f))
+    assert bwd == pytest.approx(ATTN_BWD_FLOP_RATIO * f / (989e12 * eff_b))
+    # shorter key spans and smaller heads run slower per FLOP (FlashAttention-3 Fig. 5)
+    assert k.attention(f, 1024, 128)[0] > fwd
+    assert k.attention(f, 16384, 64)[0] > fwd
+
+
+def test_fp8_recipes_keep_attention_in_bf16_unless_asked():
+    f = 1e12
+    bf16 = Kernels(H100, TR).attention(f, 8192, 128)[0]
+    fp8_linear = Kernels(H100, TR.model_copy(update={"precision": "fp8"})).attention(f, 8192, 128)[0]
+    fp8_attn = Kernels(H100, TR.model_copy(update={"precision": "fp8", "fp8_attention": True})).attention(f, 8192, 128)[0]
+    assert fp8_linear == pytest.approx(bf16)
+    assert fp8_attn < bf16
+
+
+def test_unfused_attention_is_slower_than_flash_and_grows_with_the_square():
+    k = Kernels(H100, TR)
+    d, heads, s = 128, 1, 8192
+    flops = 4.0 * s * s * d * heads          # whole square, forward
+    flash = sum(k.attention(flops / 2, s, d))  # flash skips the masked half
+    unfused = sum(k.attention_unfused(flops, s, d, scores=s * s * heads))
+    assert unfused > flash
+    # FlashAttention-3 paper, Fig. 5(c)/6(b) 'standard attention' at 8K, hd128: fwd 139, bwd 181 TFLOP/s
+    fwd, bwd = k.attention_unfused(flops, s, d, scores=s * s * heads, dropout=False)
+    assert flops / fwd / 1e12 == pytest.approx(139, rel=0.15)
+    assert 2.5 * flops / bwd / 1e12 == pytest.approx(181, rel=0.15)
+
+
+def _small_dense():
+    return ModelSpec(name="t", num_layers=4, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                     num_kv_heads=8, vocab_size=32000)
+
+
+def test_layer_kind_inventory_matches_the_parameter_count():
+    m = _small_dense()
+    kind = layer_kind(m, 0, 4096)
+    assert sum(lin.params for lin in kind.linears) == m.attention_params + m.mlp_params(m.ffn_hidden_size)
+    moe = load_model("qwen3_30b_a3b")
+    mk = layer_kind(moe, 1, 4096)
+    routed = sum(lin.params for lin in mk.linears if lin.module == "moe")
+    assert routed == moe.expert_params                  # one expert's shape; the grouped GEMM runs E/ep of them
+    assert mk.is_moe and mk.top_k == moe.moe.top_k
+
+
+def test_full_recompute_adds_one_forward_and_selective_core_attn_only_attention():
+    m = _small_dense()
+    est = Estimator(m, H100, TR, 8)
+    st = est.stages((4,))[0]
+    base = est.resolve(Layout(tp=2))
+    t_none, t_fwd = C.microbatch_time(est.profile, st, base, TR, est.kernels)
+    t_full, _ = C.microbatch_time(est.profile, st, base.model_copy(update={"recompute": "full"}), TR, est.kernels)
+    sel = base.model_copy(update={"recompute": "selective", "recompute_modules": ("core_attn",)})
+    t_sel, _ = C.microbatch_time(est.profile, st, sel, TR, est.kernels)
+    head_fwd = C.head_time(est.kernels, est.profile, base, TR, TR.seq_len)[0]
+    assert t_full - t_none == pytest.approx(t_fwd - head_fwd)   # the layers' forward once more, not the head
+    parts = C.layer_parts(est.kernels, est.profile.kinds[0], base, TR, TR.seq_len, 1.0)
+    assert t_sel - t_none == pytest.approx(4 * parts["core_attn"][0])
+
+
+def test_layer_overhead_is_added_per_layer_and_micro_batch():
+    m = _small_dense()
+    est = Estimator(m, H100, TR, 8)
+    st = est.stages((4,))[0]
+    L = est.resolve(Layout())
+    a, _ = C.microbatch_time(est.profile, st, L, TR, est.kernels, overhead_s=0.0)
+    b, _ = C.microbatch_time(est.profile, st, L, TR, est.kernels, overhead_s=1e-3)
+    assert b - a == pytest.approx(4 * 1e-3)
+
+
+def test_unfused_cross_entropy_costs_time_and_memory_on_the_last_stage():
+    m = _small_dense()
+    tr_u = TR.model_copy(update={"cross_entropy": "unfused"})
+    fused = Estimator(m, H100, TR, 8).estimate(Layout())
+    unfused = Estimator(m, H100, tr_u, 8).estimate(Layout())
+    assert unfused.step_time_s > fused.step_time_s
+    extra = unfused.memory_gib.activations - fused.memory_gib.activations
+    # 8 more bytes per logit element: b·s · V per GPU (no TP)
+    assert extra == pytest.approx(4096 * 32000 * 8 / 2**30, rel=1e-6)
+
+
+def test_compute_by_kernel_class_sums_to_the_compute_term():
+    est = Estimator(load_model("qwen3_30b_a3b"), H100, TR, 8)
+    for lay in (Layout(ep=8, recompute="full"), Layout(tp=2, ep=4), Layout(pp=2, ep=4, micro_batch=2)):
+        e = est.estimate(lay)
+        by = est.compute_by_kernel(e.layout, resolved=True)
+        total = sum(v for k, v in by.items() if k != "recomputation")
+        assert total == pytest.approx(e.time_s.compute, rel=1e-9)
+        assert by["grouped GEMM (experts)"] > 0 and by["attention core"] > 0
+        assert (by.get("recomputation", 0.0) > 0) == (e.layout.recompute != "none")
