@@ -21,6 +21,7 @@ Megatron-LM 2021's plain DDP) and each filled field is listed with the row.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass, field
 from itertools import combinations, product
@@ -30,11 +31,15 @@ from autopar.cost import Estimator
 from autopar.errors import AutoparInputError
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import RECOMPUTE_MODULES, Layout, balanced_stage_layers, resolve_layout
-from autopar.specs.loaders import load_hardware, load_model
+from autopar.specs.bounds import bound_note, limit
+from autopar.specs.loaders import build_spec, load_hardware, load_model, read_text_file, zoo_dir
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
-DEFAULT_CSV = Path(__file__).resolve().parents[1] / "data" / "published_runs.csv"
+try:
+    DEFAULT_CSV = zoo_dir("data") / "published_runs.csv"   # autopar/_zoo/data in a wheel, data/ in a checkout
+except AutoparInputError:                                  # reported when validate runs without --csv
+    DEFAULT_CSV = Path("published_runs.csv")
 
 
 @dataclass
@@ -107,14 +112,46 @@ GROUPINGS = {
 }
 
 
-def _int(v: str, default: int | None = None) -> int | None:
-    v = (v or "").strip()
-    return int(float(v)) if v else default
+def _int(row: dict[str, str], col: str, default: int | None = None) -> int | None:
+    """A whole-number cell (blank: ``default``); anything else is an error naming the column."""
+    v = row[col]
+    if not v:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        pass
+    try:
+        f = float(v)
+    except ValueError:
+        f = math.nan
+    if not (math.isfinite(f) and f.is_integer()):
+        raise AutoparInputError(f"column '{col}': expected a whole number, got '{v[:40]}'")
+    return int(f)
 
 
-def _float(v: str) -> float | None:
-    v = (v or "").strip()
-    return float(v) if v else None
+def _count(row: dict[str, str], col: str) -> int:
+    """A required positive whole-number cell."""
+    v = _int(row, col)
+    if v is None:
+        raise AutoparInputError(f"column '{col}' is empty")
+    if v < 1:
+        raise AutoparInputError(f"column '{col}' must be at least 1, got {v}")
+    return v
+
+
+def _float(row: dict[str, str], col: str) -> float | None:
+    """A positive finite number, or None for a blank cell."""
+    v = row[col]
+    if not v:
+        return None
+    try:
+        f = float(v)
+    except ValueError:
+        raise AutoparInputError(f"column '{col}': expected a number, got '{v[:40]}'") from None
+    if not (math.isfinite(f) and f > 0):
+        raise AutoparInputError(f"column '{col}' must be a positive finite number, got '{v[:40]}'")
+    return f
 
 
 def megatron2021_flops_per_token(m: ModelSpec, s: int) -> float:
@@ -150,11 +187,11 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
     notes: list[str] = []
     model = load_model(row["model"])
     hw = (hardware_override or {}).get(row["system"]) or load_hardware(row["system"])
-    gpus = int(row["gpus"])
-    seq = int(row["seq_len"])
-    gb = int(row["global_batch"])
-    prec = row["precision"].strip() or "bf16"
-    if not row["precision"].strip():
+    gpus, seq, gb = _count(row, "gpus"), _count(row, "seq_len"), _count(row, "global_batch")
+    if gpus > limit("gpus"):
+        raise AutoparInputError(f"column 'gpus' = {gpus:,}: autopar's bound {bound_note('gpus')}")
+    prec = row["precision"] or "bf16"
+    if not row["precision"]:
         notes.append("precision n/f: bf16")
     half = "fp16" if prec == "fp16" else "bf16"
     routing = "dropless" if "dropless" in rid else "balanced"
@@ -166,21 +203,23 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         notes.append("kernels (2021): unfused attention and cross entropy")
     # TP communication overlap is a framework switch: on only where the source says the run used it.
     kernels["tp_comm_overlap"] = "--tp-comm-overlap" in row.get("notes", "")
-    if not kernels["tp_comm_overlap"] and _int(row["tp"], 1) > 1:
+    tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
+    if not kernels["tp_comm_overlap"] and tp > 1:
         notes.append("TP comm overlap n/f: off")
-    training = TrainingSpec(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half, grad_dtype=half,
-                            moe_routing=routing if model.is_moe else "balanced", **kernels)
-    tp, pp = _int(row["tp"], 1), _int(row["pp"], 1)
-    vpp = _int(row["vpp"])
+    training = build_spec(TrainingSpec, dict(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half,
+                                             grad_dtype=half, moe_routing=routing if model.is_moe else "balanced",
+                                             **kernels), "training")
+    hw.peak_tflops(prec)       # a precision the chip lacks fails here, naming it
+    vpp = _int(row, "vpp")
     choose_vpp = vpp is None and pp > 1
     if vpp is None:
         vpp = 1
-    cp, ep, etp = _int(row["cp"], 1), _int(row["ep"], 1), _int(row["etp"], 1)
-    mbs = _int(row["micro_batch"])
+    cp, ep, etp = _int(row, "cp", 1), _int(row, "ep", 1), _int(row, "etp", 1)
+    mbs = _int(row, "micro_batch")
     if mbs is None:
         mbs = 1
         notes.append("micro_batch n/f: 1")
-    fsdp = _int(row["fsdp"])
+    fsdp = _int(row, "fsdp")
     if fsdp == 1:
         zero = 2 if "not resharded" in row.get("notes", "") else 3
     elif src == "mlm21":
@@ -189,20 +228,23 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         zero = 1
         if fsdp is None:
             notes.append("sharding n/f: distributed optimizer (ZeRO-1)")
-    sp_cell = row["sequence_parallel"].strip()
+    sp_cell = row["sequence_parallel"]
     sp = None if not sp_cell else sp_cell in ("1", "true", "True")
     if src == "mlm21":
         sp = False
-    rc = row["recompute"].strip() or "none"
-    choose_rc = not row["recompute"].strip()
+    rc = row["recompute"] or "none"
+    choose_rc = not row["recompute"]
     stage = None
+    if pp < 1 or vpp < 1:
+        raise AutoparInputError(f"pp ({pp}) and vpp ({vpp}) must be at least 1")
     if model.num_layers % (pp * vpp):
         stage = balanced_stage_layers(model.num_layers, pp, vpp)
         notes.append(f"uneven pipeline: {stage[0]}/{stage[1]}../{stage[-1]} layers" if stage else "")
     # "activation offloading required" without the modules: the offloaded share is chosen below like V.
     offload = "activation offloading" in row.get("notes", "")
-    layout = Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch=mbs, zero_stage=zero,
-                    sequence_parallel=sp, recompute=rc, stage_layers=stage, offload_activations=1.0 if offload else 0)
+    layout = build_spec(Layout, dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch=mbs, zero_stage=zero,
+                                     sequence_parallel=sp, recompute=rc, stage_layers=stage,
+                                     offload_activations=1.0 if offload else 0), "layout")
     layout = resolve_layout(layout, model, training, gpus)
     if choose_vpp or choose_rc or offload:
         # The source ran the layout without printing V (often interleaved) or the recompute policy: fill them the
@@ -228,6 +270,8 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
             key = (not e.fits, interleaved and v == 1, e.step_time_s)
             if best is None or key < best[0]:
                 best = (key, cand)
+        if best is None:
+            raise AutoparInputError("no V, recompute policy or offloaded share makes the row's layout valid")
         layout = best[1]
         if choose_vpp:
             notes.append(f"vpp n/f: autopar's fastest valid V = {layout.vpp}" + (
@@ -239,9 +283,9 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         if offload:
             notes.append(f"offloaded share n/f: autopar's fastest that fits = {layout.offload_activations:.0%}")
 
-    tokens = _float(row["tokens_per_s_per_gpu"])
-    step = _float(row["step_time_s"])
-    tflops = _float(row["model_tflops_per_gpu"])
+    tokens = _float(row, "tokens_per_s_per_gpu")
+    step = _float(row, "step_time_s")
+    tflops = _float(row, "model_tflops_per_gpu")
     if tokens:
         how = "tokens/s"
     elif step:
@@ -260,22 +304,46 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
     return Case(rid, model, hw, training, layout, gpus, tokens, how, [n for n in notes if n])
 
 
+CSV_REQUIRED = ("id", "model", "system", "gpus", "seq_len", "global_batch", "tp", "pp")
+CSV_OPTIONAL = ("precision", "vpp", "cp", "ep", "etp", "micro_batch", "fsdp", "sequence_parallel", "recompute",
+                "tokens_per_s_per_gpu", "model_tflops_per_gpu", "step_time_s", "notes")
+
+
 def load_cases(path: Path = DEFAULT_CSV, hardware_override: dict[str, HardwareSpec] | None = None
                ) -> tuple[list[Case], list[tuple[str, str]]]:
-    if not Path(path).exists():
+    """The runs of a CSV file as Cases, and (row id, reason) for every row that cannot be used: a short row, a
+    blank or non-numeric cell where a number is needed, a value a spec rejects. A broken file (missing, not
+    text, no header with the required columns) is an AutoparInputError."""
+    if not str(path).strip():
+        raise AutoparInputError("validation file: empty path")
+    path = Path(path)
+    if not path.exists():
         raise AutoparInputError(f"validation file not found: {path}")
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    need = {"id", "model", "system", "gpus", "seq_len", "global_batch", "tp", "pp"}
-    missing = need - set(rows[0] if rows else ())
-    if missing:
-        raise AutoparInputError(f"{path}: missing columns {', '.join(sorted(missing))}")
-    cases, skipped = [], []
-    for row in rows:
-        try:
-            cases.append(row_to_case(row, hardware_override))
-        except AutoparInputError as err:
-            skipped.append((row["id"], str(err)))
+    text = read_text_file(path)
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        header = reader.fieldnames or []
+        missing = [c for c in CSV_REQUIRED if c not in header]
+        if missing:
+            raise AutoparInputError(f"{path}: missing columns {', '.join(missing)}")
+        cases, skipped = [], []
+        for row in reader:
+            rid = (row.get("id") or "").strip() or f"line {reader.line_num}"
+            if None in row:
+                skipped.append((rid, f"{len(header) + len(row[None])} cells, the header has {len(header)}"))
+                continue
+            if any(v is None for v in row.values()):
+                have = sum(v is not None for v in row.values())
+                skipped.append((rid, f"short row: {have} cells, the header has {len(header)}"))
+                continue
+            cells = {c: (row.get(c) or "").strip() for c in (*CSV_REQUIRED, *CSV_OPTIONAL)}
+            cells["id"] = rid
+            try:
+                cases.append(row_to_case(cells, hardware_override))
+            except AutoparInputError as err:
+                skipped.append((rid, str(err)))
+    except csv.Error as err:
+        raise AutoparInputError(f"{path}: malformed CSV at line {reader.line_num}: {err}") from None
     return cases, skipped
 
 

@@ -17,7 +17,7 @@ the command replaced by their values, and ``AUTOPAR_PLAN``: a JSON file with the
 (``autopar.tune.plan_document``; read it back with ``autopar.tune.read_plan_document``).
 
 Without a command the launcher trains the model it planned for with autopar's runner
-(``torchrun -m autopar.profile.worker``): on a machine without GPUs that is the scaled-down model the
+(``torchrun -m autopar.run.worker``): on a machine without GPUs that is the scaled-down model the
 tuner measured, which is what makes this example run anywhere.
 """
 
@@ -88,12 +88,12 @@ def main() -> int:
     env = dict(os.environ, **env_vars(layout, training, args.gpus), AUTOPAR_PLAN=str(plan_path))
 
     if not command:                         # autopar's own runner trains the planned model with the plan
-        from autopar.profile.launch import worker_spec
+        from autopar.run.launch import worker_spec
         spec = work / "spec.json"
         spec.write_text(json.dumps(worker_spec(model, layout, training, steps=args.train_steps, warmup=1,
                                                result_dir=work)))
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={args.gpus}", "-m", "autopar.profile.worker", "--spec", str(spec)]
+                   f"--nproc-per-node={args.gpus}", "-m", "autopar.run.worker", "--spec", str(spec)]
         env.setdefault("OMP_NUM_THREADS", "1")
         root = str(Path(autopar.__file__).resolve().parents[1])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

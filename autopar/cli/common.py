@@ -4,43 +4,98 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from autopar.defaults import DEFAULT_HARDWARE, DEFAULT_PRECISION, DEFAULT_SEQ_LEN, default_global_batch
 from autopar.errors import AutoparInputError
+from autopar.specs.bounds import BOUNDS, limit
 from autopar.specs.hardware import PRECISIONS, HardwareSpec
-from autopar.specs.loaders import load_hardware, load_model
+from autopar.specs.loaders import build_spec, load_hardware, load_model
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
 
-def positive_int(text: str) -> int:
+# Version of the --json output layout; bumped when a key changes meaning or goes away (docs/launchers.md).
+SCHEMA_VERSION = 1
+
+
+def _whole(text: str) -> int:
     try:
-        v = int(text)
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{shown}'") from None
+
+
+def _shown(v: int) -> str:
+    """A whole number as shown in a message: its digits, or how many there are when it is huge."""
+    digits = str(abs(v))
+    return str(v) if len(digits) <= 30 else f"a {len(digits)}-digit number"
+
+
+def positive_int(text: str) -> int:
+    v = _whole(text)
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {v}")
     return v
+
+
+def count(bound: str, low: int = 1):
+    """argparse type: a whole number from ``low`` to autopar's bound ``bound`` (autopar/specs/bounds.py)."""
+    def parse(text: str) -> int:
+        v = _whole(text)
+        if not low <= v <= limit(bound):
+            raise argparse.ArgumentTypeError(f"must be between {low} and {BOUNDS[bound]} (bound: {BOUNDS[bound].why}), "
+                                             f"got {_shown(v)}")
+        return v
+    parse.__name__ = f"whole number ({bound})"   # argparse names the type in its messages
+    return parse
+
+
+def seconds(bound: str):
+    """argparse type: a finite positive number of seconds, at most autopar's bound ``bound``."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, got '{text[:40]}'") from None
+        if not (math.isfinite(v) and 0 < v <= limit(bound)):
+            raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0 and at most "
+                                             f"{BOUNDS[bound]} ({BOUNDS[bound].why}), got {text[:40]}")
+        return v
+    parse.__name__ = "seconds"
+    return parse
 
 
 def fraction(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got '{text}'") from None
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got '{text[:40]}'") from None
     if not 0 <= v <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {v}")
     return v
 
 
-def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True) -> None:
+def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpus_range: bool = False,
+                     cluster: bool = False) -> None:
     g = p.add_argument_group("problem")
     g.add_argument("--model", required=True, help="zoo name (see `autopar zoo`), a model YAML, or a HF config.json")
     g.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"zoo name or YAML (default: {DEFAULT_HARDWARE})")
-    g.add_argument("--gpus", type=positive_int, required=gpus_required, help="number of GPUs")
-    g.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN,
+    if cluster:   # --gpus or --cluster: load_problem checks that one is given
+        gpus_required = False
+        g.add_argument("--cluster", default=None, metavar="NODESxGPUS[:FABRIC]",
+                       help="the cluster instead of --gpus: e.g. 32x8 or 32x8:rail (rail-optimised), 32x8:2:1 "
+                            "(2:1 oversubscribed scale-out; approximation: every inter-node collective at 1/2 of the "
+                            "NIC bandwidth)")
+    if gpus_range:
+        g.add_argument("--gpus", required=gpus_required, metavar="N|A-B",
+                       help="number of GPUs, or a range A-B searched at A, 2A, 4A, ... and B (see --objective)")
+    else:
+        g.add_argument("--gpus", type=count("gpus"), required=gpus_required, help="number of GPUs")
+    g.add_argument("--seq-len", type=count("seq_len"), default=DEFAULT_SEQ_LEN,
                    help=f"sequence length (default: {DEFAULT_SEQ_LEN})")
-    g.add_argument("--global-batch", type=positive_int, default=None,
+    g.add_argument("--global-batch", type=count("global_batch"), default=None,
                    help="sequences per step (default: by model size, GPT-3 Table 2.1 scaling: 0.5M-4M tokens)")
     g.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
                    help=f"GEMM precision (default: {DEFAULT_PRECISION})")
@@ -54,27 +109,123 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
     model = load_model(args.model)
     hw = load_hardware(args.hardware)
     notes = []
+    if getattr(args, "cluster", None):
+        from autopar.specs.cluster import parse_cluster
+        cl = parse_cluster(args.cluster)
+        if args.gpus is not None and str(args.gpus) != str(cl.gpus):
+            raise AutoparInputError(f"--gpus {args.gpus} and --cluster {args.cluster} ({cl.gpus} GPUs) disagree; "
+                                    "give one")
+        args.gpus = cl.gpus
+        hw, cluster_notes = cl.apply(hw)
+        notes += cluster_notes
+    elif hasattr(args, "cluster") and args.gpus is None:
+        raise AutoparInputError("give --gpus N or --cluster NODESxGPUS")
     gb = args.global_batch
     if gb is None:
         gb, why = default_global_batch(model, args.seq_len)
         notes.append(why)
-    training = TrainingSpec(seq_len=args.seq_len, global_batch=gb, precision=args.precision,
-                            grad_dtype="fp16" if args.precision == "fp16" and args.grad_dtype == "bf16"
-                            else args.grad_dtype,
-                            weight_dtype="fp16" if args.precision == "fp16" else "bf16")
+    training = build_spec(TrainingSpec, dict(
+        seq_len=args.seq_len, global_batch=gb, precision=args.precision,
+        grad_dtype="fp16" if args.precision == "fp16" and args.grad_dtype == "bf16" else args.grad_dtype,
+        weight_dtype="fp16" if args.precision == "fp16" else "bf16"), "training flags")
     hw.peak_tflops(training.precision)  # fails early, naming the precision, if the chip lacks it
     return model, hw, training, notes
 
 
+def _finite(obj: object) -> object:
+    """NaN and infinities (an empty mean, an unreachable time) as null: JSON has no spelling for them."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def dump_json(obj: object) -> str:
-    return json.dumps(obj, indent=2, sort_keys=False)
+    """Strict JSON (RFC 8259): non-finite numbers become null."""
+    return json.dumps(_finite(obj), indent=2, sort_keys=False, allow_nan=False)
 
 
-def parse_int_list(text: str, name: str) -> list[int]:
+def parse_int_list(text: str, name: str, bound: str = "degree", low: int = 1) -> list[int]:
+    """'2,4,8' -> [2, 4, 8]; each value from ``low`` to autopar's ``bound``."""
+    parts = [x for x in text.split(",") if x.strip()]
+    if len(parts) > 4096:
+        raise AutoparInputError(f"{name}: {len(parts):,} values; give at most 4,096")
     try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
+        vals = [int(x) for x in parts]
     except ValueError:
-        raise AutoparInputError(f"{name}: expected comma-separated whole numbers, got '{text}'") from None
-    if not vals or any(v <= 0 for v in vals):
-        raise AutoparInputError(f"{name}: values must be positive, got '{text}'")
+        raise AutoparInputError(f"{name}: expected comma-separated whole numbers, got '{text[:60]}'") from None
+    if not vals:
+        raise AutoparInputError(f"{name}: no value given")
+    bad = [v for v in vals if not low <= v <= limit(bound)]
+    if bad:
+        shown = ", ".join(_shown(v) for v in bad[:5])
+        raise AutoparInputError(f"{name}: values must be between {low} and {BOUNDS[bound]}, got {shown}")
     return vals
+
+
+# Flags that scale a model down for a real run (`autopar profile`, `autopar tune`) -> their bounds.
+SCALE_BOUNDS = {"layers": "layers", "hidden": "hidden", "ffn": "ffn", "heads": "heads", "kv_heads": "heads",
+                "experts": "experts", "vocab": "vocab"}
+SEARCH_AXES = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")
+
+
+def add_search_args(p: argparse.ArgumentParser, title: str, time_limit_default: float) -> argparse._ArgumentGroup:
+    """The solver's pins and ranges, the same flags for `autopar solve` and `autopar tune`."""
+    g = p.add_argument_group(title)
+    searched = {"vpp": "1,2,4,8", "mbs": "1,2,4"}
+    for ax in SEARCH_AXES:
+        g.add_argument(f"--{ax}", default=None, help=f"allowed {ax} values, e.g. --{ax} 2,4 (default: "
+                       + (searched[ax] if ax in searched else "the divisors of the GPU count the rules allow") + ")")
+    g.add_argument("--zero", default=None, help="allowed ZeRO stages, e.g. 1,3 (default: 0,1,2,3)")
+    g.add_argument("--fsdp", action="store_true", help="only FSDP (ZeRO-3) layouts")
+    g.add_argument("--recompute", default=None, help="allowed policies separated by ';' (default: none;selective;full)")
+    g.add_argument("--max-tp", type=count("degree"), default=None, help="largest TP to consider")
+    g.add_argument("--no-cp", action="store_true", help="no context parallelism")
+    g.add_argument("--no-sp", action="store_true", help="no sequence parallelism")
+    g.add_argument("--allow-cross-domain", action="store_true",
+                   help="let TP and ETP span NVLink domains (default: forbidden; EP may always span domains)")
+    g.add_argument("--time-limit", type=seconds("time_limit_s"), default=time_limit_default,
+                   help=f"CP-SAT time limit in seconds per solve (default: {time_limit_default:g})")
+    return g
+
+
+def search_options(args: argparse.Namespace, **extra):
+    """SearchOptions from the flags of :func:`add_search_args` (``extra``: fields a command sets itself).
+    One builder for solve and tune: this parses the text (whole numbers, no absurd sizes); SearchOptions checks
+    every value (each axis's bound, ZeRO stages 0-3, recompute policies) for the CLI and the library alike."""
+    from autopar.search.space import SearchOptions
+    pins = {k: parse_int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None for k in SEARCH_AXES}
+    if args.no_cp:
+        if pins["cp"] and pins["cp"] != [1]:
+            raise AutoparInputError(f"--no-cp contradicts --cp {args.cp}")
+        pins["cp"] = [1]
+    if args.fsdp:
+        if args.zero and parse_int_list(args.zero, "--zero", low=0) != [3]:
+            raise AutoparInputError(f"--fsdp (ZeRO-3) contradicts --zero {args.zero}")
+        zero = [3]
+    else:
+        zero = parse_int_list(args.zero, "--zero", low=0) if args.zero else None
+    rc = None
+    if args.recompute is not None:
+        rc = [x.strip() for x in args.recompute.split(";") if x.strip()]
+        if not rc:
+            raise AutoparInputError(f"--recompute: no policy given in '{args.recompute[:60]}' (e.g. none;full)")
+    return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp,
+                         allow_cross_domain=args.allow_cross_domain, time_limit_s=args.time_limit,
+                         sequence_parallel=False if args.no_sp else None, **extra)
+
+
+EMIT_CHOICES = ("megatron", "bridge", "torchtitan", "env")
+TORCHTITAN_VERSIONS = ("0.3.0", "0.2.2")   # autopar.emit.torchtitan.TORCHTITAN_VERSIONS (not imported: start-up time)
+
+
+def add_emit_args(g, what: str) -> None:
+    """--emit and --torchtitan-version (docs/launchers.md describes each target and its version)."""
+    g.add_argument("--emit", choices=EMIT_CHOICES, default=None,
+                   help=f"print launcher settings for {what}: megatron (Megatron-Core 0.20 pretrain_gpt.py args), "
+                        "bridge (Megatron-Bridge 0.7 recipe overrides), torchtitan (0.3.0 Trainer.Config), env")
+    g.add_argument("--torchtitan-version", choices=TORCHTITAN_VERSIONS, default=TORCHTITAN_VERSIONS[0],
+                   help="torchtitan release to emit for (default: %(default)s; 0.2.2 = the old TOML job file)")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from autopar.cli.common import add_problem_args, dump_json, fraction, load_problem, parse_int_list, positive_int
+from autopar.cli.common import (SCHEMA_VERSION, add_problem_args, count, dump_json, fraction, load_problem,
+                                parse_int_list)
 from autopar.cli.render import console, print_estimate
 from autopar.cost import Estimator
 from autopar.specs.layout import Layout
@@ -15,15 +16,16 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layout")
     for name, helptext in (("tp", "tensor parallel"), ("pp", "pipeline stages"), ("vpp", "virtual stages per rank"),
                            ("cp", "context parallel"), ("ep", "expert parallel"), ("etp", "expert tensor parallel")):
-        g.add_argument(f"--{name}", type=positive_int, default=1, help=f"{helptext} (default: 1)")
+        g.add_argument(f"--{name}", type=count("vpp" if name == "vpp" else "degree"), default=1,
+                       help=f"{helptext} (default: 1)")
     g.add_argument("--sp", dest="sp", action="store_true", default=None, help="sequence parallel (default: on iff TP>1)")
     g.add_argument("--no-sp", dest="sp", action="store_false", help="turn sequence parallel off")
     sh = g.add_mutually_exclusive_group()
     sh.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=1,
                     help="ZeRO stage over DP (default: 1 = Megatron distributed optimizer)")
     sh.add_argument("--fsdp", action="store_true", help="FSDP (ZeRO-3) parameter sharding")
-    g.add_argument("--hsdp", type=positive_int, default=None, help="HSDP: shard over groups of N DP ranks")
-    g.add_argument("--mbs", type=positive_int, default=1, help="micro-batch size in sequences (default: 1)")
+    g.add_argument("--hsdp", type=count("degree"), default=None, help="HSDP: shard over groups of N DP ranks")
+    g.add_argument("--mbs", type=count("micro_batch"), default=1, help="micro-batch size in sequences (default: 1)")
     g.add_argument("--recompute", default="none",
                    help="none | selective | full | comma list of modules (core_attn,layernorm,mlp,moe,moe_act,"
                         "mla_up_proj,shared_experts) (default: none)")
@@ -34,7 +36,7 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
 
 
 def layout_from_args(args: argparse.Namespace) -> Layout:
-    stage = tuple(parse_int_list(args.stage_layers, "--stage-layers")) if args.stage_layers else None
+    stage = tuple(parse_int_list(args.stage_layers, "--stage-layers", "layers")) if args.stage_layers else None
     return build_spec(Layout, dict(tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, etp=args.etp,
                   sequence_parallel=args.sp, zero_stage=3 if args.fsdp else args.zero, fsdp=args.fsdp,
                   hsdp_shard=args.hsdp, micro_batch=args.mbs, recompute=args.recompute, stage_layers=stage,
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     est = estimator.estimate(layout)
     by_kernel = estimator.compute_by_kernel(est.layout, resolved=True)
     if args.json:
-        d = est.to_dict()
+        d = {"schema_version": SCHEMA_VERSION, **est.to_dict()}
         d["notes"] = notes + d["notes"]
         d["compute_by_kernel_s"] = by_kernel
         print(dump_json(d))
@@ -71,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("estimate", help="predict memory and step time of one layout",
                        description="Predict per-GPU memory and step time of one parallel layout "
                                    "(analytical cost model; see autopar/cost/).")
-    add_problem_args(p)
+    add_problem_args(p, cluster=True)
     add_layout_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (the library's Estimate.to_dict())")
     p.set_defaults(func=run)

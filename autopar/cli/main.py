@@ -9,25 +9,28 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from autopar.errors import AutoparInputError
 
 # Subcommand modules, in the order `autopar --help` lists them.
-SUBCOMMANDS = ("solve", "estimate", "validate", "profile", "tune", "zoo")
+SUBCOMMANDS = ("solve", "estimate", "validate", "profile", "tune", "zoo", "schema")
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse exits with status 2 on bad flags already; keep its one-line message, drop the usage dump."""
 
     def error(self, message: str) -> None:  # pragma: no cover - exercised through the CLI tests
-        self.exit(2, f"autopar: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"autopar: error: {_one_line(message)} (see '{self.prog} --help')\n")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or (``only``) the one with just that subcommand: a command imports only its own module,
     which keeps `autopar solve` and `autopar estimate` start-up short."""
+    from autopar import __version__
     parser = _Parser(prog="autopar", description="Pick the parallel layout for training a transformer on GPUs.")
+    parser.add_argument("--version", action="version", version=f"autopar {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in SUBCOMMANDS:
         if only is not None and name != only:
@@ -43,20 +46,60 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Exit status: 0 done, 1 a documented "no result" (no layout fits, no run succeeded),
+    2 bad input (one ``autopar: error:`` line on stderr), 130 interrupted, 141 stdout closed early (``| head``).
+    Any other failure is a bug in autopar: one ``autopar: internal error:`` line and status 70
+    (set AUTOPAR_DEBUG=1 for the traceback)."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     try:
+        parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            raise AutoparInputError(f"no command given (choose {', '.join(SUBCOMMANDS)})")
         return int(args.func(args) or 0)
     except AutoparInputError as err:
-        print(f"autopar: error: {err}", file=sys.stderr)
+        _say(f"autopar: error: {_one_line(err)}")
         return 2
     except KeyboardInterrupt:
-        print("autopar: interrupted", file=sys.stderr)
+        _say("autopar: interrupted")
         return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (`autopar ... --json | head -1`): what it wanted it has; stop quietly,
+        # as a command killed by SIGPIPE would. Python's final flush must not write to the closed pipe again.
+        _close_stdout()
+        return 141
+    except MemoryError:
+        _say("autopar: error: out of memory; the problem is too large for this machine (see docs/input-bounds.md)")
+        return 2
+    except Exception as err:  # noqa: BLE001 - the promise is one line, never a traceback
+        if os.environ.get("AUTOPAR_DEBUG"):
+            raise
+        _say(f"autopar: internal error: {type(err).__name__}: {_one_line(err)} (a bug in autopar; please report "
+             "it with the command; AUTOPAR_DEBUG=1 shows the traceback)")
+        return 70
+
+
+def _one_line(err: BaseException | str) -> str:
+    """The message on one line: characters that are not printable (a newline, a carriage return or other
+    control character typed into a flag or a file name) are shown escaped, as Python writes them."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(err))
+    return text or type(err).__name__
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (BrokenPipeError, ValueError):  # stderr closed too: nothing left to tell
+        pass
+
+
+def _close_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is no file (tests capture it)
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,7 +6,8 @@
 ``autopar profile hardware`` and ``autopar profile compare`` are registered here too; they live in
 autopar/profile/hardware.py and autopar/profile/compare.py.
 
-torch is never imported here: the run happens in torchrun's worker processes (autopar.profile.worker).
+torch is never imported here: the run happens in torchrun's worker processes (autopar.run.worker; see
+docs/runner.md).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import json
 import sys
 from pathlib import Path
 
-from autopar.cli.common import dump_json, positive_int
+from autopar.cli.common import SCALE_BOUNDS, count, dump_json, seconds
 from autopar.cli.estimate import add_layout_args, layout_from_args
 from autopar.errors import AutoparInputError
-from autopar.profile._scale import scale_model
+from autopar.run._scale import scale_model
 from autopar.specs.layout import resolve_layout
-from autopar.specs.loaders import load_model
+from autopar.specs.loaders import build_spec, load_model
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
@@ -33,23 +34,32 @@ SCALE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "experts", "vocab
 def _add_run_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("problem")
     g.add_argument("--model", required=True, help="zoo name (see `autopar zoo`), a model YAML, or a HF config.json")
-    g.add_argument("--gpus", type=positive_int, required=True,
+    g.add_argument("--gpus", type=count("gpus"), required=True,
                    help="ranks to launch (GPUs with NCCL, processes with gloo on the CPU)")
-    g.add_argument("--seq-len", type=positive_int, default=DEFAULT_SEQ_LEN,
+    g.add_argument("--seq-len", type=count("seq_len"), default=DEFAULT_SEQ_LEN,
                    help=f"sequence length (default: {DEFAULT_SEQ_LEN})")
-    g.add_argument("--global-batch", type=positive_int, default=None,
+    g.add_argument("--global-batch", type=count("global_batch"), default=None,
                    help="sequences per step (default: dp·mbs·pp, the smallest batch that fills the pipeline)")
     s = p.add_argument_group("scale the model down (same architecture; divisibility is checked against the layout)")
     for name in SCALE_FLAGS:
-        s.add_argument(f"--{name.replace('_', '-')}", type=positive_int, default=None)
+        s.add_argument(f"--{name.replace('_', '-')}", type=count(SCALE_BOUNDS[name]), default=None)
     add_layout_args(p)
     r = p.add_argument_group("run")
-    r.add_argument("--steps", type=positive_int, default=4, help="training steps, warm-up included (default: 4)")
-    r.add_argument("--warmup", type=int, default=1, help="steps left out of the timing (default: 1)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data (default: 0)")
-    r.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is killed (default: 600)")
+    r.add_argument("--steps", type=count("steps"), default=4, help="training steps, warm-up included (default: 4)")
+    r.add_argument("--warmup", type=count("steps", low=0), default=1, help="steps left out of the timing (default: 1)")
+    r.add_argument("--seed", type=count("seed", low=0), default=0,
+                   help="seed of the weights and the synthetic data (default: 0)")
+    r.add_argument("--timeout", type=seconds("run_timeout_s"), default=600.0,
+                   help="seconds before the run is killed (default: 600)")
     r.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto = NCCL when CUDA is available, else gloo on the CPU")
+    r.add_argument("--lr", type=float, default=None,
+                   help="peak AdamW learning rate (default: 3e-4, Llama 3 8B's)")
+    r.add_argument("--lr-warmup", type=int, default=None,
+                   help="steps of linear LR warm-up (default: a quarter of --steps, at least 1)")
+    r.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                   help="model weights' dtype; auto = the training precision's (bf16) on CUDA, fp32 on the CPU "
+                        "(fp32 main weights and Adam moments always)")
 
 
 def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]:
@@ -64,15 +74,19 @@ def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]
     gb = args.global_batch
     if gb is None:
         gb = max(1, args.gpus // (layout.tp * layout.cp * layout.pp)) * layout.micro_batch * layout.pp
-    training = TrainingSpec(seq_len=args.seq_len, global_batch=gb)
+    training = build_spec(TrainingSpec, dict(seq_len=args.seq_len, global_batch=gb), "training flags")
     resolve_layout(layout, model, training, args.gpus)      # invalid layouts fail here, with the arithmetic
     if args.warmup < 0 or args.steps <= args.warmup:
         raise AutoparInputError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    if args.lr is not None and not args.lr > 0:
+        raise AutoparInputError(f"--lr must be positive (got {args.lr})")
+    if args.lr_warmup is not None and args.lr_warmup < 0:
+        raise AutoparInputError(f"--lr-warmup must be at least 0 (got {args.lr_warmup})")
     return model, layout, training
 
 
 def run(args: argparse.Namespace) -> int:
-    from autopar.profile.launch import run_layout
+    from autopar.run.launch import run_layout
     model, layout, training = _problem(args)
     resolved = resolve_layout(layout, model, training, args.gpus)
     print(f"autopar profile: {model.summary()}; {resolved.short()}; {args.gpus} ranks, "
@@ -80,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     res = run_layout(model, layout, training, world=args.gpus, steps=args.steps, warmup=args.warmup,
                      timeout_s=args.timeout, seed=args.seed, backend=args.backend,
                      workdir=Path(args.workdir) if args.workdir else None,
-                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+                     progress=lambda line: print(line, file=sys.stderr, flush=True),
+                     lr=args.lr, lr_warmup_steps=args.lr_warmup, dtype=args.dtype)
     if args.json:
         print(dump_json(dict(res.to_dict(), model=model.model_dump(mode="json"), layout=resolved.short(),
                              global_batch=training.global_batch, seq_len=training.seq_len)))
@@ -97,20 +112,27 @@ def run(args: argparse.Namespace) -> int:
     print(f"step      {res.step_time_s:.4f} s (median of {args.steps - args.warmup} after {args.warmup} warm-up)"
           f"   {res.tokens_per_s:,.0f} tokens/s")
     print(f"memory    peak GiB per rank: {' '.join(f'{m:.3f}' for m in res.peak_mem_gib)}  ({a['memory']})")
-    print(f"loss      {' '.join(f'{x:.4f}' for x in res.losses)}")
+    print(f"          scheme: {a['memory_scheme']}")
+    for term, label in (("weights", "weights"), ("grads", "gradients"), ("optimizer", "optimizer (main+Adam)"),
+                        ("fwd_bwd_peak", "fwd/bwd peak above step start")):
+        vals = [t.get(term) for t in res.memory_terms_gib]
+        shown = "n/a on CPU" if all(v is None for v in vals) else " ".join(f"{v:.4g}" for v in vals)
+        print(f"          {label:<30} GiB per rank: {shown}")
+    print(f"loss      {' '.join(f'{x:.4f}' for x in res.losses)}   ({a['lr']})")
     for n in res.notes:
         print(f"note      {n}")
     return 0
 
 
 def spec(args: argparse.Namespace) -> int:
-    from autopar.profile.launch import worker_spec
+    from autopar.run.launch import worker_spec
     model, layout, training = _problem(args)
     resolved = resolve_layout(layout, model, training, args.gpus)
     out = Path(args.out)
     out.write_text(json.dumps(worker_spec(model, resolved, training, steps=args.steps, warmup=args.warmup,
-                                          seed=args.seed, backend=args.backend, timeout_s=args.timeout), indent=1))
-    print(f"wrote {out}; run it with:\n  torchrun --nproc-per-node {args.gpus} -m autopar.profile.worker --spec {out}")
+                                          seed=args.seed, backend=args.backend, timeout_s=args.timeout,
+                                          lr=args.lr, lr_warmup_steps=args.lr_warmup, dtype=args.dtype), indent=1))
+    print(f"wrote {out}; run it with:\n  torchrun --nproc-per-node {args.gpus} -m autopar.run.worker --spec {out}")
     return 0
 
 
@@ -146,5 +168,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     def _usage(args: argparse.Namespace) -> int:
         p.print_help()
-        return 2
+        raise AutoparInputError("profile: no subcommand given (choose " + ", ".join(psub.choices) + ")")
     p.set_defaults(func=_usage)

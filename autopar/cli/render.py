@@ -5,36 +5,60 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from autopar.cost.legend import APPROX_NOTE, MEMORY_LEGEND, TIME_LEGEND
 from autopar.cost.result import Estimate
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
-MEMORY_LEGEND = {
-    "weights": "model weights of the stage (÷TP, experts ÷EP·ETP; ÷DP with ZeRO-3/FSDP)",
-    "grads": "gradient buffers (÷DP with ZeRO-2/3)",
-    "optimizer": "fp32 master weights + Adam moments (÷DP with ZeRO>=1)",
-    "activations": "stored activations of the in-flight micro-batches (+ logits on the last stage)",
-    "buffers": "communication / FSDP gather / FP8 weight-copy buffers",
-    "reserve": "CUDA context, NCCL, allocator fragmentation",
-}
-TIME_LEGEND = {
-    "compute": "GEMMs + attention of all micro-batches, recompute included",
-    "tp": "exposed tensor/sequence-parallel collectives",
-    "cp": "exposed ring-attention KV exchange",
-    "ep": "exposed expert all-to-all (dispatch + combine)",
-    "dp": "exposed gradient reduce / ZeRO-FSDP gathers",
-    "pp_bubble": "pipeline fill + drain: (PP-1)/(VPP*M+PP-1) of the step",
-    "pp_p2p": "exposed pipeline send/recv",
-    "optimizer": "Adam update (HBM-bandwidth bound)",
-    "offload": "exposed activation-offload copies to/from host memory",
-}
-APPROX_NOTE = ("Predictions are analytical (autopar/cost/, each formula cites its source) and approximate; "
-               "see `autopar validate` for the error on published runs.")
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """stdout closed early (``| head``): let the CLI entry end quietly with status 141, as for print()."""
+        raise BrokenPipeError
 
 
-def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=170)
+def console(stderr: bool = False, width: int | None = None) -> Console:
+    """A rich console as wide as the terminal (rich reads it, or $COLUMNS; 80 when the output is not a terminal),
+    unless ``width`` is given."""
+    return _Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+
+
+def fitted_table(width: int, title: str, headers: list[str], rows: list[list[str]], left: tuple[str, ...] = (),
+                 optional: tuple[str, ...] = ()) -> list[Table | str]:
+    """A table that fits ``width`` columns without cutting a number: numeric columns are exactly as wide as their
+    longest cell or header word (headers fold onto several lines), text columns (``left``) wrap at spaces (28
+    characters a line at least); while that
+    is too wide, the ``optional`` columns are dropped, last first, and a line after the table names them. Returns
+    what to print."""
+    def cell_width(i: int) -> int:
+        words = [len(w) for w in headers[i].split()]
+        if headers[i] in left:   # wraps at spaces, but onto two lines at most for a 56-character cell
+            return max(words + [min(len(r[i]), 28) for r in rows])
+        return max(words + [len(r[i]) for r in rows])
+
+    def need(cols: list[int]) -> int:
+        return 1 + sum(3 + cell_width(i) for i in cols)
+
+    cols = list(range(len(headers)))
+    dropped = []
+    for name in reversed(optional):
+        if need(cols) <= width:
+            break
+        cols.remove(headers.index(name))
+        dropped.append(name)
+    t = Table(title=title, title_justify="left")
+    for i in cols:
+        if headers[i] in left:
+            t.add_column(headers[i], justify="left", min_width=cell_width(i))
+        else:
+            t.add_column(headers[i], justify="right", width=cell_width(i))
+    for r in rows:
+        t.add_row(*(r[i] for i in cols))
+    if not dropped:
+        return [t]
+    return [t, f"[dim]not shown at {width} columns: {', '.join(reversed(dropped))} (a wider terminal or --json "
+               "shows them)[/dim]"]
 
 
 def header(model: ModelSpec, hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:

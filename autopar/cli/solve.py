@@ -1,37 +1,72 @@
-"""`autopar solve`: the fastest layouts that fit, ranked, next to the rules-of-thumb baseline."""
+"""`autopar solve`: the best layout first (speed, memory headroom, time and cost to train, launch settings), then
+the ranked layouts that fit; the rules-of-thumb reasoning and the breakdown under --explain."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from rich.table import Table
-
-from autopar.cli.common import add_problem_args, dump_json, fraction, load_problem, parse_int_list, positive_int
-from autopar.cli.render import APPROX_NOTE, console, header, print_estimate
+from autopar.cli.common import (SCHEMA_VERSION, add_emit_args, add_problem_args, add_search_args, count, dump_json,
+                                fraction, load_problem, search_options)
+from autopar.cli.render import console, fitted_table, header, print_estimate
+from autopar.cost.legend import APPROX_NOTE
 from autopar.errors import AutoparInputError
 
 
-def options_from_args(args: argparse.Namespace):
-    from autopar.search import SearchOptions
-    pins = {k: parse_int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None
-            for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")}
-    if args.no_cp:
-        pins["cp"] = [1]
-    zero = [3] if args.fsdp else (parse_int_list(args.zero, "--zero") if args.zero else None)
-    rc = [x.strip() for x in args.recompute.split(";")] if args.recompute else None
-    return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp, allow_cross_domain=args.allow_cross_domain,
-                         top_k=args.top_k, time_limit_s=args.time_limit, sequence_parallel=False if args.no_sp else None,
-                         offload_activations=args.offload_activations)
+def _budget_cells(budget) -> list[str]:
+    cells = [f"{budget.days:,.1f}", f"{budget.gpu_hours:,.0f}"]
+    if budget.cost is not None:
+        cells.append(f"{budget.cost:,.0f}")
+    return cells
+
+
+def _search(args, model, hw, training, opts, err):
+    """Solve at one GPU count, or at each count of a range and keep the one the objective prefers."""
+    from autopar.search import solve
+    from autopar.search.budget import gpu_counts, parse_gpu_range, training_budget
+
+    lo, hi = parse_gpu_range(str(args.gpus))
+    progress = None if args.json else (lambda m: err.print(f"[dim]… {m}[/dim]"))
+    if lo == hi:
+        return lo, solve(model, hw, training, lo, opts, method=args.search, progress=progress), []
+    tokens = args.tokens or 1e12   # the choice does not depend on the token count
+    rows = []
+    for n in gpu_counts(lo, hi):
+        err.print(f"[dim]… {n} GPUs[/dim]") if not args.json else None
+        res = solve(model, hw, training, n, opts, method=args.search)
+        if res.plans:
+            b = training_budget(res.plans[0].estimate, tokens, args.gpu_hour_price or 1.0)
+            rows.append((n, res, b))
+        else:
+            rows.append((n, res, None))
+    fitting = [r for r in rows if r[2] is not None]
+    if not fitting:
+        return hi, rows[-1][1], rows
+    key = (lambda r: r[2].seconds) if args.objective == "time" else (lambda r: r[2].gpu_hours)
+    best = min(fitting, key=key)
+    return best[0], best[1], rows
 
 
 def run(args: argparse.Namespace) -> int:
     from autopar.cost import Estimator
-    from autopar.search import solve
     from autopar.search.advice import advise
+    from autopar.search.budget import batch_advice, parse_tokens, training_budget
 
     model, hw, training, notes = load_problem(args)
-    opts = options_from_args(args)
+    opts = search_options(args, top_k=args.top_k, offload_activations=args.offload_activations)
+    if args.offload_activations and args.emit in ("megatron", "bridge"):
+        # Megatron-Core offloads activations only without full recompute (docs/launchers.md): search what it can run
+        rc = [r for r in (opts.recompute or ["none", "selective", "full"]) if r.strip() != "full"]
+        if not rc:
+            raise AutoparInputError("--offload-activations with --emit megatron/bridge: Megatron-Core cannot offload "
+                                    "under full recompute, and --recompute allows only full")
+        if len(rc) < len(opts.recompute or [0, 0, 0]):
+            notes.append("full recompute left out of the search: Megatron-Core cannot offload activations under it")
+        opts.recompute = rc
+    tokens = parse_tokens(args.tokens) if args.tokens else None
+    args.tokens = tokens
+    if args.gpu_hour_price is not None and args.gpu_hour_price <= 0:
+        raise AutoparInputError(f"--gpu-hour-price must be positive, got {args.gpu_hour_price}")
     if args.report:
         from autopar.report import report_paths, write_report
     if args.report and not args.overwrite:   # refuse before a long search, not after
@@ -39,78 +74,115 @@ def run(args: argparse.Namespace) -> int:
             if f.exists():
                 raise AutoparInputError(f"{f} already exists; not overwriting it (pass --overwrite)")
     err = console(stderr=True)
-    res = solve(model, hw, training, args.gpus, opts, method=args.search,
-                progress=None if args.json else (lambda m: err.print(f"[dim]… {m}[/dim]")))
+    gpus, res, sweep = _search(args, model, hw, training, opts, err)
     res.notes = notes + res.notes
-    advice = (advise(Estimator(model, hw, training, args.gpus), res.plans[0].estimate, max_items=5,
-                     allow_cross_domain=opts.allow_cross_domain) if res.plans else [])
+    best = res.plans[0] if res.plans else None
+    advice = (advise(Estimator(model, hw, training, gpus), best.estimate, max_items=5,
+                     allow_cross_domain=opts.allow_cross_domain) if best else [])
+    batch = batch_advice(model, hw, training, gpus, best.estimate) if best else None
+    budgets = ({p.rank: training_budget(p.estimate, tokens, args.gpu_hour_price) for p in res.plans}
+               if tokens else {})
     if args.report:
-        written = write_report(res, model, hw, training, args.gpus, Path(args.report), advice=advice,
+        written = write_report(res, model, hw, training, gpus, Path(args.report), advice=advice,
                                overwrite=args.overwrite)
         err.print("report: " + ", ".join(map(str, written)))
     if args.json:
-        d = res.to_dict()
+        d = {"schema_version": SCHEMA_VERSION, "gpus": gpus, **res.to_dict()}
         d["advice"] = advice
+        d["batch_warning"] = batch.message(training.seq_len, gpus) if batch else None
+        if tokens:
+            for p in d["plans"]:
+                p["budget"] = budgets[p["rank"]].to_dict()
+        if sweep:
+            d["gpu_sweep"] = [{"gpus": n, "fits": b is not None, "step_time_s": r.plans[0].estimate.step_time_s
+                               if r.plans else None, "gpu_hours_per_1e12_tokens": b.gpu_hours / (tokens or 1e12)
+                               * 1e12 if b else None} for n, r, b in sweep]
         print(dump_json(d))
         return 0 if res.plans else 1
     out = console()
-    for n in notes:
-        out.print(f"note: {n}")
-    out.print(header(model, hw, training, args.gpus))
-    out.print(f"search: {res.method}, status {res.status}, gap {res.gap:.2%}, {res.solve_s:.2f} s, "
-              f"space {res.space_size:,} layouts over {res.meshes} meshes")
+    out.print(header(model, hw, training, gpus))
     if not res.plans:
         out.print("[red bold]No layout fits.[/red bold]")
         for line in res.explanation:
             out.print(line)
         return 1
-    t = Table(title="Fastest layouts that fit (predicted; memory in GiB per GPU, times in s per step)",
-              title_justify="left")
-    for col in ("#", "layout", "W+G+O", "act", "total", "compute", "tp", "cp", "ep", "dp", "bubble", "step",
-                "tok/s/GPU", "MFU", "bottleneck"):
-        t.add_column(col, justify="left" if col in ("layout", "bottleneck") else "right")
-    for p in res.plans:
-        e, m, ts = p.estimate, p.estimate.memory_gib, p.estimate.time_s
-        t.add_row(str(p.rank), p.layout.short(), f"{m.weights + m.grads + m.optimizer:.1f}", f"{m.activations:.1f}",
-                  f"{m.total:.1f}", f"{ts.compute:.2f}", f"{ts.tp:.2f}", f"{ts.cp:.2f}", f"{ts.ep:.2f}",
-                  f"{ts.dp:.2f}", f"{ts.pp_bubble:.2f}", f"{e.step_time_s:.3f}", f"{e.tokens_per_s_per_gpu:,.0f}",
-                  f"{e.mfu:.1%}", e.bottleneck)
-    out.print(t)
-    out.print("[dim]layout: TPn PPn(vV virtual stages) CP/EP/ETP degrees, DP data-parallel, SP sequence parallel, "
-              "Z ZeRO stage (FSDP = ZeRO-3), mbs micro-batch, GA gradient accumulation, rc recompute, "
-              "layers = transformer layers per pipeline stage[/dim]")
-    best = res.plans[0]
-    used = best.estimate.memory_gib.total / best.estimate.hbm_gib
+    e = best.estimate
+    # The answer first: the layout, its speed, its memory headroom, what the run costs.
+    free = e.hbm_gib - e.memory_gib.total
+    out.print(f"\n[bold]Best layout: {best.layout.short()}[/bold]")
+    out.print(f"  {e.step_time_s:.3f} s/step, {e.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {e.mfu:.1%}; "
+              f"memory {e.memory_gib.total:.1f} of {e.hbm_gib:.1f} GiB per GPU ({free:.1f} GiB free, "
+              f"{free / e.hbm_gib:.0%} headroom)")
+    if tokens:
+        b = budgets[best.rank]
+        out.print(f"  {tokens / 1e12:g}T tokens: {b.days:,.1f} days on {gpus} GPUs, {b.gpu_hours:,.0f} GPU-hours"
+                  + (f", {b.cost:,.0f} at {args.gpu_hour_price:g} per GPU-hour" if b.cost is not None else "")
+                  + " (predicted throughput; restarts and evaluation not counted)")
+    if sweep:
+        cells = ", ".join(f"{n}: {'no fit' if b is None else f'{r.plans[0].estimate.step_time_s:.2f} s/step'}"
+                          for n, r, b in sweep)
+        out.print(f"  GPU count {gpus} chosen for the lowest {'time' if args.objective == 'time' else 'cost'} "
+                  f"to train among {cells}")
+    used = e.memory_gib.total / e.hbm_gib
     if used > 0.95:
         roomy = next((p for p in res.plans if p.estimate.memory_gib.total / p.estimate.hbm_gib <= 0.9), None)
         alt = (f"#{roomy.rank} leaves {1 - roomy.estimate.memory_gib.total / roomy.estimate.hbm_gib:.0%} free at "
-               f"{roomy.estimate.step_time_s / best.estimate.step_time_s - 1:+.1%} step time" if roomy else
+               f"{roomy.estimate.step_time_s / e.step_time_s - 1:+.1%} step time" if roomy else
                "no listed layout leaves 10% free; see 'What to try next' for memory savings")
         out.print(f"[yellow]note: #1 uses {used:.0%} of HBM; the memory model is approximate "
                   f"(autopar validate), so check it with a short run (autopar profile run) or pick more headroom: "
                   f"{alt}[/yellow]")
+    if batch:
+        out.print(f"[yellow]warning: {batch.message(training.seq_len, gpus)}[/yellow]")
+    if args.emit:
+        from autopar.emit import emit
+        out.print(f"\n[bold]{args.emit} settings[/bold]")
+        print(emit(args.emit, best.layout, model, training, gpus, hw, torchtitan_version=args.torchtitan_version),
+              end="")
+    headers = ["#", "layout", "step s", "tok/s/GPU", "MFU", "mem GiB", "W+G+O", "act", "compute", "tp", "cp",
+               "ep", "dp", "bubble", "bottleneck"]
+    if tokens:
+        headers[5:5] = ["days", "GPU-h"] + (["cost"] if args.gpu_hour_price else [])
+    rows = []
+    for p in res.plans:
+        pe, m, ts = p.estimate, p.estimate.memory_gib, p.estimate.time_s
+        row = [str(p.rank), p.layout.short(), f"{pe.step_time_s:.3f}", f"{pe.tokens_per_s_per_gpu:,.0f}",
+               f"{pe.mfu:.1%}", f"{m.total:.1f}", f"{m.weights + m.grads + m.optimizer:.1f}", f"{m.activations:.1f}",
+               f"{ts.compute:.2f}", f"{ts.tp:.2f}", f"{ts.cp:.2f}", f"{ts.ep:.2f}", f"{ts.dp:.2f}",
+               f"{ts.pp_bubble:.2f}", pe.bottleneck]
+        if tokens:
+            row[5:5] = _budget_cells(budgets[p.rank])
+        rows.append(row)
+    out.print()
+    out.print(*fitted_table(out.width, "Fastest layouts that fit (predicted; GiB per GPU, s per step)", headers, rows,
+                            left=("layout", "bottleneck"),
+                            optional=("mem GiB", "days", "MFU", "tok/s/GPU", "GPU-h", "cost", "W+G+O", "act",
+                                      "compute", "tp", "cp", "ep", "dp", "bubble", "bottleneck")))
+    out.print("[dim]layout: TPn PPn(vV virtual stages) CP/EP/ETP degrees, DP data-parallel, SP sequence parallel, "
+              "Z ZeRO stage (FSDP = ZeRO-3), mbs micro-batch, GA gradient accumulation, rc recompute, "
+              "layers = transformer layers per pipeline stage[/dim]")
+    out.print(f"[dim]search: {res.method}, status {res.status}, gap {res.gap:.2%}, {res.solve_s:.2f} s, "
+              f"space {res.space_size:,} layouts over {res.meshes} meshes[/dim]")
+    for n in res.notes:
+        out.print(f"[dim]note: {n}[/dim]")
     if res.heuristic:
         h = res.heuristic.estimate
-        if h.fits:
-            verdict = (f"fits; autopar's best is predicted {h.step_time_s / best.estimate.step_time_s:.2f}x "
-                       "as fast")
-        else:
-            verdict = (f"[red]does not fit[/red] ({h.memory_gib.total:.1f} of {h.hbm_gib:.1f} GiB), so it is no "
-                       "usable baseline")
-        out.print(f"Rules-of-thumb starting point: {res.heuristic.layout.short()} — {h.step_time_s:.3f} s/step, "
-                  f"{verdict}.")
-        for r in res.heuristic_reasons:
-            out.print(f"  [dim]rule: {r}[/dim]")
-    out.print("\n[bold]Best layout in detail[/bold]")
-    print_estimate(best.estimate, model, hw, training, out)
+        verdict = (f"fits; autopar's best is predicted {h.step_time_s / e.step_time_s:.2f}x as fast" if h.fits else
+                   f"does not fit ({h.memory_gib.total:.1f} of {h.hbm_gib:.1f} GiB)")
+        out.print(f"Rules-of-thumb starting point: {res.heuristic.layout.short()} — {verdict}"
+                  + ("." if args.explain else " (--explain shows its rules)."))
+        if args.explain:
+            for r in res.heuristic_reasons:
+                out.print(f"  [dim]rule: {r}[/dim]")
     if advice:
         out.print("\n[bold]What to try next[/bold]")
         for a in advice:
             out.print(f"  • {a}")
-    if args.emit:
-        from autopar.emit import emit
-        out.print(f"\n[bold]{args.emit} settings[/bold]")
-        print(emit(args.emit, best.layout, model, training, args.gpus))
+    if args.explain:
+        out.print("\n[bold]Best layout in detail[/bold]")
+        print_estimate(e, model, hw, training, out)
+    else:
+        out.print(f"[dim]{APPROX_NOTE} --explain shows the memory and step-time breakdown.[/dim]")
     return 0
 
 
@@ -119,31 +191,27 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Find the fastest parallel layouts that fit in HBM with an OR-Tools CP-SAT model "
                                    "over the analytical cost model. Defaults: hardware h100_sxm, seq 4096, bf16, "
                                    "global batch by model size. " + APPROX_NOTE)
-    add_problem_args(p)
-    g = p.add_argument_group("pins and ranges (comma lists)")
-    searched = {"vpp": "1,2,4,8", "mbs": "1,2,4"}
-    for ax in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
-        g.add_argument(f"--{ax}", default=None, help=f"allowed {ax} values, e.g. --{ax} 2,4 (default: "
-                       + (searched[ax] if ax in searched else "the divisors of the GPU count the rules allow") + ")")
-    g.add_argument("--zero", default=None, help="allowed ZeRO stages, e.g. 1,3 (default: 0,1,2,3)")
-    g.add_argument("--fsdp", action="store_true", help="only FSDP (ZeRO-3) layouts")
-    g.add_argument("--recompute", default=None, help="allowed policies separated by ';' (default: none;selective;full)")
-    g.add_argument("--max-tp", type=positive_int, default=None, help="largest TP to consider")
-    g.add_argument("--no-cp", action="store_true", help="no context parallelism")
-    g.add_argument("--no-sp", action="store_true", help="no sequence parallelism")
+    add_problem_args(p, gpus_range=True, cluster=True)
+    g = add_search_args(p, "pins and ranges (comma lists)", time_limit_default=60.0)
     g.add_argument("--offload-activations", type=fraction, nargs="?", const=1.0, default=0.0, metavar="FRACTION",
                    help="every layout sends this fraction of its stored activations to host memory (alone: 1 = all; "
                         "default: 0; not searched)")
-    g.add_argument("--allow-cross-domain", action="store_true",
-                   help="let TP and ETP span NVLink domains (default: forbidden; EP may always span domains)")
     p.add_argument("--search", choices=("cpsat", "exhaustive", "heuristic"), default="cpsat",
                    help="cpsat (default), exhaustive (reference enumeration), heuristic (rules of thumb)")
-    p.add_argument("--top-k", type=positive_int, default=5, help="layouts to list (default: 5)")
-    p.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT time limit in seconds (default: 60)")
-    p.add_argument("--emit", choices=("megatron", "torchtitan", "env"), default=None,
-                   help="print launcher settings for the best layout")
+    p.add_argument("--top-k", type=count("top_k"), default=5, help="layouts to list (default: 5)")
+    add_emit_args(p, "the best layout")
     p.add_argument("--report", metavar="OUT.md", default=None,
                    help="write a Markdown analysis with OUT_memory.png and OUT_pareto.png beside it")
     p.add_argument("--overwrite", action="store_true", help="replace an existing report and its figures")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (with schema_version)")
+    p.add_argument("--explain", action="store_true",
+                   help="also print the rules-of-thumb reasoning and the best layout's memory and time breakdown")
+    b = p.add_argument_group("time and cost to train")
+    b.add_argument("--tokens", default=None, metavar="N", help="tokens to train on, e.g. 15T or 300B: prints days and "
+                   "GPU-hours per plan")
+    b.add_argument("--gpu-hour-price", type=float, default=None, metavar="PRICE",
+                   help="price of one GPU-hour: adds the cost of training --tokens")
+    b.add_argument("--objective", choices=("time", "cost"), default="time",
+                   help="with --gpus A-B: the GPU count that trains fastest (time) or with the fewest GPU-hours "
+                        "(cost; the price is the same for every count) (default: time)")
     p.set_defaults(func=run)

@@ -17,26 +17,11 @@ import signal
 import sys
 from pathlib import Path
 
-from autopar.cli.common import dump_json, parse_int_list, positive_int
+from autopar.cli.common import SCALE_BOUNDS, add_emit_args, add_search_args, count, dump_json, search_options, seconds
 from autopar.defaults import DEFAULT_HARDWARE
 from autopar.errors import AutoparInputError
 
 SCALE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "experts", "vocab")
-
-
-def _options(args: argparse.Namespace):
-    from autopar.search.space import SearchOptions
-    pins = {k: parse_int_list(getattr(args, k), f"--{k}") if getattr(args, k) else None
-            for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")}
-    if args.no_cp:
-        pins["cp"] = [1]
-    zero = [3] if args.fsdp else ([int(x) for x in parse_int_list(args.zero, "--zero")] if args.zero else None)
-    if zero and any(z > 3 for z in zero):
-        raise AutoparInputError(f"--zero: stages are 0-3, got '{args.zero}'")
-    rc = [x.strip() for x in args.recompute.split(";") if x.strip()] if args.recompute else None
-    return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp,
-                         allow_cross_domain=args.allow_cross_domain,
-                         time_limit_s=args.time_limit, sequence_parallel=False if args.no_sp else None)
 
 
 def _scale(args: argparse.Namespace) -> dict | str | None:
@@ -74,11 +59,11 @@ def run(args: argparse.Namespace) -> int:
         if path is not None and not Path(path).parent.is_dir():
             raise AutoparInputError(f"folder {Path(path).parent} does not exist (for {path})")
     if args.emit_out and not args.emit:
-        raise AutoparInputError("--emit-out needs --emit megatron|torchtitan|env")
+        raise AutoparInputError("--emit-out needs --emit megatron|bridge|torchtitan|env")
     say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        result = tune(args.model, args.hardware, _training(args), args.gpus, _options(args), trials=args.trials,
+        result = tune(args.model, args.hardware, _training(args), args.gpus, search_options(args), trials=args.trials,
                       top_k=args.top_k, storage=args.storage, study=args.study, seed=args.seed, steps=args.steps,
                       warmup=args.warmup, timeout_s=args.timeout, backend=args.backend, scale=_scale(args),
                       seeds=args.seeds, confirm=args.confirm, progress=say)
@@ -90,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     emitted = None
     if args.emit and result.best is not None:
         from autopar.emit import emit
-        emitted = emit(args.emit, result.best.layout, result.model, result.training, result.gpus)
+        emitted = emit(args.emit, result.best.layout, result.model, result.training, result.gpus, result.hardware,
+                       torchtitan_version=args.torchtitan_version)
         if args.emit_out:
             Path(args.emit_out).write_text(emitted)
     if args.out and result.best is not None:
@@ -133,40 +119,29 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "gloo processes on the CPU and a large model is scaled down (the output says so).")
     g = p.add_argument_group("problem")
     g.add_argument("--model", required=True, help="zoo name (see `autopar zoo`), a model YAML, or a HF config.json")
-    g.add_argument("--gpus", type=positive_int, required=True,
+    g.add_argument("--gpus", type=count("gpus"), required=True,
                    help="world size of every run (GPUs of this node; processes with gloo on a CPU)")
     g.add_argument("--hardware", default=DEFAULT_HARDWARE,
                    help=f"what the predictions and the memory limit are for (default: {DEFAULT_HARDWARE})")
-    g.add_argument("--seq-len", type=positive_int, default=None, help="sequence length (default: 128 on CPU, 4096)")
-    g.add_argument("--global-batch", type=positive_int, default=None,
+    g.add_argument("--seq-len", type=count("seq_len"), default=None, help="sequence length (default: 128 on CPU, 4096)")
+    g.add_argument("--global-batch", type=count("global_batch"), default=None,
                    help="sequences per step (default: 4 per rank on CPU, else by model size)")
     g.add_argument("--precision", default=None, help="GEMM precision of the predictions (default: bf16)")
     s = p.add_argument_group("scale the model down (default on a machine without GPUs: at most 4 layers, hidden 64, "
                              "ffn 256, 4 heads, 4 experts, vocab 512)")
     for name in SCALE_FLAGS:
-        s.add_argument(f"--{name.replace('_', '-')}", type=positive_int, default=None)
+        s.add_argument(f"--{name.replace('_', '-')}", type=count(SCALE_BOUNDS[name]), default=None)
     s.add_argument("--no-scale", action="store_true", help="run the model as given, even on a CPU")
-    pins = p.add_argument_group("search space (pins as comma lists, as for `autopar solve`)")
-    for ax in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
-        pins.add_argument(f"--{ax}", default=None, help=f"allowed {ax} values, e.g. --{ax} 1,2")
-    pins.add_argument("--zero", default=None, help="allowed ZeRO stages, e.g. 1,3")
-    pins.add_argument("--fsdp", action="store_true", help="only FSDP (ZeRO-3)")
-    pins.add_argument("--recompute", default=None,
-                      help="allowed policies separated by ';' (default: none;selective;full)")
-    pins.add_argument("--max-tp", type=positive_int, default=None, help="largest TP to consider")
-    pins.add_argument("--no-cp", action="store_true", help="no context parallelism")
-    pins.add_argument("--no-sp", action="store_true", help="no sequence parallelism")
-    pins.add_argument("--allow-cross-domain", action="store_true", help="let TP and ETP span NVLink domains (EP may always span domains)")
-    pins.add_argument("--top-k", type=positive_int, default=8,
+    pins = add_search_args(p, "search space (pins as comma lists, as for `autopar solve`)", time_limit_default=20.0)
+    pins.add_argument("--top-k", type=count("top_k"), default=8,
                       help="distinct parallel structures kept from the solver (default: 8)")
-    pins.add_argument("--time-limit", type=float, default=20.0, help="CP-SAT time limit per solve, s (default: 20)")
     st = p.add_argument_group("study")
-    st.add_argument("--trials", type=positive_int, default=20,
+    st.add_argument("--trials", type=count("trials"), default=20,
                     help="real runs in the whole study, all workers together; more on a later call extends it "
                          "(default: 20)")
-    st.add_argument("--seeds", type=int, default=None,
+    st.add_argument("--seeds", type=count("trials", low=0), default=None,
                     help="first trials taken from the solver's ranking (default: min(top-k, trials/2))")
-    st.add_argument("--confirm", type=int, default=None,
+    st.add_argument("--confirm", type=count("trials", low=0), default=None,
                     help="last trials re-measuring the runner-up layouts; each layout counts its fastest run "
                          "(default: min(2, trials/5))")
     st.add_argument("--storage", default=None,
@@ -174,17 +149,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "postgresql://..., mysql://..., journal:FILE, redis://...")
     st.add_argument("--study", default=None, help="study name (default: derived from the problem, so the same "
                                                    "command resumes the same study)")
-    st.add_argument("--seed", type=int, default=0, help="sampler seed (default: 0)")
+    st.add_argument("--seed", type=count("seed", low=0), default=0, help="sampler seed (default: 0)")
     r = p.add_argument_group("each run")
-    r.add_argument("--steps", type=positive_int, default=8,
+    r.add_argument("--steps", type=count("steps"), default=8,
                    help="training steps per run, warm-up included (default: 8)")
-    r.add_argument("--warmup", type=int, default=2, help="steps left out of the timing (default: 2)")
-    r.add_argument("--timeout", type=float, default=300.0, help="seconds before a run is killed (default: 300)")
+    r.add_argument("--warmup", type=count("steps", low=0), default=2, help="steps left out of the timing (default: 2)")
+    r.add_argument("--timeout", type=seconds("run_timeout_s"), default=300.0,
+                   help="seconds before a run is killed (default: 300)")
     r.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto = NCCL when this node has GPUs, else gloo on the CPU")
     o = p.add_argument_group("output")
-    o.add_argument("--emit", choices=("megatron", "torchtitan", "env"), default=None,
-                   help="print launcher settings for the winning plan")
+    add_emit_args(o, "the winning plan")
     o.add_argument("--emit-out", default=None, help="also write the --emit text to this file")
     o.add_argument("--out", default=None, help="write the winning plan as JSON (Plan.to_dict + measurement)")
     o.add_argument("--json", action="store_true", help="print the whole result as JSON")

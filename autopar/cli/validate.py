@@ -9,6 +9,7 @@ from rich.table import Table
 
 from autopar.cli.common import dump_json
 from autopar.cli.render import console
+from autopar.errors import AutoparInputError
 from autopar.validation import DEFAULT_CSV, validate
 
 
@@ -19,7 +20,10 @@ def run_fit(args: argparse.Namespace) -> int:
     from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
     from autopar.validation import load_cases
     err = console(stderr=True)
-    cases, skipped = load_cases(Path(args.csv))
+    cases, skipped = load_cases(_csv_path(args))
+    if not cases:
+        raise AutoparInputError(f"{args.csv}: no usable row to fit ({len(skipped)} skipped"
+                                + (f"; first: {skipped[0][0]}: {skipped[0][1]}" if skipped else "") + ")")
     res = fit(cases, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
     out = console()
     t = Table(title="Fitted constants (shared by every chip and run; kernel speeds are measured, not fitted)",
@@ -39,20 +43,37 @@ def run_fit(args: argparse.Namespace) -> int:
         out.print("held-out source (fit on the others) mean absolute error: "
                   + ", ".join(f"{k} {v:.1%}" for k, v in cv.items()) + f"; mean over sources {mean:.1%}")
     if args.write:
-        d = zoo_dir("hardware")
+        import shutil
+        from autopar.specs.loaders import installed_zoo_dir
+        d = Path(args.out)
+        if installed_zoo_dir("hardware") and d.resolve() == installed_zoo_dir("hardware").resolve():
+            raise AutoparInputError(f"--out {d} is autopar's installed hardware folder; write elsewhere and pass the "
+                                    "files with --hardware PATH")
+        d.mkdir(parents=True, exist_ok=True)
         note = (f"fitted {date.today()} on {Path(args.csv).name} ({len(cases)} rows): mean absolute error "
                 f"{res.loss_before:.2%} -> {res.loss_after:.2%}")
         for name in sorted(zoo_names("hardware")):
             hw = load_hardware(name)
-            write_efficiency(d / f"{name}.yaml", res.efficiency_for(hw), note)
-            out.print(f"wrote the calibrated constants of {name} to {d / (name + '.yaml')}")
+            target = d / f"{name}.yaml"
+            if target.resolve() != (zoo_dir("hardware") / f"{name}.yaml").resolve():
+                shutil.copyfile(zoo_dir("hardware") / f"{name}.yaml", target)
+            write_efficiency(target, res.efficiency_for(hw), note)
+            out.print(f"wrote the calibrated constants of {name} to {target}")
     return 0
 
 
+def _csv_path(args: argparse.Namespace) -> Path:
+    if not args.csv.strip():
+        raise AutoparInputError("--csv: empty path; give a runs CSV file")
+    return Path(args.csv)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.write and not (args.fit and args.out):
+        raise AutoparInputError("--write needs --fit and --out DIR (the folder to write the hardware YAML files to)")
     if args.fit:
         return run_fit(args)
-    rep = validate(Path(args.csv))
+    rep = validate(_csv_path(args))
     if args.json:
         print(dump_json({"mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
                          "rows": [{"id": r.case.row_id, "measured_tokens_per_s_per_gpu": r.case.measured_tokens,
@@ -95,5 +116,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fit", action="store_true",
                    help="fit the physical efficiency constants to the runs (see autopar/calibration.py)")
     p.add_argument("--cv", action="store_true", help="with --fit: cross-validate by holding out each source")
-    p.add_argument("--write", action="store_true", help="with --fit: write the constants into hardware/*.yaml")
+    p.add_argument("--write", action="store_true",
+                   help="with --fit: write hardware YAML files with the fitted constants into --out")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="folder for --write (required; never autopar's installed files; in a source checkout "
+                        "--out hardware updates the repository's files)")
     p.set_defaults(func=run)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from rich.table import Table
 
 from autopar.cli.common import dump_json
-from autopar.cli.render import console
+from autopar.cli.render import console, fitted_table
 from autopar.specs.loaders import load_hardware, load_model, zoo_dir, zoo_names
 
 
@@ -53,24 +52,20 @@ def run(args: argparse.Namespace) -> int:
         print(dump_json(out))
         return 0
     c = console()
+    c.print(f"[dim]from {zoo_dir('models')} and {zoo_dir('hardware')}[/dim]")
     if "models" in out:
-        t = Table(title=f"Models ({zoo_dir('models')}; --model NAME)", title_justify="left")
-        for col in ("name", "total B", "active B", "layers", "hidden", "heads/kv", "experts (top-k)", "MLA"):
-            t.add_column(col, justify="left" if col == "name" else "right")
-        for r in out["models"]:
-            t.add_row(r["name"], f"{r['total_params_b']:.1f}", f"{r['active_params_b']:.1f}", str(r["layers"]),
-                      str(r["hidden"]), f"{r['heads']}/{r['kv_heads']}",
-                      f"{r['experts']} ({r['top_k']})" if r["experts"] else "-", "yes" if r["mla"] else "")
-        c.print(t)
+        rows = [[r["name"], f"{r['total_params_b']:.1f}", f"{r['active_params_b']:.1f}", str(r["layers"]),
+                 str(r["hidden"]), f"{r['heads']}/{r['kv_heads']}",
+                 f"{r['experts']} ({r['top_k']})" if r["experts"] else "-", "yes" if r["mla"] else ""]
+                for r in out["models"]]
+        c.print(*fitted_table(c.width, "Models (--model NAME)",
+                             ["name", "total B", "active B", "layers", "hidden", "heads/ kv", "experts (top-k)", "MLA"],
+                             rows, left=("name",), optional=("hidden", "heads/ kv", "MLA")))
     if "hardware" in out:
-        t = Table(title=f"Hardware ({zoo_dir('hardware')}; --hardware NAME); dense peaks per GPU",
-                  title_justify="left")
-        for col in ("name", "BF16 TFLOP/s", "FP8 TFLOP/s", "FP4 TFLOP/s", "HBM GiB", "HBM TB/s", "NVLink domain",
-                    "NVLink GB/s", "scale-out GB/s"):
-            t.add_column(col, justify="left" if col == "name" else "right")
-        for r in out["hardware"]:
-            t.add_row(r["name"], f"{r['bf16_tflops']:g}", f"{r['fp8_tflops']:g}" if r["fp8_tflops"] else "-",
-                      f"{r['fp4_tflops']:g}" if r["fp4_tflops"] else "-", f"{r['hbm_gib']:g}", f"{r['hbm_tbps']:g}",
-                      str(r["nvlink_domain"]), f"{r['nvlink_gbps']:g}", f"{r['scaleout_gbps']:g}")
-        c.print(t)
+        rows = [[r["name"], f"{r['bf16_tflops']:g}", f"{r['fp8_tflops']:g}" if r["fp8_tflops"] else "-",
+                 f"{r['fp4_tflops']:g}" if r["fp4_tflops"] else "-", f"{r['hbm_gib']:g}", f"{r['hbm_tbps']:g}",
+                 str(r["nvlink_domain"]), f"{r['nvlink_gbps']:g}", f"{r['scaleout_gbps']:g}"] for r in out["hardware"]]
+        c.print(*fitted_table(c.width, "Hardware (--hardware NAME): dense TFLOP/s, HBM GiB, GB/s per direction",
+                             ["name", "BF16", "FP8", "FP4", "HBM", "HBM TB/s", "NVLink GPUs", "NVLink", "scale-out"],
+                             rows, left=("name",), optional=("FP4", "HBM TB/s", "scale-out")))
     return 0

@@ -17,6 +17,7 @@ counted); MFU = model TFLOP/s / dense peak of the training precision (PaLM, arXi
 from __future__ import annotations
 
 from autopar.cost import compute as _compute
+from autopar.cost._select import where
 from autopar.cost.collectives import Network
 from autopar.cost.cp import cp_time_per_microbatch
 from autopar.cost.dp import dp_time_per_step
@@ -40,6 +41,15 @@ def microbatch_seconds(times: tuple[float, float, float, float, float, float]) -
     """t_mb of one stage from :meth:`Estimator.stage_times`: compute + tp + cp + ep + offload (not the forward-only
     compute, which is part of compute)."""
     return times[0] + times[1] + times[2] + times[3] + times[5]
+
+
+def step_seconds(L: Layout, t_mb: float, p2p: float, tail: float) -> float:
+    """T_step of the module docstring from the slowest stage's micro-batch time t_mb (compute + tp + cp + ep +
+    offload, :func:`microbatch_seconds`): M·t_mb + pp_bubble + pp_p2p + tail, tail = max over stages of (exposed
+    DP/FSDP + optimizer). The terms :meth:`Estimator.assemble` lists one by one, summed; the search sums its
+    tables with this function, with ``L.grad_accum``, ``L.pp``, ``L.vpp`` and the times as broadcastable numpy
+    arrays over its candidate grid."""
+    return L.grad_accum * t_mb + bubble_time(L, t_mb) + p2p + tail
 
 
 class Estimator:
@@ -106,7 +116,9 @@ class Estimator:
 
         The communication hides behind the gradient math of a micro-batch (forward t_f, backward 2·t_f);
         recomputation is not counted as hiding time (a conservative simplification). ``t_fwd`` (the
-        forward time, which does not depend on the recompute policy) may be passed when already known."""
+        forward time, which does not depend on the recompute policy) may be passed when already known; with it,
+        ``L.zero_stage``, ``L.micro_batch``, ``L.grad_accum`` and ``t_fwd`` may be broadcastable numpy arrays
+        (the search's tables), and the result is elementwise."""
         prof, tr, hw = self.profile, self.training, self.hardware
         dense, expert = stage_params(prof, st, L)
         if t_fwd is None:
@@ -114,7 +126,7 @@ class Estimator:
                                              self.imbalance)[1]
         dp_exposed, _ = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd)
         sd, se = shard_groups(L)
-        p_local = dense / (sd if L.zero_stage >= 1 else 1) + expert / (se if L.zero_stage >= 1 else 1)
+        p_local = dense / where(L.zero_stage >= 1, sd, 1) + expert / where(L.zero_stage >= 1, se, 1)
         return dp_exposed, optimizer_time(p_local, tr, hw)
 
     def compute_by_kernel(self, layout: Layout, *, resolved: bool = False) -> dict[str, float]:

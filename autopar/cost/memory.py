@@ -41,6 +41,7 @@ rest (caching-allocator fragmentation).
 
 from __future__ import annotations
 
+from autopar.cost._select import minimum, where
 from autopar.cost.profile import ModelProfile
 from autopar.cost.result import GIB, MemoryBreakdown
 from autopar.cost.stage import Stage
@@ -52,11 +53,12 @@ _FP8 = ("fp8", "fp8_block", "mxfp8", "nvfp4")
 
 
 def stage_params(prof: ModelProfile, st: Stage, L: Layout) -> tuple[float, float]:
-    """(dense, expert) parameters this GPU holds before ZeRO sharding."""
+    """(dense, expert) parameters this GPU holds before ZeRO sharding. The degrees (``L.tp``, ``L.ep``, ``L.etp``)
+    may be numpy arrays over meshes (elementwise result)."""
     tp = L.tp
     dense = st.sum(prof, "dense_params") / tp
-    if tp > prof.kv_heads:  # KV heads fewer than TP: each rank keeps one whole KV head (replicated)
-        dense += st.sum(prof, "kv_params") * (1.0 / prof.kv_heads - 1.0 / tp)
+    # KV heads fewer than TP: each rank keeps one whole KV head (replicated)
+    dense = dense + where(tp > prof.kv_heads, st.sum(prof, "kv_params") * (1.0 / prof.kv_heads - 1.0 / tp), 0.0)
     if st.is_first:
         dense += prof.embedding_params / tp
     if st.is_last:
@@ -73,7 +75,7 @@ def stage_params(prof: ModelProfile, st: Stage, L: Layout) -> tuple[float, float
 
 
 def shard_groups(L: Layout) -> tuple[int, int]:
-    """(dense, expert) ZeRO sharding group sizes."""
+    """(dense, expert) ZeRO sharding group sizes (elementwise when the degrees are numpy arrays)."""
     dense = L.dp * L.cp
     expert = L.edp
     if L.hsdp_shard:
@@ -83,12 +85,11 @@ def shard_groups(L: Layout) -> tuple[int, int]:
 
 
 def inflight_layer_microbatches(st: Stage, L: Layout) -> float:
-    """Micro-batches' worth of this stage's layer activations alive at the 1F1B peak."""
+    """Micro-batches' worth of this stage's layer activations alive at the 1F1B peak. ``L.grad_accum`` and
+    ``L.vpp`` may be numpy arrays (the search's tables): the result is then elementwise."""
     M = L.grad_accum
-    if L.vpp == 1:
-        return float(min(st.pp - st.index, M))
-    chunks = min(2 * (st.pp - st.index - 1) + (L.vpp - 1) * st.pp + 1, L.vpp * M)
-    return chunks / L.vpp
+    chunks = minimum(2 * (st.pp - st.index - 1) + (L.vpp - 1) * st.pp + 1, L.vpp * M)
+    return where(L.vpp == 1, 1.0 * minimum(st.pp - st.index, M), chunks / L.vpp)
 
 
 def linear_input_scale(tr: TrainingSpec) -> float:
@@ -105,8 +106,9 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
 
     Tokens here are the b·s tokens of a micro-batch of one data-parallel rank; divided by tp·cp (or cp for
     norm tensors without SP). ``lin`` scales the tensors that are GEMM inputs (norm outputs, attention
-    output, the MLP activation output, routed tokens entering the experts): see :func:`linear_input_scale`."""
-    sp_div = L.tp * L.cp if L.sp else L.cp
+    output, the MLP activation output, routed tokens entering the experts): see :func:`linear_input_scale`.
+    The degrees may be numpy arrays over meshes (elementwise result)."""
+    sp_div = L.cp * where(L.sp, L.tp, 1)
     tp_div = L.tp * L.cp
     n = st.n_layers
     norm_in = st.sum(prof, "act_norm_in")
@@ -152,17 +154,18 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
             moe -= (1 - lin) * (st.sum(prof, "act_moe_io") / 2 + act)
     kept = (norm_in + norm_out) / sp_div + (qkv + attn_out + mlp + shared + moe) / tp_div
     # Selective recompute re-materialises, during one layer's backward, only what that layer dropped.
-    return kept, (max(full_layers - kept, 0.0) / max(n, 1) if mods else 0.0)
+    return kept, (where(full_layers > kept, full_layers - kept, 0.0) / max(n, 1) if mods else 0.0)
 
 
 def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer state) bytes on one GPU of the stage, after ZeRO sharding."""
+    """(weights, gradients, optimizer state) bytes on one GPU of the stage, after ZeRO sharding.
+    ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result)."""
     dense, expert = stage_params(prof, st, L)
     sd, se = shard_groups(L)
     z = L.zero_stage
-    w = tr.weight_bytes * (dense / (sd if z >= 3 else 1) + expert / (se if z >= 3 else 1))
-    g = tr.grad_bytes * (dense / (sd if z >= 2 else 1) + expert / (se if z >= 2 else 1))
-    o = tr.optimizer_bytes * (dense / (sd if z >= 1 else 1) + expert / (se if z >= 1 else 1))
+    w = tr.weight_bytes * (dense / where(z >= 3, sd, 1) + expert / where(z >= 3, se, 1))
+    g = tr.grad_bytes * (dense / where(z >= 2, sd, 1) + expert / where(z >= 2, se, 1))
+    o = tr.optimizer_bytes * (dense / where(z >= 1, sd, 1) + expert / where(z >= 1, se, 1))
     return w, g, o
 
 
@@ -172,7 +175,9 @@ LOGIT_EXTRA_BYTES = {"fused": 4, "unfused": 12}
 def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
                      elems: tuple[float, float] | None = None) -> float:
     """Stored activations of the in-flight micro-batches (+ logits and MTP on the last stage).
-    ``elems`` = activation_elems_per_token(prof, st, L, linear_input_scale(tr)) when the caller has it."""
+    ``elems`` = activation_elems_per_token(prof, st, L, linear_input_scale(tr)) when the caller has it.
+    ``L.micro_batch``, ``L.grad_accum``, ``L.vpp``, the degrees and the two ``elems`` (e.g. over recompute
+    policies) may be broadcastable numpy arrays (elementwise result)."""
     mb_tokens = L.micro_batch * tr.seq_len
     e = tr.activation_bytes
     kept, working = elems if elems is not None else activation_elems_per_token(prof, st, L,
@@ -183,10 +188,11 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         layers = (1 - f) * layers + f * resident_offload_layers(st)
     act = mb_tokens * e * (kept * layers + working)
     if st.is_last:
-        act += (mb_tokens / (L.cp * L.tp) * prof.vocab * (e + LOGIT_EXTRA_BYTES[tr.cross_entropy])
-                * (1 + prof.model.mtp_layers))
+        act = act + (mb_tokens / (L.cp * L.tp) * prof.vocab * (e + LOGIT_EXTRA_BYTES[tr.cross_entropy])
+                     * (1 + prof.model.mtp_layers))
         if prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight micro-batch
-            act += mb_tokens * e * (kept / max(st.n_layers, 1)) * prof.model.mtp_layers * min(st.pp, L.grad_accum)
+            mtp_layers = prof.model.mtp_layers * minimum(st.pp, L.grad_accum)
+            act = act + mb_tokens * e * (kept / max(st.n_layers, 1)) * mtp_layers
     return act
 
 
@@ -206,18 +212,18 @@ def offloaded_activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: Tra
 
 
 def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
-    """Communication, FSDP-gather and FP8 weight-copy buffers."""
+    """Communication, FSDP-gather and FP8 weight-copy buffers. ``L.micro_batch``, ``L.zero_stage`` and the
+    degrees may be broadcastable numpy arrays (elementwise result)."""
     mb_tokens = L.micro_batch * tr.seq_len
     e, h = tr.activation_bytes, prof.hidden
     buf = mb_tokens / L.cp * h * e                      # gathered SP/TP input of one linear
     if prof.is_moe and st.sum(prof, "moe_layers"):
         buf += 2 * mb_tokens / (L.cp * L.tp) * prof.top_k * h * e
     dense, expert = stage_params(prof, st, L)
-    if L.zero_stage >= 3:
-        per_layer = (dense + expert) / max(st.n_layers, 1)
-        buf += per_layer * (2 * tr.weight_bytes + tr.grad_bytes)
+    per_layer = (dense + expert) / max(st.n_layers, 1)
+    buf = buf + where(L.zero_stage >= 3, per_layer * (2 * tr.weight_bytes + tr.grad_bytes), 0.0)
     if tr.precision in _FP8:
-        buf += (dense + expert) / (shard_groups(L)[0] if L.zero_stage >= 3 else 1)  # 1-byte FP8 weight copies
+        buf = buf + (dense + expert) / where(L.zero_stage >= 3, shard_groups(L)[0], 1)  # 1-byte FP8 weight copies
     return buf
 
 

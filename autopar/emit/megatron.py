@@ -1,63 +1,87 @@
-"""Megatron-LM command-line arguments for a resolved Layout (the parallel, batch and precision flags only).
+"""Megatron-LM command-line arguments for a resolved Layout: the parallel, batch, precision, overlap and memory flags
+that autopar's prediction assumes.
 
-Flag names were checked against NVIDIA/Megatron-LM ``megatron/training/arguments.py`` (main branch, 2025,
-the Megatron-Core 0.14+ generation: it has ``--dist-ckpt-save-pre-mcore-014``, ``--use-megatron-fsdp``,
-``--fp4-format``, ``--pipeline-model-parallel-layout``, ``--num-virtual-stages-per-pipeline-rank``) and,
-for Megatron-FSDP, the Megatron-Core "Megatron-FSDP User Guide"
-(docs.nvidia.com/megatron-core/developer-guide/latest/discussions/megatron-fsdp-user-guide). Megatron-Bridge
-sets the same fields by their config names (``tensor_model_parallel_size`` ...); these are the CLI
-spellings ``pretrain_gpt.py`` accepts. Model-shape flags (``--num-layers``, ``--hidden-size`` ...) are not
-emitted: they come from the model's recipe.
+Target: **Megatron-Core 0.20.0**, NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22), ``pretrain_gpt.py``. Every
+flag is checked against that commit's own parser (``megatron/training/arguments.py``, extracted into
+``tests/emit/fixtures/megatron_args.json`` by ``tools/gen_megatron_args.py``), and the cross-flag rules below
+are transcribed from its ``validate_args`` and ``TransformerConfig.__post_init__``. Model-shape flags
+(``--num-layers``, ``--hidden-size`` ...) are not emitted: they come from the model's recipe.
 
 Layout field -> flags:
 
-- tp, pp, cp -> ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
-  ``--context-parallel-size``.
+- tp, pp, cp -> ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``, ``--context-parallel-size``.
 - ep, etp (MoE only) -> ``--expert-model-parallel-size``, ``--expert-tensor-parallel-size`` (always written:
-  Megatron's default ETP is TP, autopar's is 1).
-- vpp with even stages that divide by vpp -> ``--num-layers-per-virtual-pipeline-stage L/(pp·vpp)`` (accepted
-  by every Megatron-LM since interleaving landed; current Megatron also takes
-  ``--num-virtual-stages-per-pipeline-rank``.
-  ``virtual_pipeline_model_parallel_size`` is a config field, not a CLI flag, in current Megatron-LM).
+  Megatron's default ETP is TP, autopar's is 1); ``--moe-token-dispatcher-type alltoall`` (autopar's EP term is
+  an all-to-all dispatch + combine, autopar/cost/ep.py; Megatron's default is allgather) and ``--moe-grouped-gemm``.
+- vpp with even stages that divide by vpp -> ``--num-layers-per-virtual-pipeline-stage L/(pp·vpp)``.
 - uneven stages where only the first and last differ, vpp 1 -> ``--decoder-first-pipeline-num-layers`` and
-  ``--decoder-last-pipeline-num-layers`` (the middle stages share the rest evenly).
-- any other split (uneven stages with vpp > 1, or stages not divisible by vpp) ->
-  ``--pipeline-model-parallel-layout`` with one ``|``-separated entry per virtual stage in model order (entry
-  v·pp + i is virtual stage v of pipeline rank i; a stage's chunks differ by at most one layer, see
-  :func:`autopar.emit._common.virtual_chunks`); E = embedding, t = transformer layer, m = MTP layer, L = loss:
-  DeepSeek-V3 on PP16 without interleaving would read ``Et*3|t*4|...|t*2mL``.
+  ``--decoder-last-pipeline-num-layers``.
+- any other split -> ``--pipeline-model-parallel-layout`` with one ``|``-separated entry per virtual stage in model
+  order (entry v·pp + i is virtual stage v of pipeline rank i, see :func:`autopar.emit._common.virtual_chunks`);
+  E = embedding, t = transformer layer, m = MTP layer, L = loss.
 - sequence_parallel -> ``--sequence-parallel``.
-- zero_stage 1 or 2 -> ``--use-distributed-optimizer`` (optimizer state sharded over DP, gradients
-  reduce-scattered to their owner; Megatron has no separate ZeRO-2 switch). fsdp / zero_stage 3 ->
-  Megatron-FSDP: ``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
-  --no-gradient-accumulation-fusion --use-distributed-optimizer --ckpt-format fsdp_dtensor`` (the guide's
-  required set); or, with ``fsdp_impl="torch"``, ``--use-torch-fsdp2`` (Megatron rejects it with PP > 1 or
-  EP > 1). hsdp_shard -> ``--num-distributed-optimizer-instances dp/hsdp_shard`` (replicas of the sharded
-  state across the DP group).
+- zero_stage 1 or 2 -> ``--use-distributed-optimizer``. fsdp / zero_stage 3 -> Megatron-FSDP
+  (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --no-gradient-accumulation-fusion
+  --use-distributed-optimizer --ckpt-format fsdp_dtensor``), or with ``fsdp_impl="torch"`` ``--use-torch-fsdp2
+  --no-gradient-accumulation-fusion`` (Megatron rejects it with PP > 1, EP > 1 or fp16). hsdp_shard ->
+  ``--num-distributed-optimizer-instances dp/hsdp_shard``.
 - micro_batch, global batch, seq_len -> ``--micro-batch-size``, ``--global-batch-size``, ``--seq-length``.
-- recompute: selective -> ``--recompute-granularity selective`` (Megatron's default module is core_attn);
-  a module list -> ``--recompute-granularity selective --recompute-modules m1 m2 ...``; full ->
-  ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``.
-- offload_activations f -> ``--cpu-offloading --cpu-offloading-num-layers N`` with N = round(f·layers per stage),
-  at least 1 and at most one less than the stage's layers (Megatron-Core keeps one layer on the GPU).
-- precision: bf16 -> ``--bf16``; fp16 -> ``--fp16``; fp8 -> ``--bf16 --fp8-format hybrid --fp8-recipe
-  delayed``; fp8_block -> ``--fp8-recipe blockwise``; mxfp8 -> ``--fp8-recipe mxfp8``; nvfp4 -> ``--bf16
-  --fp4-format e2m1 --fp4-recipe nvfp4`` (Transformer Engine >= 2.7).
+- recompute: selective -> ``--recompute-granularity selective``; a module list -> ``... --recompute-modules m1 m2``;
+  full -> ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``.
+- grad_dtype: bf16 -> ``--grad-reduce-in-bf16`` (Megatron-Core 0.20 otherwise accumulates and reduces in fp32);
+  fp32 -> ``--accumulate-allreduce-grads-in-fp32``.
+- precision: bf16 -> ``--bf16``; fp16 -> ``--fp16``; fp8 -> ``--bf16 --fp8-format hybrid --fp8-recipe delayed``;
+  fp8_block -> ``--fp8-recipe blockwise``; mxfp8 -> ``--fp8-recipe mxfp8``; nvfp4 -> ``--bf16 --fp4-format e2m1
+  --fp4-recipe nvfp4``.
+
+Overlap (emitted where the hardware file's ``efficiency`` counts it, since the predicted step time hides that share):
+
+- dp_overlap > 0 and DP or expert-DP > 1 -> ``--overlap-grad-reduce``, plus ``--overlap-param-gather`` with the
+  distributed optimizer or Megatron-FSDP (Megatron requires both for the latter).
+- tp_overlap > 0, TP > 1 and ``TrainingSpec.tp_comm_overlap`` (the prediction hides TP communication only then) ->
+  ``--tp-comm-overlap`` (Transformer Engine userbuffers); Megatron allows it only with
+  sequence parallel, so a layout with SP off gets a note that its TP time is predicted too low.
+- ep_overlap > 0, EP > 1 -> ``--overlap-moe-expert-parallel-comm`` (1F1B all-to-all overlap), which Megatron allows
+  only with VPP > 1 when PP > 1, without full recompute or 'moe' in the recompute modules, and with at most one MTP
+  layer; otherwise a note says the EP time is predicted too low.
+- ``CUDA_DEVICE_MAX_CONNECTIONS=1`` when TP or CP > 1 without FSDP or EP overlap (Megatron asserts it on Hopper).
+
+Activation offload (offload_activations f > 0) -> Megatron-Core fine-grained activation offloading:
+``--fine-grained-activation-offloading --offload-modules ... --activation-offload-fraction f`` and
+``NVTE_CPU_OFFLOAD_V1=1``. It works with PP and selective recompute. The layer-level path
+(``--cpu-offloading-num-layers``; there is no ``--cpu-offloading`` flag) is not used: Megatron refuses it with
+PP > 1 or any recompute. Offload with full recompute is refused (Megatron supports neither path with it). Megatron's
+fraction counts offload groups in execution order, not bytes: an approximation of autopar's byte share.
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass, field
 
 from autopar.emit._common import require_resolved, virtual_chunks
 from autopar.errors import AutoparInputError
+from autopar.specs.hardware import Efficiency, HardwareSpec
 from autopar.specs.layout import Layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
-__all__ = ["format_megatron", "megatron_args", "pipeline_layout_string", "precision_args"]
+__all__ = ["MEGATRON_TARGET", "MegatronLaunch", "format_megatron", "format_megatron_launch", "megatron_args",
+           "megatron_launch", "pipeline_layout_string", "precision_args"]
+
+MEGATRON_TARGET = "Megatron-Core 0.20.0 (NVIDIA/Megatron-LM d98e8a64ddf3, 2026-08-22)"
 
 _FP8_RECIPE = {"fp8": "delayed", "fp8_block": "blockwise", "mxfp8": "mxfp8"}
+
+
+@dataclass
+class MegatronLaunch:
+    """``pretrain_gpt.py`` argv tokens, the environment they need, and notes where Megatron cannot do what the
+    prediction assumes."""
+
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def precision_args(precision: str) -> list[str]:
@@ -99,13 +123,16 @@ def _pipeline_args(layout: Layout, model: ModelSpec) -> list[str]:
     return ["--pipeline-model-parallel-layout", pipeline_layout_string(layout, model)]
 
 
-def _sharding_args(layout: Layout, fsdp_impl: str) -> list[str]:
+def _sharding_args(layout: Layout, training: TrainingSpec, fsdp_impl: str) -> list[str]:
     if layout.fsdp or layout.zero_stage == 3:
         if fsdp_impl == "torch":
             if layout.pp > 1 or layout.ep > 1:
                 raise AutoparInputError(f"Megatron-LM's --use-torch-fsdp2 does not support pipeline or expert "
                                         f"parallelism (pp={layout.pp}, ep={layout.ep}); use fsdp_impl='megatron'")
-            return ["--use-torch-fsdp2"]
+            if training.precision == "fp16":
+                raise AutoparInputError("Megatron-LM's --use-torch-fsdp2 does not support fp16; use bf16 or "
+                                        "fsdp_impl='megatron'")
+            return ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]
         if fsdp_impl != "megatron":
             raise AutoparInputError(f"unknown fsdp_impl '{fsdp_impl}' (choose megatron or torch)")
         args = ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
@@ -128,30 +155,103 @@ def _recompute_args(layout: Layout) -> list[str]:
     return ["--recompute-granularity", "selective", "--recompute-modules", *sorted(layout.recompute_modules)]
 
 
-def megatron_args(layout: Layout, model: ModelSpec, training: TrainingSpec, *,
-                  fsdp_impl: str = "megatron") -> list[str]:
-    """Megatron-LM argv tokens (``["--tensor-model-parallel-size", "2", ...]``) for a resolved layout."""
+def _ep_overlap_blockers(layout: Layout, model: ModelSpec) -> list[str]:
+    """Why Megatron refuses --overlap-moe-expert-parallel-comm for this layout (TransformerConfig.__post_init__)."""
+    L, why = layout, []
+    if L.pp > 1 and L.vpp == 1:
+        why.append(f"it needs virtual pipeline stages when PP > 1 (PP{L.pp}, VPP 1)")
+    if L.recompute == "full":
+        why.append("it refuses full recompute")
+    if "moe" in L.recompute_modules:
+        why.append("it refuses 'moe' in the recompute modules")
+    if model.mtp_layers > 1:
+        why.append(f"it allows at most one MTP layer ({model.mtp_layers})")
+    return why
+
+
+def _offload_args(layout: Layout, model: ModelSpec) -> list[str]:
+    """Fine-grained activation offloading (docs/user-guide/features/fine_grained_activation_offloading.md)."""
+    L = layout
+    if L.recompute == "full":
+        raise AutoparInputError(
+            f"Megatron-Core cannot offload activations under full recompute ({L.short()}): fine-grained offloading "
+            "supports selective recompute only and --cpu-offloading-num-layers refuses any recompute (and PP > 1); "
+            "pick a layout without offload or with selective recompute")
+    mods = L.recompute_modules
+    modules = ["qkv_linear", "core_attn", "attn_proj"]
+    if "layernorm" not in mods:
+        modules = ["attn_norm", *modules, "mlp_norm"]
+    if model.is_moe and "moe" not in mods:
+        modules.append("expert_fc1")
+        if "moe_act" not in mods:
+            modules.append("moe_act")
+    return ["--fine-grained-activation-offloading", "--offload-modules", *modules,
+            "--activation-offload-fraction", f"{L.offload_activations:g}"]
+
+
+def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, hardware: HardwareSpec | None = None,
+                    *, fsdp_impl: str = "megatron") -> MegatronLaunch:
+    """Megatron-LM argv, environment and notes for a resolved layout. ``hardware`` decides which overlaps the
+    prediction counts (its ``efficiency``; without it, autopar's default efficiencies). Raises AutoparInputError for
+    a combination Megatron-Core 0.20 refuses."""
     require_resolved(layout, model)
     L = layout
+    eff = hardware.efficiency if hardware is not None else Efficiency()
+    env: dict[str, str] = {}
+    notes: list[str] = []
+    torch_fsdp = (L.fsdp or L.zero_stage == 3) and fsdp_impl == "torch"
+    megatron_fsdp = (L.fsdp or L.zero_stage == 3) and fsdp_impl == "megatron"
+
     args = ["--tensor-model-parallel-size", str(L.tp), "--pipeline-model-parallel-size", str(L.pp)]
     args += _pipeline_args(L, model)
     args += ["--context-parallel-size", str(L.cp)]
+    ep_overlap = False
     if model.is_moe:
-        args += ["--expert-model-parallel-size", str(L.ep), "--expert-tensor-parallel-size", str(L.etp)]
+        args += ["--expert-model-parallel-size", str(L.ep), "--expert-tensor-parallel-size", str(L.etp),
+                 "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+        if L.ep > 1 and eff.ep_overlap > 0:
+            blockers = _ep_overlap_blockers(L, model)
+            if blockers:
+                notes.append(f"the prediction hides {eff.ep_overlap:.0%} of the EP all-to-all, but Megatron cannot "
+                             f"overlap it here ({'; '.join(blockers)}): expect a longer step than predicted")
+            else:
+                ep_overlap = True
+                args.append("--overlap-moe-expert-parallel-comm")
     if L.sp:
         args.append("--sequence-parallel")
-    args += _sharding_args(L, fsdp_impl)
+    if L.tp > 1 and eff.tp_overlap > 0 and training.tp_comm_overlap:
+        if L.sp:
+            args.append("--tp-comm-overlap")
+        else:
+            notes.append(f"the prediction hides {eff.tp_overlap:.0%} of the TP communication, but Megatron overlaps "
+                         "it only with sequence parallel, which this layout turns off: expect a longer step")
+    args += _sharding_args(L, training, fsdp_impl)
+    expert_dp = L.edp if model.is_moe else 1
+    if (L.dp > 1 or expert_dp > 1) and eff.dp_overlap > 0 and not torch_fsdp:
+        args.append("--overlap-grad-reduce")
+        if megatron_fsdp or L.zero_stage in (1, 2):
+            args.append("--overlap-param-gather")
     args += ["--micro-batch-size", str(L.micro_batch), "--global-batch-size", str(training.global_batch),
              "--seq-length", str(training.seq_len)]
     args += _recompute_args(L)
     if L.offload_activations:
-        # Megatron-Core offloads whole layers and keeps at least one on the GPU: the share f of a stage's n layers
-        # becomes round(f·n) layers, between 1 and n - 1.
-        n = max(L.stage_layers) if L.stage_layers else model.num_layers // L.pp
-        args += ["--cpu-offloading", "--cpu-offloading-num-layers",
-                 str(max(1, min(round(L.offload_activations * n), n - 1)))]
+        args += _offload_args(L, model)
+        env["NVTE_CPU_OFFLOAD_V1"] = "1"
+        notes.append(f"activation offload: Megatron's --activation-offload-fraction counts offload groups in "
+                     f"execution order, not bytes; {L.offload_activations:g} approximates autopar's byte share")
+    if training.precision in ("bf16",) + tuple(_FP8_RECIPE) + ("nvfp4",):
+        args.append("--grad-reduce-in-bf16" if training.grad_dtype == "bf16"
+                    else "--accumulate-allreduce-grads-in-fp32")
     args += precision_args(training.precision)
-    return args
+    if (L.tp > 1 or L.cp > 1) and not (torch_fsdp or megatron_fsdp or ep_overlap):
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    return MegatronLaunch(args=args, env=env, notes=notes)
+
+
+def megatron_args(layout: Layout, model: ModelSpec, training: TrainingSpec, hardware: HardwareSpec | None = None,
+                  *, fsdp_impl: str = "megatron") -> list[str]:
+    """Megatron-LM argv tokens (``["--tensor-model-parallel-size", "2", ...]``) for a resolved layout."""
+    return megatron_launch(layout, model, training, hardware, fsdp_impl=fsdp_impl).args
 
 
 def format_megatron(args: list[str]) -> str:
@@ -163,3 +263,15 @@ def format_megatron(args: list[str]) -> str:
         else:
             lines[-1].append(token)
     return " \\\n".join("  " + " ".join(shlex.quote(t) for t in line) for line in lines) + "\n"
+
+
+def format_megatron_launch(launch: MegatronLaunch, title: str) -> str:
+    """A bash fragment: comments (target version, notes), ``export`` lines, then ``AUTOPAR_MEGATRON_ARGS=( ... )``
+    with one flag per line, to pass as ``pretrain_gpt.py ... "${AUTOPAR_MEGATRON_ARGS[@]}"``."""
+    out = [f"# {title}", f"# target: {MEGATRON_TARGET}, pretrain_gpt.py; add the model-shape, data and optimizer "
+                         "flags of your recipe"]
+    out += [f"# note: {n}" for n in launch.notes]
+    out += [f"export {k}={shlex.quote(v)}" for k, v in launch.env.items()]
+    body = format_megatron(launch.args).replace(" \\\n", "\n")
+    out += ["AUTOPAR_MEGATRON_ARGS=(", body.rstrip("\n"), ")"]
+    return "\n".join(out) + "\n"

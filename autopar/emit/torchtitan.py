@@ -1,43 +1,64 @@
-"""torchtitan TOML sections (``[parallelism]``, ``[activation_checkpoint]``, ``[training]``) for a resolved Layout.
+"""torchtitan settings for a resolved Layout.
 
-Key names were checked against pytorch/torchtitan ``torchtitan/config/job_config.py`` (the 2025 version
-whose ``Parallelism`` dataclass has ``expert_tensor_parallel_degree``, ``module_fqns_per_model_part`` and
-``pipeline_parallel_first/last_stage_less_layers``; ``ActivationCheckpoint.mode`` is
-selective | full | memory_budget | none and ``selective_ac_option`` is "op" or an integer; ``Training`` has
-``local_batch_size``, ``global_batch_size``, ``seq_len``).
+Target: **torchtitan 0.3.0** (the current release on PyPI, checked 2026-11-24; its configs are Python functions
+returning ``Trainer.Config``, selected with ``--module`` / ``--config``; TOML job files are gone). The emitted text is a
+Python module with one function, ``autopar_config()``, that takes torchtitan's own config function for the model
+(``torchtitan.models.llama3.config_registry.llama3_70b`` ...) and replaces the parallelism, batch and activation
+checkpointing fields with ``dataclasses.replace``, so torchtitan's own ``__post_init__`` checks run when the config is
+built. Field names are those of ``torchtitan/config/configs.py`` (``ParallelismConfig``, ``TrainingConfig``,
+``CompileConfig``) and ``torchtitan/distributed/activation_checkpoint.py`` (``SelectiveAC``, ``FullAC``, or None)
+in the 0.3.0 wheel. Models torchtitan 0.3.0 does not ship a config for get a note instead of a config.
+
+``version="0.2.2"`` keeps the old TOML job file (``[parallelism]``, ``[activation_checkpoint]``, ``[training]``,
+written with tomli_w) for torchtitan 0.2.x.
 
 How autopar's layout maps onto torchtitan's:
 
-- DP: torchtitan shards with FSDP2 over ``data_parallel_shard_degree`` and replicates over
-  ``data_parallel_replicate_degree``. fsdp / ZeRO-3 -> shard = dp; HSDP -> shard = hsdp_shard,
-  replicate = dp/hsdp_shard; ZeRO-0 (DDP) -> replicate = dp. torchtitan has no ZeRO-1/2: they map to FSDP2
-  with ``fsdp_reshard_after_forward = "never"`` (parameters stay gathered from forward to backward, the
-  ZeRO-2-like trade-off) and a comment says so.
-- PP: ``pipeline_parallel_schedule`` is "1F1B", or "Interleaved1F1B" when vpp > 1; the stage split is written
-  out exactly as ``module_fqns_per_model_part`` (one list per virtual stage, model order, with the FQNs of
-  torchtitan's llama3 / deepseek_v3 / qwen3 models: tok_embeddings, layers.i, norm, output), so torchtitan's
-  own first/last-stage-lighter default does not re-split it.
-- Batch: torchtitan splits ``local_batch_size`` into ``local_batch_size / pipeline_parallel_microbatch_size``
-  pipeline micro-batches and accumulates ``global / (local·dp)`` steps. With PP, local = micro_batch·grad_accum
-  (all of a step's micro-batches go through one pipeline schedule, as in Megatron); without PP,
-  local = micro_batch and torchtitan accumulates grad_accum steps.
-- SP is implied by TP in torchtitan; a layout with TP > 1 and SP off cannot be expressed (comment).
-- Recompute: none | full map directly; Megatron's "selective" (core attention) and module lists map to
-  torchtitan's op-level selective AC (``selective_ac_option = "op"``), the nearest it has (comment).
-
-Degrees always multiply to the world: replicate·shard·tp·pp·cp = gpus; EP and ETP borrow from those axes.
+- DP: FSDP2 over ``data_parallel_shard_degree``, replication over ``data_parallel_replicate_degree``. fsdp / ZeRO-3
+  -> shard = dp; HSDP -> shard = hsdp_shard, replicate = dp/hsdp_shard; ZeRO-0 (DDP) -> replicate = dp. torchtitan
+  has no ZeRO-1/2: they map to FSDP2 with ``fsdp_reshard_after_forward = "never"`` (parameters stay gathered from
+  forward to backward, the ZeRO-2-like trade-off) and a note says so.
+- TP: ``tensor_parallel_degree`` and ``enable_sequence_parallel``; where the prediction counts TP overlap
+  (``efficiency.tp_overlap`` > 0 and ``TrainingSpec.tp_comm_overlap``) async TP is switched on (``compile.enable_async_tensor_parallel``, which torchtitan
+  allows only with ``compile.enable`` and "model" in ``compile.components``).
+- PP: ``pipeline_parallel_schedule`` "1F1B", or "Interleaved1F1B" when vpp > 1; the stage split is written out as
+  ``module_fqns_per_model_part`` (one list per virtual stage, model order: tok_embeddings, layers.i, norm, output).
+  ``training.disable_cuda_graphs = True`` with PP (torchtitan refuses CUDA graphs with PP).
+- Batch: ``local_batch_size`` is split into ``local_batch_size / pipeline_parallel_microbatch_size`` pipeline
+  micro-batches; torchtitan accumulates ``global / (local·dp)`` steps. With PP, local = micro_batch·grad_accum; without
+  PP, local = micro_batch.
+- EP: ``expert_parallel_degree``; torchtitan 0.3.0 has no expert-TP degree (experts are FSDP-sharded over
+  efsdp = dp_shard·cp·tp/ep), so a layout with etp > 1, or an EP that does not divide dp_shard·cp·tp, cannot be
+  expressed and gets a note instead of a config.
+- Recompute: none -> ``activation_checkpoint=None``; full -> ``FullAC.Config()``; Megatron's "selective" and module
+  lists -> torchtitan's op-level ``SelectiveAC.Config()``, the nearest it has (note).
+- Precision other than bf16 and activation offload have no config field (model converters / a wrapper); a note says so.
 """
 
 from __future__ import annotations
 
-import json
-
 from autopar.emit._common import require_resolved, virtual_chunks
+from autopar.specs.hardware import Efficiency, HardwareSpec
 from autopar.specs.layout import Layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
-__all__ = ["model_parts", "torchtitan_config"]
+__all__ = ["TORCHTITAN_MODELS", "TORCHTITAN_VERSION", "TORCHTITAN_VERSIONS", "model_parts", "torchtitan_config"]
+
+TORCHTITAN_VERSION = "0.3.0"
+TORCHTITAN_VERSIONS = ("0.3.0", "0.2.2")
+
+# autopar zoo name -> (module, config function) shipped in the torchtitan 0.3.0 wheel (torchtitan/models/*/
+# config_registry.py). Zoo models not listed have no torchtitan 0.3.0 config (e.g. Mixtral, Llama 2, GPT-3, Nemotron).
+TORCHTITAN_MODELS: dict[str, tuple[str, str]] = {
+    "llama3_8b": ("torchtitan.models.llama3.config_registry", "llama3_8b"),
+    "llama3_70b": ("torchtitan.models.llama3.config_registry", "llama3_70b"),
+    "llama3_405b": ("torchtitan.models.llama3.config_registry", "llama3_405b"),
+    "qwen3_30b_a3b": ("torchtitan.models.qwen3.config_registry", "qwen3_30b_a3b"),
+    "deepseek_v3": ("torchtitan.models.deepseek_v3.config_registry", "deepseek_v3_671b"),
+    "gpt_oss_120b": ("torchtitan.models.gpt_oss.config_registry", "gpt_oss_120b"),
+    "moonlight_16b_a3b": ("torchtitan.models.kimi_k2_7.config_registry", "moonlight_16b_a3b"),
+}
 
 
 def model_parts(layout: Layout, model: ModelSpec) -> list[list[str]]:
@@ -54,20 +75,8 @@ def model_parts(layout: Layout, model: ModelSpec) -> list[list[str]]:
     return parts
 
 
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    raise TypeError(type(value))
-
-
 def _dp_axes(layout: Layout) -> tuple[int, int, str | None, list[str]]:
-    """(replicate, shard, fsdp_reshard_after_forward or None, comments)."""
+    """(replicate, shard, fsdp_reshard_after_forward or None, notes)."""
     dp = layout.dp
     if layout.hsdp_shard is not None:
         return dp // layout.hsdp_shard, layout.hsdp_shard, None, [f"HSDP: shard over {layout.hsdp_shard}, "
@@ -80,82 +89,161 @@ def _dp_axes(layout: Layout) -> tuple[int, int, str | None, list[str]]:
     return dp, 1, None, ["ZeRO-0: plain DDP replication"]
 
 
-def _ep_warnings(layout: Layout, shard: int) -> list[str]:
-    """torchtitan's EP constraints (Parallelism.expert_parallel_degree docstring): EP borrows from
-    dp_shard·cp (etp = tp) or dp_shard·cp·tp (etp = 1)."""
-    L, w = layout, []
-    if L.ep == 1:
-        return w
-    if L.etp not in (1, L.tp):
-        w.append(f"WARNING: torchtitan supports expert_tensor_parallel_degree 1 or = tensor_parallel_degree only "
-                 f"(got etp {L.etp}, tp {L.tp})")
-        return w
-    inner = L.cp * (L.tp if L.etp == 1 else 1)
-    if L.ep % inner or (shard * inner) % L.ep:
-        w.append(f"WARNING: torchtitan needs expert_parallel_degree ({L.ep}) to be a multiple of {inner} and to "
-                 f"divide data_parallel_shard_degree·{inner} = {shard * inner}")
-    return w
-
-
-def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec) -> str:
-    """The three TOML sections for a resolved layout (parse with tomllib)."""
-    require_resolved(layout, model)
+def _ep_problems(layout: Layout, shard: int) -> list[str]:
+    """Why torchtitan 0.3.0 cannot run this EP layout (ParallelismConfig.expert_parallel_degree docstring)."""
     L = layout
-    replicate, shard, reshard, notes = _dp_axes(L)
-    notes += _ep_warnings(L, shard)
-    if L.tp > 1 and not L.sp:
-        notes.append("NOTE: torchtitan always uses sequence parallel with TP; this layout has SP off")
-    if L.offload_activations:
-        notes.append(f"NOTE: this layout offloads {L.offload_activations:.0%} of the stored activations to host memory; "
+    if L.ep == 1:
+        return []
+    if L.etp != 1:
+        return [f"torchtitan {TORCHTITAN_VERSION} has no expert tensor parallelism (this layout has ETP {L.etp})"]
+    dense = shard * L.cp * L.tp
+    if dense % L.ep:
+        return [f"torchtitan needs expert_parallel_degree ({L.ep}) to divide data_parallel_shard_degree·cp·tp = "
+                f"{shard}·{L.cp}·{L.tp} = {dense}"]
+    return []
+
+
+def _ac(layout: Layout) -> tuple[str, str | None]:
+    """(Python expression for activation_checkpoint, note)."""
+    if layout.recompute == "none":
+        return "None", None
+    if layout.recompute == "full":
+        return "FullAC.Config()", None
+    return "SelectiveAC.Config()", (f"autopar recompute '{layout.recompute}' (Megatron module-level) -> torchtitan's "
+                                    "op-level selective AC, the nearest it has")
+
+
+def _local_batch(layout: Layout) -> int:
+    return layout.micro_batch * layout.grad_accum if layout.pp > 1 else layout.micro_batch
+
+
+def _common_notes(layout: Layout, training: TrainingSpec) -> list[str]:
+    notes = []
+    if layout.offload_activations:
+        notes.append(f"this layout offloads {layout.offload_activations:.0%} of the stored activations to host memory; "
                      "torchtitan has no setting for that (wrap the model's forward in "
                      "torch.autograd.graph.save_on_cpu) or the memory prediction does not hold")
-    par: list[tuple[str, object]] = [
-        ("data_parallel_replicate_degree", replicate),
-        ("data_parallel_shard_degree", shard),
-    ]
+    if training.precision != "bf16":
+        notes.append(f"precision {training.precision}: torchtitan sets it with a model converter (Float8/MXFP8/NVFP4 "
+                     "LinearConverter in model_registry(..., converters=[...])), not a config field; add it to the "
+                     "base config function")
+    return notes
+
+
+def _header(layout: Layout, model: ModelSpec, notes: list[str], version: str) -> list[str]:
+    return [f"# autopar layout: {layout.short()} on {layout.world} GPUs ({model.name})",
+            f"# target: torchtitan {version}" + (" (PyPI), Trainer.Config" if version == TORCHTITAN_VERSION
+                                                 else " TOML job file (--job.config_file)"),
+            *(f"# note: {n}" for n in notes)]
+
+
+def _note_only(layout: Layout, model: ModelSpec, problems: list[str], version: str) -> str:
+    return "\n".join(_header(layout, model, [], version)
+                     + [f"# no config: {p}" for p in problems]) + "\n"
+
+
+def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, hardware: HardwareSpec | None = None,
+                      version: str = TORCHTITAN_VERSION) -> str:
+    """Text for a resolved layout: a Python module defining ``autopar_config() -> Trainer.Config`` (torchtitan
+    0.3.0), or the TOML job file sections (``version="0.2.2"``). A model or layout torchtitan cannot run gets
+    comment lines saying why instead."""
+    require_resolved(layout, model)
+    if version == "0.2.2":
+        return _toml_v022(layout, model, training)
+    if version != TORCHTITAN_VERSION:
+        from autopar.errors import AutoparInputError
+        raise AutoparInputError(f"unknown torchtitan version '{version}' (choose {', '.join(TORCHTITAN_VERSIONS)})")
+    L = layout
+    eff = hardware.efficiency if hardware is not None else Efficiency()
+    replicate, shard, reshard, notes = _dp_axes(L)
+    problems = _ep_problems(L, shard)
+    if model.name not in TORCHTITAN_MODELS:
+        problems.insert(0, f"torchtitan {TORCHTITAN_VERSION} ships no config for '{model.name}' (it has "
+                           f"{', '.join(sorted(TORCHTITAN_MODELS))}); write a Trainer.Config function for it and set "
+                           "the degrees above by hand")
+    if problems:
+        return _note_only(L, model, problems, version)
+    module, func = TORCHTITAN_MODELS[model.name]
+    ac, ac_note = _ac(L)
+    notes += [n for n in (ac_note,) if n] + _common_notes(L, training)
+    async_tp = L.tp > 1 and eff.tp_overlap > 0 and training.tp_comm_overlap
+    if async_tp:
+        notes.append(f"async TP on (the prediction hides {eff.tp_overlap:.0%} of the TP communication); it needs "
+                     "torch.compile of the model")
+    par: list[tuple[str, object]] = [("data_parallel_replicate_degree", replicate),
+                                     ("data_parallel_shard_degree", shard)]
     if reshard is not None:
         par.append(("fsdp_reshard_after_forward", reshard))
-    par += [
-        ("tensor_parallel_degree", L.tp),
-        ("enable_async_tensor_parallel", False),
-        ("pipeline_parallel_degree", L.pp),
-        ("pipeline_parallel_schedule", "Interleaved1F1B" if L.vpp > 1 else "1F1B"),
-        ("pipeline_parallel_microbatch_size", L.micro_batch),
-        ("context_parallel_degree", L.cp),
-        ("expert_parallel_degree", L.ep),
-        ("expert_tensor_parallel_degree", L.etp),
-    ]
+    par += [("tensor_parallel_degree", L.tp), ("enable_sequence_parallel", L.sp), ("pipeline_parallel_degree", L.pp),
+            ("pipeline_parallel_schedule", "Interleaved1F1B" if L.vpp > 1 else "1F1B"),
+            ("pipeline_parallel_microbatch_size", L.micro_batch), ("context_parallel_degree", L.cp),
+            ("expert_parallel_degree", L.ep)]
     if L.pp > 1:
         par.append(("module_fqns_per_model_part", model_parts(L, model)))
-
-    if L.recompute in ("none", "full"):
-        ac: list[tuple[str, object]] = [("mode", L.recompute)]
-        ac_note = None
-    else:
-        ac = [("mode", "selective"), ("selective_ac_option", "op")]
-        ac_note = (f"autopar recompute '{L.recompute}' (Megatron module-level) -> torchtitan op-level selective AC, "
-                   "the nearest it has")
-
-    local = L.micro_batch * L.grad_accum if L.pp > 1 else L.micro_batch
-    train = [("local_batch_size", local), ("global_batch_size", training.global_batch),
-             ("seq_len", training.seq_len)]
-
-    out = [f"# autopar layout: {L.short()} on {L.world} GPUs ({model.name})",
-           "# keys: pytorch/torchtitan torchtitan/config/job_config.py (Parallelism, ActivationCheckpoint, Training)",
-           *(f"# {n}" for n in notes), "", "[parallelism]"]
-    for key, value in par:
-        if key == "module_fqns_per_model_part":
-            out.append(f"{key} = [")
-            out += [f"  {_toml(part)}," for part in value]
-            out.append("]")
-        else:
-            out.append(f"{key} = {_toml(value)}")
-    out += ["", "[activation_checkpoint]"]
-    if ac_note:
-        out.append(f"# {ac_note}")
-    out += [f"{k} = {_toml(v)}" for k, v in ac]
-    out += ["", "[training]"]
+    train: list[tuple[str, object]] = [("local_batch_size", _local_batch(L)),
+                                       ("global_batch_size", training.global_batch), ("seq_len", training.seq_len)]
     if L.pp > 1:
-        out.append(f"# one pipeline schedule per step: {L.grad_accum} micro-batches of {L.micro_batch}")
-    out += [f"{k} = {_toml(v)}" for k, v in train]
-    return "\n".join(out) + "\n"
+        train.append(("disable_cuda_graphs", True))
+
+    def kwargs(items: list[tuple[str, object]], indent: str) -> list[str]:
+        out = []
+        for key, value in items:
+            if key == "module_fqns_per_model_part":
+                out.append(f"{indent}{key}=[")
+                out += [f"{indent}    {part!r}," for part in value]
+                out.append(f"{indent}],")
+            else:
+                out.append(f"{indent}{key}={value!r},")
+        return out
+
+    lines = _header(L, model, notes, version)
+    lines[1] += (f"; save as autopar_plan.py on PYTHONPATH and run torchtitan with "
+                 f"--module autopar_plan --config autopar_config on {L.world} GPUs")
+    lines += ["from dataclasses import replace", ""]
+    if ac != "None":
+        lines.append(f"from torchtitan.distributed.activation_checkpoint import {ac.split('.')[0]}")
+    lines += [f"from {module} import {func}", "from torchtitan.trainer import Trainer", "", "",
+              "def autopar_config() -> Trainer.Config:",
+              f'    """{func}() with autopar\'s layout {L.short()}."""',
+              f"    base = {func}()", "    return replace(", "        base,", "        parallelism=replace(",
+              "            base.parallelism,", *kwargs(par, "            "), "        ),",
+              "        training=replace(", "            base.training,", *kwargs(train, "            "), "        ),",
+              f"        activation_checkpoint={ac},"]
+    if async_tp:
+        lines += ["        compile=replace(base.compile, enable=True, enable_async_tensor_parallel=True,",
+                  '                        components=sorted({*base.compile.components, "model"})),']
+    lines.append("    )")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_v022(layout: Layout, model: ModelSpec, training: TrainingSpec) -> str:
+    """torchtitan 0.2.x TOML sections (keys of torchtitan/config/job_config.py at v0.2.2)."""
+    import tomli_w
+
+    L = layout
+    replicate, shard, reshard, notes = _dp_axes(L)
+    if L.ep > 1 and L.etp not in (1, L.tp):
+        notes.append(f"WARNING: torchtitan 0.2.2 supports expert_tensor_parallel_degree 1 or = tensor_parallel_degree "
+                     f"only (got etp {L.etp}, tp {L.tp})")
+    if L.tp > 1 and not L.sp:
+        notes.append("torchtitan 0.2.2 always uses sequence parallel with TP; this layout has SP off")
+    notes += _common_notes(L, training)
+    par: dict[str, object] = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard}
+    if reshard is not None:
+        par["fsdp_reshard_after_forward"] = reshard
+    par.update(tensor_parallel_degree=L.tp, enable_async_tensor_parallel=False, pipeline_parallel_degree=L.pp,
+               pipeline_parallel_schedule="Interleaved1F1B" if L.vpp > 1 else "1F1B",
+               pipeline_parallel_microbatch_size=L.micro_batch, context_parallel_degree=L.cp,
+               expert_parallel_degree=L.ep, expert_tensor_parallel_degree=L.etp)
+    if L.pp > 1:
+        par["module_fqns_per_model_part"] = model_parts(L, model)
+    ac, ac_note = _ac(L)
+    ac_section = ({"mode": L.recompute} if L.recompute in ("none", "full")
+                  else {"mode": "selective", "selective_ac_option": "op"})
+    if ac_note:
+        notes.append(ac_note)
+    doc = {"parallelism": par, "activation_checkpoint": ac_section,
+           "training": {"local_batch_size": _local_batch(L), "global_batch_size": training.global_batch,
+                        "seq_len": training.seq_len}}
+    header = _header(L, model, notes, "0.2.2")
+    return "\n".join(header) + "\n\n" + tomli_w.dumps(doc, multiline_strings=False)

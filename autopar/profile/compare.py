@@ -1,7 +1,7 @@
 """``autopar profile compare``: run layouts for real, set predicted against measured, calibrate.
 
 For each layout: the cost model's prediction (``autopar.cost.estimate``: step time, per-GPU memory) and a
-real run (``autopar.profile.launch.run_layout``: median step time, peak memory per rank), side by side with
+real run (``autopar.run.launch.run_layout``: median step time, peak memory per rank), side by side with
 the relative error. Then the hardware file's efficiency constants are fitted to the measured step times
 (:func:`autopar.profile.calibrate.fit_efficiency`) and, with ``--out``, written to a new hardware file, so the
 next ``autopar solve`` on that file is calibrated. Rank agreement is Kendall's tau-b between predicted and
@@ -53,7 +53,7 @@ class ComparisonRow:
     ok: bool = False
     failure: str = ""
     estimate: Any = None                 # autopar.cost.Estimate
-    run: Any = None                      # autopar.profile.launch.RunResult
+    run: Any = None                      # autopar.run.launch.RunResult
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -156,9 +156,9 @@ def layouts_from_solve(model: ModelSpec, hardware: HardwareSpec, training: Train
 # ---- compare ---------------------------------------------------------------------------------------------
 def _default_runner() -> Callable[..., Any]:
     try:
-        from autopar.profile.launch import run_layout
+        from autopar.run.launch import run_layout
     except ImportError as err:
-        raise AutoparInputError(f"the real runner (autopar.profile.launch.run_layout) is not available: {err}") from None
+        raise AutoparInputError(f"the real runner (autopar.run.launch.run_layout) is not available: {err}") from None
     return run_layout
 
 

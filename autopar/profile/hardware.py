@@ -676,7 +676,7 @@ def _describe_machine(raw: dict, world: int, table: MeasuredCollectives | None, 
         f" per process with all {world} computing at once (alone: "
         + ", ".join(f"{p} {v * 1e3:,.1f}" for p, v in raw["gemm"]["tflops"].items()) + ")" if together else "")
     if raw["device"] == "cpu":
-        # autopar's CPU runner (autopar.profile.worker) computes in `cpu_math` whatever training.precision
+        # autopar's CPU runner (autopar.run.worker) computes in `cpu_math` whatever training.precision
         # says, so the peak a training spec's precision looks up must be that rate.
         if cpu_math not in tf:
             raise ProfileError(f"--cpu-math {cpu_math} was not measured (measured: {', '.join(tf)})")

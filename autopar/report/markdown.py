@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autopar.cli.render import APPROX_NOTE, MEMORY_LEGEND, TIME_LEGEND
+from autopar.cost.legend import APPROX_NOTE, MEMORY_LEGEND, TIME_LEGEND
 from autopar.cost.estimator import Estimator
 from autopar.cost.memory import inflight_layer_microbatches, shard_groups, stage_params
 from autopar.cost.pipeline import bubble_fraction
@@ -243,10 +243,11 @@ def _figures_section(images: dict[str, str], res: SolveResult) -> str:
                 "Memory per GPU of the fullest pipeline stage, by term; the dashed line is the HBM capacity.", ""]
     if "pareto" in images:
         pts = _points(res)
-        front = ", ".join(p.label for p in pareto_front(pts))
+        front = ", ".join(p.label for p in pareto_front([q for q in pts if q.estimate.fits]))
         out += [f"![Step time against peak memory]({link['pareto']})", "",
                 "Predicted step time against per-GPU peak memory of every listed layout and the rules-of-thumb "
-                f"layout; the line joins the Pareto front ({front}): no other layout is both faster and smaller."
+                f"layout (✗: does not fit); the line joins the Pareto front of the layouts that fit ({front or 'none'}): "
+                "no other fitting layout is both faster and smaller."
                 + (" The star is the best layout." if res.plans else ""), ""]
     return "\n".join(out).rstrip()
 
@@ -335,16 +336,16 @@ def _heuristic_section(res: SolveResult) -> str:
                         f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.mfu:.1%}", e.bottleneck] for n, s, e in rows],
                       {2, 3, 5, 6}))
     he = h.estimate
-    if res.plans:
+    if res.plans and he.fits:
         out.append("")
         best = res.plans[0].estimate
         speedup = he.step_time_s / best.step_time_s
-        line = (f"Predicted speedup of autopar's best over the rules-of-thumb layout: **{speedup:.2f}×** "
-                f"({he.step_time_s:.3f} → {best.step_time_s:.3f} s/step, "
-                f"{best.tokens_per_s_per_gpu / he.tokens_per_s_per_gpu - 1:+.1%} tokens/s/GPU).")
-        if not he.fits:
-            line += f" The rules-of-thumb layout does not fit ({he.memory_gib.total:.1f} GiB > {he.hbm_gib:.1f})."
-        out.append(line)
+        out.append(f"Predicted speedup of autopar's best over the rules-of-thumb layout: **{speedup:.2f}×** "
+                   f"({he.step_time_s:.3f} → {best.step_time_s:.3f} s/step, "
+                   f"{best.tokens_per_s_per_gpu / he.tokens_per_s_per_gpu - 1:+.1%} tokens/s/GPU).")
+    elif res.plans:
+        out += ["", f"The rules-of-thumb layout does not fit ({he.memory_gib.total:.1f} GiB > {he.hbm_gib:.1f}), so "
+                    "it is no baseline: no speedup is claimed over it."]
     if res.heuristic_reasons:
         out += ["", "Rules it followed:", ""] + [f"- {r}" for r in res.heuristic_reasons]
     return "\n".join(out)
@@ -385,9 +386,12 @@ def _summary(res: SolveResult, hw: HardwareSpec) -> str:
     if len(res.plans) > 1:
         steps = [p.estimate.step_time_s for p in res.plans]
         lines.append(f"- {len(res.plans)} layouts listed, step time {min(steps):.3f}–{max(steps):.3f} s")
-    if res.heuristic:
+    if res.heuristic and res.heuristic.estimate.fits:
         lines.append(f"- {res.heuristic.estimate.step_time_s / b.step_time_s:.2f}× as fast as the rules-of-thumb "
                      f"layout ({res.heuristic.layout.short()})")
+    elif res.heuristic:
+        lines.append(f"- The rules-of-thumb layout ({res.heuristic.layout.short()}) does not fit "
+                     f"({res.heuristic.estimate.memory_gib.total:.1f} of {hw.hbm_gib:.1f} GiB), so it is no baseline")
     lines.append(f"- Search: {res.method}, status {res.status}, gap {res.gap:.2%}, {res.solve_s:.2f} s")
     return "\n".join(lines)
 

@@ -71,27 +71,41 @@ def memory_png(points: list[Point], hbm_gib: float, title: str) -> bytes:
 
 
 def pareto_png(points: list[Point], hbm_gib: float, best: Point | None, title: str) -> bytes:
-    """Step time against peak memory of every point, the Pareto front as a step line, the best starred."""
+    """Step time against peak memory of every point, the Pareto front of the layouts that fit as a step line, the
+    best starred. Labels of nearby points are staggered so they do not print over each other."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7.5, 4.8))
     ax = fig.add_subplot(1, 1, 1)
-    for p in points:
+    xs = [p.estimate.memory_gib.total for p in points]
+    ys = [p.estimate.step_time_s for p in points]
+    xspan = (max(xs + [hbm_gib]) - min(xs)) or 1.0
+    yspan = (max(ys) - min(ys)) or max(ys) or 1.0
+    placed: list[tuple[float, float]] = []
+    for p in sorted(points, key=lambda q: (q.estimate.step_time_s, q.estimate.memory_gib.total)):
         e = p.estimate
         heur = p.label == "heuristic"
         ax.scatter([e.memory_gib.total], [e.step_time_s], s=45, zorder=3,
                    marker="s" if heur else ("o" if e.fits else "x"),
                    color="#ff7f0e" if heur else ("#1f77b4" if e.fits else "#d62728"))
-        ax.annotate(p.label, (e.memory_gib.total, e.step_time_s), textcoords="offset points", xytext=(5, 4),
-                    fontsize=8)
-    front = pareto_front(points)
+        # a point close to earlier-labelled ones (8% of the memory span, 6% of the time span) puts its label on the
+        # other side, then a line lower
+        near = sum(1 for x, y in placed if abs(x - e.memory_gib.total) < 0.08 * xspan
+                   and abs(y - e.step_time_s) < 0.06 * yspan)
+        placed.append((e.memory_gib.total, e.step_time_s))
+        left = near % 2 == 1
+        ax.annotate(p.label + ("" if e.fits else " (does not fit)"), (e.memory_gib.total, e.step_time_s),
+                    textcoords="offset points", fontsize=8, ha="right" if left else "left",
+                    xytext=(6, 4) if not near else (-24 if left else 24, 12 - 12 * (near // 2)),
+                    arrowprops=None if not near else {"arrowstyle": "-", "color": "0.5", "linewidth": 0.6})
+    front = pareto_front([p for p in points if p.estimate.fits])
     if len(front) > 1:
         ax.plot([p.estimate.memory_gib.total for p in front], [p.estimate.step_time_s for p in front],
-                drawstyle="steps-post", color="#2ca02c", linewidth=1.2, label="Pareto front (time, memory)")
+                drawstyle="steps-post", color="#2ca02c", linewidth=1.2, label="Pareto front of the layouts that fit")
     elif front:
         f = front[0].estimate
         ax.scatter([f.memory_gib.total], [f.step_time_s], s=160, facecolors="none", edgecolors="#2ca02c",
-                   label="Pareto front (time, memory)", zorder=2)
+                   label="Pareto front of the layouts that fit", zorder=2)
     if best is not None:
         b = best.estimate
         ax.scatter([b.memory_gib.total], [b.step_time_s], marker="*", s=260, color="gold", edgecolors="black",

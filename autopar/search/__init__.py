@@ -8,10 +8,11 @@ from pathlib import Path
 
 from autopar.cost import Estimator
 from autopar.errors import AutoparInputError
-from autopar.search.cpsat import LayoutModel, build_candidates
+from autopar.search.cpsat import (Candidates, LayoutModel, binding_groups, build_candidates, layout_fits,
+                                  smallest_memory_candidate)
 from autopar.search.exhaustive import exhaustive_search
 from autopar.search.plan import Plan
-from autopar.search.space import SearchOptions, build_space
+from autopar.search.space import SearchOptions, Space, build_space
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.loaders import load_hardware, load_model
 from autopar.specs.model import ModelSpec
@@ -52,40 +53,48 @@ def _heuristic(model, hardware, training, gpus, est: Estimator) -> tuple[Plan | 
     return Plan(0, est.estimate(layout, resolved=True), "heuristic"), reasons
 
 
-def explain_infeasible(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec, gpus: int,
-                       options: SearchOptions, blamed: list[str], first_problem: dict[str, str]) -> list[str]:
-    """Name the binding groups with numbers, the smallest memory reachable and the smallest GPU count that fits."""
+def explain_infeasible(space: Space, est: Estimator, cands: Candidates, blamed: list[str],
+                       deadline: float | None = None) -> list[str]:
+    """Name the binding groups with numbers, the smallest memory reachable and the smallest GPU count that fits.
+
+    All from the candidates of the search that failed (no re-solve per group): the binding groups and the smallest
+    memory come from their tables (:func:`binding_groups`, :func:`smallest_memory_candidate`); each larger GPU
+    count is tried with the memory tables alone (:func:`layout_fits`), and only the first one that fits is solved,
+    for its fastest layout. ``deadline`` (``time.perf_counter()`` seconds) stops the GPU-count search."""
+    model, hardware, training, gpus = space.model, space.hardware, space.training, space.gpus
     lines = []
     if blamed:
         lines.append("binding constraint groups: " + ", ".join(blamed))
     for g in blamed:
-        if g in first_problem:
-            lines.append(f"  {g}: e.g. {first_problem[g]}")
+        if g in cands.first_problem:
+            lines.append(f"  {g}: e.g. {cands.first_problem[g]}")
         elif g == "batch":
             lines.append(f"  batch: global batch {training.global_batch} must be a multiple of dp·micro-batch, and no "
                          f"valid layout on {gpus} GPUs has such a dp; change --global-batch or the GPU count")
     if "hbm capacity" in blamed or not blamed:
-        space = build_space(model, hardware, training, gpus, options)
-        est = Estimator(model, hardware, training, gpus)
-        cands = build_candidates(space, est, 1)
-        if len(cands.step_us):
-            res = LayoutModel(cands, drop=("hbm capacity",), objective="memory").solve(1, 10.0)
-            if res.solutions:
-                a = res.solutions[0].assignment
-                L = space.layout(a[0], space.mbs[a[1]], space.recompute[a[2]], space.vpp[a[3]], space.zero[a[4]])
-                e = est.estimate(L, resolved=True)
-                lines.append(f"at seq {training.seq_len} the smallest per-GPU memory reachable on {gpus} "
-                             f"{hardware.name} is {e.memory_gib.total:.1f} GiB ({L.short()}), "
-                             f"HBM is {hardware.hbm_gib:.1f} GiB")
+        i = smallest_memory_candidate(cands) if len(cands.step_us) else None
+        if i is not None:
+            a = cands.assignment[i]
+            L = space.layout(a[0], space.mbs[a[1]], space.recompute[a[2]], space.vpp[a[3]], space.zero[a[4]])
+            e = est.estimate(L, resolved=True)
+            lines.append(f"at seq {training.seq_len} the smallest per-GPU memory reachable on {gpus} "
+                         f"{hardware.name} is {e.memory_gib.total:.1f} GiB ({L.short()}), "
+                         f"HBM is {hardware.hbm_gib:.1f} GiB")
     # Larger GPU counts to try: the next powers of two and doublings of the request, up to 64x.
     counts = sorted({gpus * 2 ** i for i in range(1, 7)} | {2 ** k for k in range(1, 40) if gpus < 2 ** k <= 64 * gpus})
+    options = space.options
     for n in counts:
-        try:
-            res = solve(model, hardware, training, n, SearchOptions(**{**options.__dict__, "top_k": 1,
-                                                                         "time_limit_s": 5.0}),
-                        explain=False, with_heuristic=False)
-        except AutoparInputError:
+        big = build_space(model, hardware, training, n, options)
+        fits = layout_fits(big, Estimator(model, hardware, training, n), deadline) if big.meshes else False
+        if fits is None:
+            lines.append(f"no GPU count up to {n // 2} fits; the time limit stopped the search for one at {n} GPUs")
+            break
+        if not fits:
             continue
+        left = 5.0 if deadline is None else max(0.1, deadline - time.perf_counter())
+        res = solve(model, hardware, training, n, SearchOptions(**{**options.__dict__, "top_k": 1,
+                                                                     "time_limit_s": left}),
+                    explain=False, with_heuristic=False)
         if res.plans:
             lines.append(f"the smallest GPU count that fits (trying powers of two and doublings of {gpus}) is {n}: "
                          f"{res.plans[0].layout.short()}")
@@ -98,12 +107,15 @@ def explain_infeasible(model: ModelSpec, hardware: HardwareSpec, training: Train
 def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, training: TrainingSpec, gpus: int,
           options: SearchOptions | None = None, *, method: str = "cpsat", explain: bool = True,
           with_heuristic: bool = True, progress=None) -> SolveResult:
-    """The fastest layouts that fit, ranked. Every plan is re-scored with the exact float ``estimate``."""
+    """The fastest layouts that fit, ranked. Every plan is re-scored with the exact float ``estimate``.
+    ``options.time_limit_s`` bounds the whole call (table build, CP-SAT and the infeasibility explanation): a
+    branch and bound stopped by it answers FEASIBLE with the gap to the bound of what it did not visit."""
     model, hardware = load_model(model), load_hardware(hardware)
     options = options or SearchOptions()
     if method not in ("cpsat", "exhaustive", "heuristic"):
         raise AutoparInputError(f"unknown search method '{method}' (choose cpsat, exhaustive or heuristic)")
     t0 = time.perf_counter()
+    deadline = t0 + options.time_limit_s   # the whole search, infeasibility explanation included
     est = Estimator(model, hardware, training, gpus)
     space = build_space(model, hardware, training, gpus, options)
     if not space.meshes:
@@ -112,6 +124,7 @@ def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, tr
                                 "each degree must divide the GPU count")
     heur, reasons = _heuristic(model, hardware, training, gpus, est) if with_heuristic else (None, [])
     explanation: list[str] = []
+    notes: list[str] = []
     if method == "heuristic":
         plans = [heur] if heur else []
         status, gap = "HEURISTIC", 0.0
@@ -123,14 +136,14 @@ def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, tr
         if progress:
             progress(f"building cost tables for {len(space.meshes)} meshes x {space.size // max(len(space.meshes), 1)} "
                      "knob settings")
-        cands = build_candidates(space, est, options.top_k)
+        cands = build_candidates(space, est, options.top_k, deadline=deadline)
         res = None
         if len(cands.step_us):
             if progress:
                 progress(f"solving CP-SAT over {len(cands.step_us):,} candidate layouts (of {cands.total:,} on "
                          f"{cands.valid_meshes:,} valid meshes; {cands.tabulated_meshes:,} meshes tabulated after "
                          "branch and bound, then exact Pareto pruning)")
-            res = LayoutModel(cands).solve(options.top_k, options.time_limit_s, options.workers)
+            res = LayoutModel(cands).solve(options.top_k, max(0.1, deadline - time.perf_counter()), options.workers)
         plans = []
         for sol in res.solutions if res else []:
             a = sol.assignment
@@ -141,8 +154,15 @@ def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, tr
             p.rank = i + 1
         status = res.status if res else "INFEASIBLE"
         gap = res.gap if res else 0.0
+        if cands.stopped_bound_s is not None and plans:   # the time limit stopped the branch and bound
+            status = "FEASIBLE"
+            best = plans[0].estimate.step_time_s
+            gap = max(gap, (best - cands.stopped_bound_s) / best)
+            notes.append(f"the time limit stopped the search after {cands.tabulated_meshes:,} of "
+                         f"{cands.valid_meshes:,} meshes; no layout left unvisited is faster than "
+                         f"{cands.stopped_bound_s:.3f} s/step")
         if not plans and explain:
             blamed = res.blamed_groups if res else sorted(cands.first_problem)
-            explanation = explain_infeasible(model, hardware, training, gpus, options, blamed, cands.first_problem)
+            explanation = explain_infeasible(space, est, cands, blamed, deadline)
     return SolveResult(plans, status, gap, time.perf_counter() - t0, space.size, len(space.meshes), method,
-                       heur, reasons, explanation)
+                       heur, reasons, explanation, notes)

@@ -2,16 +2,19 @@
 
 1. Term tables. For every valid mesh m = (tp, cp, pp, ep, etp) the Estimator's own per-stage functions fill
    tables keyed by the few axes each term depends on (j = micro-batch, r = recompute, k = vpp, z = ZeRO):
-     steady[m,j,r] = M·t_mb (compute + tp + cp + ep of the slowest stage)   bubble[m,j,r,k] = (pp−1)·t_mb/v
-     p2p[m,j,k]    tail[m,z,j] = max over stages of (exposed DP/FSDP + optimizer)
+     t_mb[m,j,r] (compute + tp + cp + ep + offload of the slowest stage, ``Estimator.stage_times``)
+     p2p[m,j,k] (``p2p_time``)      tail[m,z,j] = max over stages of ``Estimator.stage_tail`` (DP/FSDP + optimizer)
      per distinct stage s: states[m,z,s] + activations[m,j,r,k,s] + buffers[m,z,j,s]   (memory)
-2. Candidates. The tables are summed (numpy broadcasting) into the step time and the fullest stage's memory
-   of every (m, j, r, k, z): each is exactly ``Estimator.estimate`` of that layout (tested). Within a mesh and
-   a batch/interleaving status only the top_k fastest layouts that fit, and the smallest one that does not,
-   can ever be an answer; the rest are dropped (exact pruning, see ``_prune``), and so is every candidate slower
-   than the top_k-th fully valid one (an incumbent cutoff). Meshes are tabulated in order of a step-time lower
-   bound, and a mesh (or a micro-batch/recompute pair of it) that cannot beat the incumbent or cannot fit is not
-   timed at all (branch and bound over meshes; exact, see ``build_candidates``).
+   The memory and tail terms are filled one mesh per call: the term functions (``model_state_bytes``,
+   ``activation_bytes``, ``buffer_bytes``, ``stage_tail``, ``p2p_time``) take the knobs that vary inside a mesh
+   as numpy arrays (``Space.layout_grid``). ``stage_times`` (compute) is called per (mesh, micro-batch, recompute).
+2. Candidates. ``step_seconds`` (the cost model's sum of the terms) over the broadcast tables gives the step time,
+   and the fullest stage's memory, of every (m, j, r, k, z): each is exactly ``Estimator.estimate`` of that
+   layout (tested). Within a mesh and a batch/interleaving status only the top_k fastest layouts that fit, and the
+   smallest one that does not, can ever be an answer; the rest are dropped (exact pruning, see ``_prune``), and
+   so is every candidate slower than the top_k-th fully valid one (an incumbent cutoff). Meshes are tabulated in
+   order of a step-time lower bound, and a mesh (or a micro-batch/recompute pair of it) that cannot beat the
+   incumbent or cannot fit is not timed at all (branch and bound over meshes; exact, see ``build_candidates``).
 3. CP-SAT. One Boolean per remaining candidate, ``ExactlyOne`` of them; objective Σ step_i·x_i in integer
    microseconds. This is the one-hot (linear) form of an element constraint: CP-SAT's presolve spends
    minutes probing large element/table constraints over these tables, while the one-hot model solves in
@@ -22,32 +25,41 @@
      batch ........................... global batch = dp·mbs·GA
      interleaving .................... vpp > 1 needs pp > 1 and GA % pp == 0
      hbm capacity .................... Σ mem_i·x_i <= (HBM − reserve)/(1 + fragmentation)
-   Top-K: re-solve with the previous answers forbidden (no-good cuts).
+   Top-K: re-solve with the previous answers forbidden (no-good cuts). The model is written straight into
+   OR-Tools' CpModelProto (``cp_model_helper``): the ``cp_model`` convenience layer imports pandas, which
+   doubles the start-up of ``autopar solve``.
+4. Infeasibility, from the same candidates (no re-solve): a set of groups is infeasible exactly when every
+   candidate breaks one of them (a hitting set over the candidates' broken groups, which pruning keeps
+   intact). ``binding_groups`` shrinks CP-SAT's core to a minimal one with that test and adds every group that
+   is infeasible on its own; ``smallest_memory_candidate`` is the least memory over candidates that break no
+   other group; ``layout_fits`` answers "does anything fit on N GPUs" from the memory tables alone.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
-from ortools.sat.python import cp_model
+from ortools.sat.python import cp_model_helper as _cp
 
 from autopar.cost import Estimator
-from autopar.cost.estimator import microbatch_seconds
+from autopar.cost.estimator import microbatch_seconds, step_seconds
 from autopar.cost.memory import (activation_bytes, activation_elems_per_token, buffer_bytes, linear_input_scale,
                                  model_state_bytes)
 from autopar.cost.pipeline import p2p_time
 from autopar.cost.result import GIB
 from autopar.search.space import Space
-from autopar.specs.layout import check_layout_groups
+from autopar.specs.layout import check_layout_groups, max_vpp
 
 SCALE_T = 1e6      # objective unit: microseconds
 SCALE_M = 1024.0   # memory unit: MiB
-# Placeholders for what the branch and bound did not tabulate (cannot fit, or cannot beat the incumbent): such
-# candidates are then cut by the incumbent cutoff, and when there is no incumbent everything is tabulated.
-UNREACHABLE_S = 1e9        # step time
-UNREACHABLE_BYTES = 1e18   # activations
+# Placeholder micro-batch time for what the branch and bound did not time (cannot fit, or cannot beat the
+# incumbent): such candidates are then cut by the incumbent cutoff, or, when nothing fits, never chosen. Also the
+# clip for absurd but valid inputs (31 years of step time, 1 EB of memory): still integers CP-SAT sums safely.
+UNREACHABLE_S = 1e9
+UNREACHABLE_BYTES = 1e18
 MESH_GROUPS = ("world size", "min_gpus", "tensor parallel", "sequence parallel", "context parallel", "experts",
                "pipeline layers", "recompute", "topology", "sharding")
 ALL_GROUPS = MESH_GROUPS + ("batch", "interleaving", "hbm capacity")
@@ -67,30 +79,28 @@ class Candidates:
     first_problem: dict[str, str] = field(default_factory=dict)
     tabulated_meshes: int = 0   # meshes whose tables were filled (the rest were bounded out)
     valid_meshes: int = 0
+    # The deadline stopped the branch and bound: seconds no unvisited mesh goes below (None: not stopped)
+    stopped_bound_s: float | None = None
+
+    def violations(self) -> dict[str, np.ndarray]:
+        """group -> (n,) bool: the candidate breaks the group (HBM: does not fit)."""
+        v = {g: self.broken[g] for g in ALL_GROUPS if g != "hbm capacity"}
+        v["hbm capacity"] = self.mem_mib > self.mem_cap
+        return v
 
 
-def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes: bool = True,
-                     bound: bool = True) -> Candidates:
-    """Candidates of every valid mesh (see the module docstring).
-
-    With ``bound`` (branch and bound over meshes, exact): meshes are visited in order of a step-time lower bound;
-    a mesh's time tables are filled only for the (micro-batch, recompute) pairs that fit in HBM at some vpp and
-    ZeRO stage, and only when their lower bound is not slower than the top_k-th fully valid layout found so far.
-    Nothing left out could survive the incumbent cutoff below. When fewer than top_k layouts fit, every mesh is
-    tabulated after all (the infeasibility explanation needs the smallest misfits)."""
-    t0 = time.perf_counter()
-    J, R, K, Z = len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
-    hw, tr = space.hardware, space.training
-    cross = space.options.allow_cross_domain
+def _mesh_validity(space: Space, only_valid_meshes: bool = True) -> tuple[list[int], list[set], dict[str, str]]:
+    """(mesh indices to tabulate, the mesh groups each breaks, the first message per broken group)."""
     first_problem: dict[str, str] = {}
     meshes, mesh_bad = [], []
+    cross = space.options.allow_cross_domain
     for mi, (tp, cp, pp, ep, etp) in enumerate(space.meshes):
         if space.splits.get(pp) is None:
             first_problem.setdefault("pipeline layers", f"{space.model.num_layers} layers cannot be split over pp={pp}")
             continue
         rep = space.layout(mi, space.mbs[0], space.recompute[0], 1, space.zero[0])
         bad = set()
-        for g, msg in check_layout_groups(rep, space.model, tr, space.gpus, hw, cross):
+        for g, msg in check_layout_groups(rep, space.model, space.training, space.gpus, space.hardware, cross):
             if g in MESH_GROUPS:
                 bad.add(g)
                 first_problem.setdefault(g, msg)
@@ -98,39 +108,77 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
             continue
         meshes.append(mi)
         mesh_bad.append(bad)
+    return meshes, mesh_bad, first_problem
+
+
+def _cap_mib(space: Space) -> int:
+    hw = space.hardware
+    return int((hw.hbm_gib - hw.reserve_gib) / (1 + hw.fragmentation) * SCALE_M)
+
+
+def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes: bool = True,
+                     bound: bool = True, deadline: float | None = None) -> Candidates:
+    """Candidates of every valid mesh (see the module docstring).
+
+    With ``bound`` (branch and bound over meshes, exact): meshes are visited in order of a step-time lower bound;
+    a mesh's memory tables are filled whole (vectorised), its time tables only for the (micro-batch, recompute)
+    pairs that fit in HBM at some vpp and ZeRO stage, and only when their lower bound is not slower than the
+    top_k-th fully valid layout found so far. Nothing left out could survive the incumbent cutoff below. When
+    nothing fits, no mesh is timed at all (the explanation needs memory only). ``deadline``
+    (``time.perf_counter()`` seconds) stops the visit early with the lower bound of what was left
+    (``stopped_bound_s``)."""
+    t0 = time.perf_counter()
+    J, R, K, Z = len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
+    meshes, mesh_bad, first_problem = _mesh_validity(space, only_valid_meshes)
     nm = len(meshes)
-    cap = int((hw.hbm_gib - hw.reserve_gib) / (1 + hw.fragmentation) * SCALE_M)
+    cap = _cap_mib(space)
     if nm == 0:   # every mesh breaks a rule: nothing to choose from (the caller explains why)
         empty = np.zeros(0, np.int64)
         return Candidates(np.zeros((0, 5), np.int64), empty, empty,
                           {g: np.zeros(0, bool) for g in ALL_GROUPS}, cap, 0, time.perf_counter() - t0, first_problem)
     t = _Tables(space, est, meshes)
+    stopped = None
     if not (bound and only_valid_meshes):
         for pos in range(nm):
             t.fill(pos)
     else:
-        # Bound: recomputation never makes a micro-batch faster, bubble >= (pp-1)·t_mb/max(vpp), p2p and the
-        # DP/optimizer tail >= 0. tests/search/test_solver.py checks that bounded and unbounded builds agree.
-        cap_bytes = cap / SCALE_M * GIB * (1 + 1e-9)
-        time_lb = np.array([t.time_lower_bound(pos) for pos in range(nm)])
-        best: list[int] = []   # step_us of the fastest fully valid fitting layouts so far (at most top_k)
-        for pos in np.argsort(time_lb, kind="stable"):
-            if len(best) >= top_k and np.rint(time_lb[pos] * SCALE_T) > best[top_k - 1] + 1:
-                break   # sorted by the bound: no later mesh can beat the incumbent either
-            t.fill_memory(pos, cap_bytes, best[top_k - 1] if len(best) >= top_k else None)
-            jr = t.smallest_memory(pos) <= cap_bytes   # (mbs, recompute) pairs with some layout that fits
-            if not jr.any() or (len(best) >= top_k and
-                                np.rint(t.lower_bound_of(pos, jr) * SCALE_T) > best[top_k - 1] + 1):
-                continue
-            t.fill_time(pos, jr)
-            step_us, mem_mib, b_bad, i_bad = t.compose(np.array([pos]))
-            ok = ~b_bad & ~i_bad & (mem_mib <= cap)
-            best = sorted(best + step_us[ok].tolist())[:top_k]
-        if len(best) < top_k:   # too few layouts fit: tabulate everything (explanations need the smallest misfits)
-            for pos in range(nm):
-                if not t.done[pos] or t.partial[pos] or t.mem_partial[pos]:
-                    t.fill(pos)
-    rows = np.nonzero(t.done)[0]
+        # 1. Memory of every mesh, vectorised over the meshes of one pipeline depth; the (micro-batch,
+        #    recompute) pairs with some fully valid layout (batch, interleaving) that fits.
+        for group in t.by_depth():
+            t.fill_memory(group)
+        every = np.arange(nm)
+        _, mem_mib, b_bad, i_bad = t.compose(every, with_time=False)
+        ok = (~b_bad & ~i_bad & (mem_mib <= cap)).reshape(nm, J, R, K, Z)
+        fit = ok.any(axis=(3, 4))   # (nm, J, R): some fully valid layout of the pair fits
+        fit_jr = {pos: fit[pos] for pos in range(nm) if fit[pos].any()}
+        any_fit = bool(fit_jr)
+        if any_fit:   # (when nothing fits, nothing is timed: the explanation needs memory only)
+            # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound. Bound:
+            #    recomputation never makes a micro-batch faster; bubble + p2p at the best valid vpp; the
+            #    DP/optimizer tail >= 0 (see _bound).
+            #    tests/search/test_solver.py checks that bounded and unbounded builds agree.
+            fitting = list(fit_jr)
+            time_lb = np.array([t.time_lower_bound(pos, fit_jr[pos]) for pos in fitting])
+            best: list[int] = []   # step_us of the fastest fully valid fitting layouts so far (at most top_k)
+            for i in np.argsort(time_lb, kind="stable"):
+                pos, jr = fitting[i], fit_jr[fitting[i]]
+                incumbent = best[top_k - 1] if len(best) >= top_k else None
+                if incumbent is not None and np.rint(time_lb[i] * SCALE_T) > incumbent + 1:
+                    break   # sorted by the bound: no later mesh can beat the incumbent either
+                if deadline is not None and best and time.perf_counter() > deadline:
+                    stopped = float(time_lb[i])
+                    break
+                if incumbent is not None:   # micro-batches whose bound cannot beat the incumbent
+                    jr = jr & (np.rint(np.asarray(t.lb_by_mbs[pos]) * SCALE_T) <= incumbent + 1)[:, None]
+                if not jr.any() or (incumbent is not None and
+                                    np.rint(t.lower_bound_of(pos, jr) * SCALE_T) > incumbent + 1):
+                    continue
+                t.fill_time(pos, jr)
+                step_us, mem_mib, b_bad, i_bad = t.compose(np.array([pos]))
+                ok = ~b_bad & ~i_bad & (mem_mib <= cap)
+                best = sorted(best + step_us[ok].tolist())[:top_k]
+    # candidates: the meshes timed; when nothing fits (or without bound), every mesh
+    rows = np.nonzero(t.done)[0] if t.done.any() else np.nonzero(t.mem_done)[0]
     step_us, mem_mib, b_bad, i_bad = t.compose(rows)
     keep = _prune(step_us, mem_mib, b_bad, i_bad, top_k, cap)
     # Cutoff (an incumbent bound, as a branch-and-bound solver would use): when at least top_k candidates break
@@ -146,19 +194,44 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
     broken["batch"] = b_bad[pos_idx, flat_idx]
     broken["interleaving"] = i_bad[pos_idx, flat_idx]
     return Candidates(assignment, step_us[pos_idx, flat_idx], mem_mib[pos_idx, flat_idx], broken, cap,
-                      nm * J * R * K * Z, time.perf_counter() - t0, first_problem, int(len(rows)), nm)
+                      nm * J * R * K * Z, time.perf_counter() - t0, first_problem, int(t.done.sum()), nm, stopped)
+
+
+def layout_fits(space: Space, est: Estimator, deadline: float | None = None) -> bool | None:
+    """Whether some valid layout of the space fits in HBM, from the memory tables alone (no timing, no solve):
+    meshes are visited by pipeline depth, deepest first, and the first fit answers. None when ``deadline`` passed
+    first."""
+    meshes, _, _ = _mesh_validity(space)
+    if not meshes:
+        return False
+    t = _Tables(space, est, meshes)
+    cap = _cap_mib(space)
+    for group in t.by_depth():
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
+        t.fill_memory(group)
+        _, mem_mib, b_bad, i_bad = t.compose(group, with_time=False)
+        if (~b_bad & ~i_bad & (mem_mib <= cap)).any():
+            return True
+    return False
 
 
 class _Tables:
-    """The term tables of the module docstring, filled one mesh (row ``pos``) at a time."""
+    """The term tables of the module docstring: memory filled per pipeline depth (all its meshes at once), time
+    one mesh (row ``pos``) at a time."""
 
     def __init__(self, space: Space, est: Estimator, meshes: list[int]):
         self.space, self.est, self.meshes = space, est, meshes
         nm, J, R, K, Z = len(meshes), len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
-        self.stages = [est.stages(space.layout(mi, 1, "none", 1, 1).stage_layers) for mi in meshes]
+        self.splits = [space.layout(mi, 1, "none", 1, 1).stage_layers for mi in meshes]
+        self.stages = [est.stages(split) for split in self.splits]
         self.slots = slots = max(len(s) for s in self.stages)
-        self.steady = np.zeros((nm, J, R))
-        self.bubble = np.zeros((nm, J, R, K))
+        deg = np.array([space.meshes[mi] for mi in meshes], np.int64).reshape(nm, 5)
+        self.pp = deg[:, 2]
+        self.dp = space.gpus // (deg[:, 0] * deg[:, 1] * deg[:, 2])
+        self.mbs, self.vpp, self.zero = (np.array(space.mbs), np.array(space.vpp), np.array(space.zero))
+        self.M = np.maximum(1, space.training.global_batch // (self.dp[:, None] * self.mbs[None, :]))   # (nm, J)
+        self.t_mb = np.full((nm, J, R), UNREACHABLE_S)
         self.p2p = np.zeros((nm, J, K))
         self.tail = np.zeros((nm, Z, J))
         self.states = np.zeros((slots, nm, Z))
@@ -167,39 +240,18 @@ class _Tables:
         self.batch_ok = np.zeros((nm, J), bool)
         self.inter_ok = np.zeros((nm, J, K), bool)
         self.done = np.zeros(nm, bool)      # time tables filled
-        self.partial = np.zeros(nm, bool)   # ... only for the (mbs, recompute) pairs that can fit
         self.mem_done = np.zeros(nm, bool)
-        self.mem_partial = np.zeros(nm, bool)   # larger micro-batches marked unreachable, not tabulated
-        self._lb_by_mbs: dict[int, list[float]] = {}   # pos -> step-time lower bound per micro-batch
-        self._elems: dict[int, dict] = {}
+        self._elems_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._p2p_bound: dict[int, np.ndarray] = {}   # pos -> p2p (J, K)
+        self.lb_by_mbs: dict[int, list[float]] = {}   # pos -> step-time lower bound per micro-batch
         self._times: dict[tuple[int, int, int], tuple[float, dict[int, float]]] = {}   # (pos, j, r) -> t_mb, t_fwd
 
     def _slot_stage(self, pos: int) -> list:
         stages = self.stages[pos]
         return [stages[min(s, len(stages) - 1)] for s in range(self.slots)]
 
-    def _m(self, pos: int, j: int) -> int:
-        tp, cp, pp, _, _ = self.space.meshes[self.meshes[pos]]
-        dp = self.space.gpus // (tp * cp * pp)
-        return max(1, self.space.training.global_batch // (dp * self.space.mbs[j]))
-
-    def _elems_of(self, pos: int) -> dict:
-        """Activation elements per token per (recompute, slot); fills the mesh's model-state table on first use."""
-        if pos not in self._elems:
-            sp, prof, tr, mi = self.space, self.est.profile, self.space.training, self.meshes[pos]
-            slot_stage = self._slot_stage(pos)
-            for z_i, z in enumerate(sp.zero):
-                L = sp.layout(mi, sp.mbs[0], "none", 1, z)
-                for s, st in enumerate(slot_stage):
-                    self.states[s, pos, z_i] = sum(model_state_bytes(prof, st, L, tr))
-            elems = self._elems[pos] = {}
-            for r, rc in enumerate(sp.recompute):
-                L = sp.layout(mi, 1, rc, 1, 1)
-                for s, st in enumerate(slot_stage):
-                    elems[r, s] = activation_elems_per_token(prof, st, L, linear_input_scale(tr))
-        return self._elems[pos]
-
     def _stage_max(self, pos: int, j: int, r: int) -> tuple[float, dict[int, float]]:
+        """(t_mb of the slowest stage, forward compute time per stage) at micro-batch j and recompute r."""
         key = (pos, j, r)
         if key not in self._times:
             sp = self.space
@@ -213,68 +265,79 @@ class _Tables:
         return self._times[key]
 
     def _bound(self, pos: int, j: int, r: int) -> float:
-        """Step-time lower bound of mesh ``pos`` at micro-batch j and recompute r: M·t_mb + (pp-1)·t_mb/max(vpp)
-        (the bubble at the most virtual stages, no p2p, no DP/optimizer tail)."""
-        t_mb = self._stage_max(pos, j, r)[0]
-        return self._m(pos, j) * t_mb + (self.space.meshes[self.meshes[pos]][2] - 1) * t_mb / max(self.space.vpp)
+        """Step-time lower bound of mesh ``pos`` at micro-batch j and recompute r: ``step_seconds`` at the best valid
+        vpp with the real p2p and no DP/optimizer tail. (A tail bound, the best ZeRO stage's optimizer step, timed
+        no fewer meshes on the zoo and cost more than it saved.)"""
+        if pos not in self._p2p_bound:
+            sp = self.space
+            p2p = p2p_time(sp.layout_grid([self.meshes[pos]], None, "none", micro_batch=self.mbs[:, None],
+                                          vpp=self.vpp[None, :]), sp.training, self.est.profile.hidden, sp.hardware,
+                           self.est.net)
+            self._p2p_bound[pos] = np.broadcast_to(p2p, (len(sp.mbs), len(sp.vpp)))
+        lb = SimpleNamespace(grad_accum=self.M[pos, j], pp=self.pp[pos], vpp=self.vpp)
+        steps = step_seconds(lb, self._stage_max(pos, j, r)[0], self._p2p_bound[pos][j], 0.0)
+        return float(np.min(np.where(self.inter_ok[pos, j], steps, np.inf)))   # over the valid interleavings
 
-    def time_lower_bound(self, pos: int) -> float:
-        """Seconds no layout of this mesh goes below: the bound without recomputation (it never speeds up a
-        micro-batch), at the best micro-batch."""
+    def time_lower_bound(self, pos: int, jr: np.ndarray) -> float:
+        """Seconds no layout of this mesh that fits goes below: the bound without recomputation (it never speeds
+        up a micro-batch), at the best micro-batch among those with a pair in ``jr`` (J, R) (those that fit)."""
         sp = self.space
         rs = [sp.recompute.index("none")] if "none" in sp.recompute else range(len(sp.recompute))
-        by_mbs = [min(self._bound(pos, j, r) for r in rs) for j in range(len(sp.mbs))]
-        self._lb_by_mbs[pos] = by_mbs
+        by_mbs = [min(self._bound(pos, j, r) for r in rs) if jr[j].any() else float("inf") for j in range(len(sp.mbs))]
+        self.lb_by_mbs[pos] = by_mbs
         return min(by_mbs)
 
     def fill(self, pos: int) -> None:
         """Every table of one mesh."""
-        self.fill_memory(pos)
+        self.fill_memory([pos])
         self.fill_time(pos)
 
-    def fill_memory(self, pos: int, cap_bytes: float | None = None, incumbent_us: int | None = None) -> None:
-        """Memory tables and batch/interleaving validity of one mesh. With ``cap_bytes``, micro-batches are
-        visited in increasing size and the rest are marked unreachable at the first one with nothing that fits:
-        activations and buffers never shrink as the micro-batch grows (mbs·min(in-flight, GA) grows while
-        GA = B/(dp·mbs) shrinks), so no larger micro-batch fits either. With ``incumbent_us``, a micro-batch
-        whose step-time lower bound is slower than the incumbent is marked unreachable without tabulating."""
-        if self.mem_done[pos] and not (cap_bytes is None and self.mem_partial[pos]):
+    def fill_memory(self, positions) -> None:
+        """Memory tables and batch/interleaving validity of meshes that share one pipeline depth (the same stages):
+        one call of each memory term function per stage, with the meshes' degrees and every micro-batch,
+        recompute policy, vpp and ZeRO stage as numpy axes."""
+        pos = np.array([p for p in np.atleast_1d(positions) if not self.mem_done[p]], np.int64)
+        if not len(pos):
             return
         sp, prof, tr = self.space, self.est.profile, self.space.training
-        mi = self.meshes[pos]
-        tp, cp, pp, _, _ = sp.meshes[mi]
-        dp = sp.gpus // (tp * cp * pp)
-        slot_stage = self._slot_stage(pos)
-        elems = self._elems_of(pos)
-        self.mem_partial[pos] = exhausted = False
-        for j, mbs in enumerate(sp.mbs):
-            self.batch_ok[pos, j] = tr.global_batch % (dp * mbs) == 0
-            M = self._m(pos, j)
-            for k, v in enumerate(sp.vpp):
-                self.inter_ok[pos, j, k] = v == 1 or (pp > 1 and M % pp == 0)
-            if exhausted or (incumbent_us is not None and
-                             np.rint(self._lb_by_mbs[pos][j] * SCALE_T) > incumbent_us + 1):
-                self.act[:, pos, j] = UNREACHABLE_BYTES
-                self.mem_partial[pos] = True
-                continue
-            for r, rc in enumerate(sp.recompute):
-                for k, v in enumerate(sp.vpp):
-                    Lv = sp.layout(mi, mbs, rc, v, 1)
-                    for s, st in enumerate(slot_stage):
-                        self.act[s, pos, j, r, k] = activation_bytes(prof, st, Lv, tr, elems[r, s])
-            for z_i, z in enumerate(sp.zero):
-                L = sp.layout(mi, mbs, "none", 1, z)
-                for s, st in enumerate(slot_stage):
-                    self.buf[s, pos, z_i, j] = buffer_bytes(prof, st, L, tr)
-            if cap_bytes is not None and self.smallest_memory(pos)[j].min() > cap_bytes:
-                exhausted = True
+        mis = [self.meshes[p] for p in pos]
+        G, R, J, K = len(pos), len(sp.recompute), len(sp.mbs), len(sp.vpp)
+        pp, M = self.pp[pos[0]], self.M[pos]
+        assert (self.pp[pos] == pp).all(), "one pipeline depth per call"
+        by_zero = sp.layout_grid(mis, (G, 1), "none", zero=self.zero[None, :])                          # (G, Z)
+        by_zero_mbs = sp.layout_grid(mis, (G, 1, 1), "none", micro_batch=self.mbs[None, None, :],
+                                     zero=self.zero[None, :, None])                                       # (G, Z, J)
+        by_mbs_vpp = sp.layout_grid(mis, (G, 1, 1, 1), "none", micro_batch=self.mbs[None, None, :, None],
+                                    vpp=self.vpp[None, None, None, :])                                    # (G, R, J, K)
+        for s, st in enumerate(self._slot_stage(pos[0])):
+            kept, working = (np.stack(x) for x in zip(*(self._elems(p, st) for p in pos)))   # (G, R, 1, 1)
+            self.states[s, pos] = sum(model_state_bytes(prof, st, by_zero, tr))
+            self.buf[s, pos] = buffer_bytes(prof, st, by_zero_mbs, tr)
+            act = np.broadcast_to(activation_bytes(prof, st, by_mbs_vpp, tr, (kept, working)), (G, R, J, K))
+            self.act[s, pos] = np.swapaxes(act, 1, 2)
+        self.batch_ok[pos] = tr.global_batch % (self.dp[pos][:, None] * self.mbs[None, :]) == 0
+        vmax = max_vpp(self.splits[pos[0]])
+        self.inter_ok[pos] = ((self.vpp[None, None, :] == 1)
+                              | ((pp > 1) & (M[:, :, None] % pp == 0) & (self.vpp[None, None, :] <= vmax)))
         self.mem_done[pos] = True
 
-    def smallest_memory(self, pos: int) -> np.ndarray:
-        """(J, R) bytes of the fullest stage at the best vpp and ZeRO stage, per micro-batch and recompute."""
-        mem = (self.states[:, pos][:, None, None, None, :] + self.act[:, pos][:, :, :, :, None]
-               + np.transpose(self.buf[:, pos], (0, 2, 1))[:, :, None, None, :]).max(axis=0)
-        return mem.min(axis=(2, 3))
+    def by_depth(self) -> list[np.ndarray]:
+        """Mesh positions grouped by pipeline depth (deepest first: the most sharded, usually the smallest)."""
+        return [np.nonzero(self.pp == p)[0] for p in sorted(set(self.pp.tolist()), reverse=True)]
+
+    def _elems(self, pos: int, st) -> tuple[np.ndarray, np.ndarray]:
+        """Stored and working activation elements per token of stage ``st`` per recompute policy, (R, 1, 1) each;
+        shared by the meshes with the same tp and cp (they differ in ep, etp or dp only)."""
+        sp = self.space
+        tp, cp = sp.meshes[self.meshes[pos]][:2]
+        key = (tp, cp, st.first, st.last)
+        hit = self._elems_cache.get(key)
+        if hit is None:
+            lin = linear_input_scale(sp.training)
+            per_r = [activation_elems_per_token(self.est.profile, st, sp.layout(self.meshes[pos], 1, rc, 1, 0), lin)
+                     for rc in sp.recompute]
+            hit = self._elems_cache[key] = tuple(np.array(x, float)[:, None, None] for x in zip(*per_r))
+        return hit
 
     def lower_bound_of(self, pos: int, jr: np.ndarray) -> float:
         """Step-time lower bound over the (micro-batch, recompute) pairs marked in ``jr`` (J, R)."""
@@ -282,42 +345,45 @@ class _Tables:
 
     def fill_time(self, pos: int, jr: np.ndarray | None = None) -> None:
         """Time tables of one mesh, for the (micro-batch, recompute) pairs marked in ``jr`` (default: all); the
-        others get an unreachable step time (only used once an incumbent makes them irrelevant)."""
+        others keep an unreachable micro-batch time (only used once an incumbent makes them irrelevant)."""
         sp, est, prof, tr, hw = self.space, self.est, self.est.profile, self.space.training, self.space.hardware
-        mi = self.meshes[pos]
-        pp = sp.meshes[mi][2]
+        mi, J, R = self.meshes[pos], len(sp.mbs), len(sp.recompute)
+        jr = np.ones((J, R), bool) if jr is None else jr
         stages = self.stages[pos]
-        for j, mbs in enumerate(sp.mbs):
-            M = self._m(pos, j)
-            for k, v in enumerate(sp.vpp):
-                self.p2p[pos, j, k] = p2p_time(sp.layout(mi, mbs, "none", v, 1), tr, prof.hidden, hw, est.net)
-            t_fwd = None   # forward time per stage: the same for every recompute policy
-            for r in range(len(sp.recompute)):
-                if jr is not None and not jr[j, r]:
-                    self.steady[pos, j, r] = UNREACHABLE_S
-                    continue
-                t_mb, t_fwd = self._stage_max(pos, j, r)
-                self.steady[pos, j, r] = M * t_mb
-                for k, v in enumerate(sp.vpp):
-                    self.bubble[pos, j, r, k] = (pp - 1) * t_mb / v
-            for z_i, z in enumerate(sp.zero):
-                L = sp.layout(mi, mbs, "none", 1, z)
-                self.tail[pos, z_i, j] = 0.0 if t_fwd is None else \
-                    max(sum(est.stage_tail(L, st, t_fwd[st.index])) for st in stages)
+        t_fwd = np.zeros((len(stages), J))   # forward time per stage: the same for every recompute policy
+        for j, r in zip(*np.nonzero(jr)):
+            self.t_mb[pos, j, r], fwd = self._stage_max(pos, int(j), int(r))
+            t_fwd[:, j] = [fwd[st.index] for st in stages]
+        self.p2p[pos] = p2p_time(sp.layout_grid([mi], None, "none", micro_batch=self.mbs[:, None],
+                                                vpp=self.vpp[None, :]), tr, prof.hidden, hw, est.net)
+        by_zero_mbs = sp.layout_grid([mi], None, "none", micro_batch=self.mbs[None, :], zero=self.zero[:, None])
+        tail = np.zeros((len(sp.zero), J))
+        for i, st in enumerate(stages):
+            dp_t, opt_t = est.stage_tail(by_zero_mbs, st, t_fwd[i][None, :])
+            tail = np.maximum(tail, dp_t + opt_t)
+        self.tail[pos] = np.where(jr.any(axis=1)[None, :], tail, 0.0)
         self.done[pos] = True
-        self.partial[pos] = jr is not None and not jr.all()
 
-    def compose(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def compose(self, rows: np.ndarray, with_time: bool = True
+                ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
         """Step time (us), fullest stage's memory (MiB) and batch/interleaving breakage of every (m, j, r, k, z)
-        of the given rows: axes order of the candidate grid."""
+        of the given rows: axes order of the candidate grid. Summed by the cost model's ``step_seconds``."""
         n = len(rows)
-        step = (self.steady[rows][:, :, :, None, None] + self.bubble[rows][:, :, :, :, None]
-                + self.p2p[rows][:, :, None, :, None] + np.transpose(self.tail[rows], (0, 2, 1))[:, :, None, None, :])
         mem = (self.states[:, rows][:, :, None, None, None, :] + self.act[:, rows][:, :, :, :, :, None]
                + np.transpose(self.buf[:, rows], (0, 1, 3, 2))[:, :, :, None, None, :]).max(axis=0)
-        shape = step.shape
-        step_us = np.rint(step * SCALE_T).astype(np.int64).reshape(n, -1)
-        mem_mib = np.ceil(mem / GIB * SCALE_M).astype(np.int64).reshape(n, -1)
+        shape = mem.shape
+        step_us = None
+        # Clipped at the placeholders (a step of 31 years, 1 EB of memory) so that absurd but valid inputs (a
+        # hardware file with a GFLOP/s chip and a 16M-token sequence) stay integers CP-SAT can sum without overflow.
+        if with_time:
+            grid = SimpleNamespace(grad_accum=self.M[rows][:, :, None, None, None],
+                                   pp=self.pp[rows][:, None, None, None, None], vpp=self.vpp[None, None, None, :, None])
+            step = step_seconds(grid, self.t_mb[rows][:, :, :, None, None], self.p2p[rows][:, :, None, :, None],
+                                np.transpose(self.tail[rows], (0, 2, 1))[:, :, None, None, :])
+            step = np.minimum(np.nan_to_num(np.broadcast_to(step, shape), nan=UNREACHABLE_S), UNREACHABLE_S)
+            step_us = np.rint(step * SCALE_T).astype(np.int64).reshape(n, -1)
+        mem_mib = np.ceil(np.minimum(np.nan_to_num(mem, nan=UNREACHABLE_BYTES), UNREACHABLE_BYTES) / GIB * SCALE_M
+                          ).astype(np.int64).reshape(n, -1)
         b_bad = np.broadcast_to(~self.batch_ok[rows][:, :, None, None, None], shape).reshape(n, -1)
         i_bad = np.broadcast_to(~self.inter_ok[rows][:, :, None, :, None], shape).reshape(n, -1)
         return step_us, mem_mib, b_bad, i_bad
@@ -360,90 +426,107 @@ class CpResult:
 
 
 class LayoutModel:
-    """The CP-SAT model over one set of candidates. ``drop`` removes constraint groups (for explanations);
-    ``objective='memory'`` minimises the fullest stage's memory instead of the step time."""
+    """The CP-SAT model over one set of candidates, written as a CpModelProto. ``enforce``: the groups whose
+    assumption literals are assumed (default all; fewer: what-if checks of an explanation)."""
 
-    def __init__(self, cands: Candidates, drop: tuple[str, ...] = (), objective: str = "time"):
+    def __init__(self, cands: Candidates, enforce: tuple[str, ...] = ALL_GROUPS):
         self.cands = c = cands
-        m = self.model = cp_model.CpModel()
+        self.proto = m = _cp.CpModelProto()
         n = len(c.step_us)
-        self.x = [m.NewBoolVar(f"x{i}") for i in range(n)]
-        m.AddExactlyOne(self.x)
-        self.lits: dict[str, cp_model.IntVar] = {}
+        for _ in range(n):
+            m.variables.add().domain.extend((0, 1))
+        m.constraints.add().exactly_one.literals.extend(range(n))
+        self.lits: dict[str, int] = {}   # group -> index of its assumption literal
         for g in ALL_GROUPS:
-            if g in drop:
-                continue
-            lit = self.lits[g] = m.NewBoolVar(g)
-            if g == "hbm capacity":
-                m.Add(cp_model.LinearExpr.WeightedSum(self.x, c.mem_mib.tolist()) <= c.mem_cap).OnlyEnforceIf(lit)
-            else:
-                bad = [self.x[i] for i in np.nonzero(c.broken[g])[0]]
+            lit = self.lits[g] = len(m.variables)
+            m.variables.add().domain.extend((0, 1))
+            if g == "hbm capacity":   # Σ mem_i·x_i <= cap
+                self._linear(range(n), c.mem_mib.tolist(), -(2 ** 62), c.mem_cap, lit)
+            else:                     # Σ over the candidates breaking the group of x_i = 0
+                bad = np.nonzero(c.broken[g])[0].tolist()
                 if bad:
-                    m.Add(sum(bad) == 0).OnlyEnforceIf(lit)
-        self.objective = objective
-        weights = (c.mem_mib if objective == "memory" else c.step_us).tolist()
-        m.Minimize(cp_model.LinearExpr.WeightedSum(self.x, weights))
+                    self._linear(bad, [1] * len(bad), 0, 0, lit)
+        m.objective.vars.extend(range(n))
+        m.objective.coeffs.extend(c.step_us.tolist())
+        m.assumptions.extend(self.lits[g] for g in enforce)
 
-    def _minimal_core(self, core: list[str], workers: int) -> list[str]:
-        """Shrink CP-SAT's infeasible assumption set to a minimal one (deletion filter), then add every group that
-        is infeasible on its own, so the message names the groups that really bind."""
-        m = self.model
-        keep = list(core)
-        for g in list(core):
-            trial = [x for x in keep if x != g]
-            m.ClearAssumptions()
-            m.AddAssumptions([self.lits[x] for x in trial])
-            solver = cp_model.CpSolver()
-            solver.parameters.num_workers = workers
-            solver.parameters.max_time_in_seconds = 5.0
-            if solver.Solve(m) == cp_model.INFEASIBLE:
-                keep = trial
-        # A minimal core is one explanation among several: also name every group that is infeasible on its own.
-        for g in self.lits:
-            if g in keep:
-                continue
-            m.ClearAssumptions()
-            m.AddAssumptions([self.lits[g]])
-            solver = cp_model.CpSolver()
-            solver.parameters.num_workers = workers
-            solver.parameters.max_time_in_seconds = 5.0
-            if solver.Solve(m) == cp_model.INFEASIBLE:
-                keep.append(g)
-        m.ClearAssumptions()
-        m.AddAssumptions(list(self.lits.values()))
-        return keep
+    def _linear(self, idx, coeffs, lo: int, hi: int, enforce: int | None = None) -> None:
+        ct = self.proto.constraints.add()
+        ct.linear.vars.extend(idx)
+        ct.linear.coeffs.extend(coeffs)
+        ct.linear.domain.extend((lo, hi))
+        if enforce is not None:
+            ct.enforcement_literal.append(enforce)
 
     def solve(self, top_k: int, time_limit_s: float, workers: int = 2) -> CpResult:
-        m = self.model
-        m.AddAssumptions(list(self.lits.values()))
+        """The top_k fastest candidates (re-solving with no-good cuts), and on infeasibility the minimal set of
+        binding groups (:func:`binding_groups`, from CP-SAT's core)."""
         sols: list[CpSolution] = []
         t0 = time.perf_counter()
         status_name, gap, blamed = "INFEASIBLE", 0.0, []
-        scale = SCALE_M if self.objective == "memory" else SCALE_T
+        n = len(self.cands.step_us)
         for rank in range(top_k):
-            solver = cp_model.CpSolver()
-            solver.parameters.max_time_in_seconds = max(0.05, time_limit_s - (time.perf_counter() - t0))
-            solver.parameters.num_workers = workers
-            solver.parameters.random_seed = 0
-            st = solver.Solve(m)
-            if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            params = _cp.SatParameters()
+            params.max_time_in_seconds = max(0.05, time_limit_s - (time.perf_counter() - t0))
+            params.num_workers = workers
+            params.random_seed = 0
+            solver = _cp.SolveWrapper()
+            solver.set_parameters(params)
+            r = solver.solve(self.proto)
+            st = r.status
+            if st not in (_cp.CpSolverStatus.OPTIMAL, _cp.CpSolverStatus.FEASIBLE):
                 if rank == 0:
-                    status_name = solver.StatusName(st)
-                    if st == cp_model.INFEASIBLE:
-                        names = {lit.Index(): g for g, lit in self.lits.items()}
-                        core = [names[i] for i in solver.SufficientAssumptionsForInfeasibility() if i in names]
-                        blamed = self._minimal_core(core, workers)
+                    status_name = st.name
+                    if st == _cp.CpSolverStatus.INFEASIBLE:
+                        names = {lit: g for g, lit in self.lits.items()}
+                        core = [names[i] for i in r.sufficient_assumptions_for_infeasibility if i in names]
+                        blamed = binding_groups(self.cands, core)
                 break
-            chosen = next(i for i, x in enumerate(self.x) if solver.BooleanValue(x))
+            chosen = int(np.argmax(np.fromiter(r.solution, np.int64, count=n)))
             if rank == 0:
-                status_name = solver.StatusName(st)
-                obj = solver.ObjectiveValue()
-                gap = (obj - solver.BestObjectiveBound()) / max(abs(obj), 1e-9)
-            elif st != cp_model.OPTIMAL:
+                status_name = st.name
+                obj = r.objective_value
+                gap = (obj - r.best_objective_bound) / max(abs(obj), 1e-9)
+            elif st != _cp.CpSolverStatus.OPTIMAL:
                 status_name = "FEASIBLE"
-            sols.append(CpSolution(tuple(int(v) for v in self.cands.assignment[chosen]),
-                                   solver.ObjectiveValue() / scale))
-            m.Add(self.x[chosen] == 0)   # no-good cut: the next solve finds the next-best layout
+            sols.append(CpSolution(tuple(int(v) for v in self.cands.assignment[chosen]), r.objective_value / SCALE_T))
+            self._linear([chosen], [1], 0, 0)   # no-good cut: the next solve finds the next-best layout
             if time.perf_counter() - t0 > time_limit_s:
                 break
         return CpResult(sols, status_name, gap, time.perf_counter() - t0, blamed)
+
+
+def binding_groups(cands: Candidates, core: list[str] | None = None) -> list[str]:
+    """The constraint groups that make the candidates infeasible, from the tables alone: a set S of groups is
+    infeasible exactly when every candidate breaks some group of S. Deletion filter from ``core`` (CP-SAT's
+    sufficient assumptions; default every group some candidate breaks) down to a minimal infeasible set, then
+    every group that is infeasible on its own: a minimal core is one explanation among several."""
+    viol = cands.violations()
+
+    def infeasible(groups: list[str]) -> bool:
+        hit = np.zeros(len(cands.step_us), bool)
+        for g in groups:
+            hit |= viol[g]
+        return bool(hit.all())
+
+    keep = list(core) if core else [g for g in ALL_GROUPS if viol[g].any()]
+    if not infeasible(keep):   # a core the tables do not confirm (e.g. a solver time-out): start from all groups
+        keep = [g for g in ALL_GROUPS if viol[g].any()]
+    for g in list(keep):
+        trial = [x for x in keep if x != g]
+        if infeasible(trial):
+            keep = trial
+    keep += [g for g in ALL_GROUPS if g not in keep and viol[g].all()]
+    return keep
+
+
+def smallest_memory_candidate(cands: Candidates) -> int | None:
+    """Index of the candidate with the least memory among those that break no group but HBM capacity (ties: the
+    first in table order), or None when every candidate breaks another group."""
+    viol = cands.violations()
+    ok = np.ones(len(cands.step_us), bool)
+    for g, v in viol.items():
+        if g != "hbm capacity":
+            ok &= ~v
+    idx = np.nonzero(ok)[0]
+    return int(idx[np.argmin(cands.mem_mib[idx])]) if len(idx) else None

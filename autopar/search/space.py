@@ -10,9 +10,13 @@ Sequence parallelism is on exactly when tp > 1 unless pinned off: in the cost mo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from autopar.errors import AutoparInputError
+from autopar.specs.bounds import BOUNDS, limit
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import RECOMPUTE_POLICIES, Layout, default_stage_layers, normalize_recompute
 from autopar.specs.model import ModelSpec
@@ -42,12 +46,46 @@ class SearchOptions:
     time_limit_s: float = 20.0
     workers: int = 2
 
+    def __post_init__(self) -> None:
+        """Check every option once, for every caller (the CLI's solve and tune, the library): one line per
+        mistake naming the option, as AutoparInputError."""
+        bounds = {"vpp": "vpp", "mbs": "micro_batch"}
+        for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs"):
+            vals = getattr(self, k)
+            if vals is None:
+                continue
+            top = limit(bounds.get(k, "degree"))
+            bad = [v for v in vals if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top]
+            if bad or not vals:
+                raise AutoparInputError(f"--{k}: values must be whole numbers from 1 to {top:,}, got {vals}")
+        if self.zero is not None and (not self.zero or any(z not in (0, 1, 2, 3) for z in self.zero)):
+            raise AutoparInputError(f"--zero: ZeRO stages are 0, 1, 2 and 3, got {self.zero}")
+        if self.recompute is not None:
+            if not self.recompute:
+                raise AutoparInputError("--recompute: no policy given")
+            for r in self.recompute:
+                try:
+                    normalize_recompute(r)
+                except ValueError as err:
+                    raise AutoparInputError(f"--recompute: {err}") from None
+        if self.max_tp is not None and not 1 <= self.max_tp <= limit("degree"):
+            raise AutoparInputError(f"--max-tp must be from 1 to {limit('degree'):,}, got {self.max_tp}")
+        if not 1 <= self.top_k <= limit("top_k"):
+            raise AutoparInputError(f"--top-k must be from 1 to {limit('top_k'):,}, got {self.top_k}")
+        if not (math.isfinite(self.time_limit_s) and 0 < self.time_limit_s <= limit("time_limit_s")):
+            raise AutoparInputError(f"--time-limit must be finite, above 0 and at most {limit('time_limit_s'):,g} s, "
+                                    f"got {self.time_limit_s}")
+        if not 0 <= self.offload_activations <= 1:
+            raise AutoparInputError(f"--offload-activations must be between 0 and 1, got {self.offload_activations}")
+
     def pinned(self) -> dict[str, list[int]]:
         return {k: v for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "zero") if (v := getattr(self, k))}
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n in increasing order, in O(sqrt n) steps."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 @dataclass
@@ -83,6 +121,26 @@ class Space:
             offload_activations=self.options.offload_activations))
 
 
+    def layout_grid(self, meshes: list[int], shape: tuple[int, ...] | None, rc: str, *, micro_batch=1, vpp=1,
+                    zero=0) -> Layout:
+        """The layouts of several meshes of one pipeline depth (same pp) at once: the degrees as numpy arrays of
+        ``shape`` (one entry per mesh on the first axis), the knobs as broadcastable arrays (``micro_batch``,
+        ``vpp``, ``zero``; the gradient accumulation follows dp and the micro-batch). What the cost model's term
+        functions take to fill the search's tables in one call. Not a valid pydantic Layout (arrays in int
+        fields); only for the term functions that say they accept arrays. ``shape`` None: one mesh, its degrees
+        plain ints (as the collective-time functions need)."""
+        values = dict(self.layout(meshes[0], 1, rc, 1, 0).__dict__)
+        if shape is not None:
+            deg = np.array([self.meshes[m] for m in meshes], np.int64).reshape((len(meshes), 5))
+            tp, cp, pp, ep, etp = (deg[:, i].reshape(shape) for i in range(5))
+            sp = self.options.sequence_parallel
+            values.update(tp=tp, cp=cp, ep=ep, etp=etp, dp=self.gpus // (tp * cp * pp),
+                          sequence_parallel=tp > 1 if sp is None else sp)
+        values.update(micro_batch=micro_batch, vpp=vpp, zero_stage=zero, fsdp=np.asarray(zero) == 3,
+                      grad_accum=np.maximum(1, self.training.global_batch // (values["dp"] * np.asarray(micro_batch))))
+        return _fast_layout(values)
+
+
 def _fast_layout(values: dict) -> Layout:
     """A Layout from values the search already validated (every field given), without pydantic's per-field
     construction cost — the table builder makes tens of thousands of them. Same object as model_construct."""
@@ -96,8 +154,8 @@ def _fast_layout(values: dict) -> Layout:
 
 def build_space(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec, gpus: int,
                 options: SearchOptions) -> Space:
-    if gpus <= 0:
-        raise AutoparInputError(f"gpus must be positive (got {gpus})")
+    if not 1 <= gpus <= limit("gpus"):
+        raise AutoparInputError(f"gpus must be from 1 to {limit('gpus'):,} (got {gpus}; bound: {BOUNDS['gpus'].why})")
     o = options
     n = gpus
     divs = divisors(n)

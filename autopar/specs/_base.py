@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from autopar.errors import AutoparInputError
+from autopar.specs.bounds import FIELD_BOUNDS, bound_note
 
 
 class Spec(BaseModel):
@@ -28,6 +29,10 @@ def format_validation_error(err: ValidationError, where: str) -> str:
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key (not a field of this spec; check the spelling)"
+        elif e["type"] in ("less_than_equal", "too_long"):
+            name = next((str(x) for x in reversed(e["loc"]) if str(x) in FIELD_BOUNDS), None)
+            if name is not None:
+                msg += f"; autopar's bound {bound_note(FIELD_BOUNDS[name])}"
         lines.append(f"{where}: field '{loc}': {msg}")
     return "; ".join(lines)
 

@@ -8,15 +8,20 @@ tables measured by ``autopar profile hardware`` (as the example report's ``AR={2
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from autopar.specs._base import Spec
+from autopar.specs.bounds import limit
 
 Precision = Literal["bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4")
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+
+
+GroupSize = Annotated[int, Field(gt=0, le=limit("gpus"))]
+BusGbps = Annotated[float, Field(gt=0)]
 
 
 class MeasuredCollectives(Spec):
@@ -25,11 +30,11 @@ class MeasuredCollectives(Spec):
     Keys are group sizes; a group of that size placed the way autopar places it (TP innermost) is assumed.
     Sizes between measured points are interpolated in log2(group size); beyond, the nearest point is used."""
 
-    all_reduce: dict[int, float] = Field(default_factory=dict, description="All-reduce bus GB/s by group size.")
-    all_gather: dict[int, float] = Field(default_factory=dict, description="All-gather bus GB/s by group size.")
-    reduce_scatter: dict[int, float] = Field(default_factory=dict, description="Reduce-scatter bus GB/s.")
-    all_to_all: dict[int, float] = Field(default_factory=dict, description="All-to-all bus GB/s by group size.")
-    send_recv: dict[int, float] = Field(default_factory=dict, description="Point-to-point GB/s (key 2).")
+    all_reduce: dict[GroupSize, BusGbps] = Field(default_factory=dict, description="All-reduce bus GB/s by group size.")
+    all_gather: dict[GroupSize, BusGbps] = Field(default_factory=dict, description="All-gather bus GB/s by group size.")
+    reduce_scatter: dict[GroupSize, BusGbps] = Field(default_factory=dict, description="Reduce-scatter bus GB/s.")
+    all_to_all: dict[GroupSize, BusGbps] = Field(default_factory=dict, description="All-to-all bus GB/s by group size.")
+    send_recv: dict[GroupSize, BusGbps] = Field(default_factory=dict, description="Point-to-point GB/s (key 2).")
     message_mib: float = Field(default=64.0, gt=0, description="Message size the table was measured at (MiB).")
 
 
@@ -56,7 +61,7 @@ class KernelModel(Spec):
     source: str = Field(default="defaults: the H100 SXM figures of hardware/h100_sxm.yaml, NOT measured for this "
                                 "hardware (run 'autopar profile hardware')",
                         description="Where these figures come from (benchmark, machine, date, or citation).")
-    gemm: dict[str, float] = Field(
+    gemm: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
         default_factory=lambda: {"bf16": 0.803, "fp16": 0.803, "fp8": 0.709, "fp8_block": 0.709, "mxfp8": 0.709,
                                  "nvfp4": 0.709},
         description="Large-GEMM achieved/peak TFLOP/s per precision (cuBLAS-class).")
@@ -73,7 +78,7 @@ class KernelModel(Spec):
                                              "2.5x forward), long s, d=128.")
     attention_half_seq: float = Field(default=610.0, gt=0, le=1_048_576,
                                       description="Key span at which attention efficiency halves.")
-    attention_head_dim: dict[int, float] = Field(
+    attention_head_dim: dict[Annotated[int, Field(gt=0, le=limit("head_dim"))], Annotated[float, Field(gt=0)]] = Field(
         default_factory=lambda: {64: 0.768, 128: 1.0, 256: 1.042},
         description="Attention throughput at head dim d relative to d = 128 (measured points).")
     attention_fp8: float | None = Field(default=None, gt=0, le=1,
@@ -143,8 +148,10 @@ class HardwareSpec(Spec):
     peak_tflops_nvfp4: float | None = Field(default=None, gt=0, description="Dense NVFP4 peak; None = none.")
     hbm_gib: float = Field(gt=0, description="HBM capacity per GPU, GiB.")
     hbm_tbps: float = Field(gt=0, description="HBM bandwidth per GPU, TB/s.")
-    gpus_per_node: int = Field(gt=0, description="GPUs per server (scale-out NICs are counted per GPU).")
-    nvlink_domain_size: int = Field(gt=0, description="GPUs in one NVLink/xGMI domain (8 on HGX, 72 on NVL72).")
+    gpus_per_node: int = Field(gt=0, le=limit("gpus_per_node"),
+                               description="GPUs per server (scale-out NICs are counted per GPU).")
+    nvlink_domain_size: int = Field(gt=0, le=limit("nvlink_domain"),
+                                    description="GPUs in one NVLink/xGMI domain (8 on HGX, 72 on NVL72).")
     nvlink_gbps: float = Field(gt=0, description="NVLink bandwidth per GPU per direction, GB/s.")
     scaleout_gbps: float = Field(gt=0, description="Scale-out (InfiniBand/RoCE) bandwidth per GPU per direction, GB/s.")
     host_link_gbps: float | None = Field(

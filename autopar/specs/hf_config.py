@@ -47,6 +47,7 @@ from typing import Any
 
 from autopar.errors import AutoparInputError
 from autopar.specs._base import build_spec
+from autopar.specs.bounds import bound_note, limit
 from autopar.specs.model import ModelSpec
 
 # Keys that never change parameter counts, FLOPs or memory as autopar models them. Each group says why.
@@ -130,6 +131,22 @@ class _Reader:
                 f"{self.where}: key '{self.prefix}{key}' must be {_KINDS[kind]}, got {value!r}")
         return value
 
+    def count(self, key: str, default: Any = _REQUIRED, bound: str | None = None) -> int:
+        """A positive whole number (a size, a layer step), at most autopar's ``bound`` (see specs/bounds.py)."""
+        value = self.get(key, default)
+        if value < 1:
+            raise self.fail(f"key '{self.prefix}{key}' must be at least 1, got {value}")
+        if bound is not None and value > limit(bound):
+            raise self.fail(f"key '{self.prefix}{key}' = {value:,}: autopar's bound {bound_note(bound)}")
+        return value
+
+    def layer_list(self, key: str, default: Any = _REQUIRED, nullable: bool = False) -> list[int] | None:
+        """A list of 0-based layer indices."""
+        value = self.get(key, default, kind=list, nullable=nullable)
+        if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+            raise self.fail(f"key '{self.prefix}{key}' must be a list of layer numbers, got {value!r:.80}")
+        return value
+
     def mark(self, *keys: str) -> None:
         """Declare keys as consumed (their meaning is fixed by the family or checked elsewhere)."""
         self.used.update(keys)
@@ -144,14 +161,14 @@ class _Reader:
 # ---- shared pieces ------------------------------------------------------------------------------------------
 def _base(r: _Reader, kv_required: bool, head_dim_required: bool = False) -> dict[str, Any]:
     """Fields every decoder-only config has: depth, width, heads, vocabulary, tying."""
-    h = r.get("hidden_size")
-    a = r.get("num_attention_heads")
+    h = r.count("hidden_size", bound="hidden")
+    a = r.count("num_attention_heads", bound="heads")
     kv = r.get("num_key_value_heads") if kv_required else r.get("num_key_value_heads", None, nullable=True)
     head_dim = r.get("head_dim") if head_dim_required else r.get("head_dim", None, nullable=True)
     if head_dim is not None and h % a == 0 and head_dim == h // a:
         head_dim = None  # the default; keeps specs from different sources identical
     fields: dict[str, Any] = dict(
-        num_layers=r.get("num_hidden_layers"), hidden_size=h, num_attention_heads=a,
+        num_layers=r.count("num_hidden_layers", bound="layers"), hidden_size=h, num_attention_heads=a,
         num_kv_heads=None if kv in (None, a) else kv, head_dim=head_dim,
         vocab_size=r.get("vocab_size"), tie_embeddings=r.get("tie_word_embeddings", False, kind=bool),
         gated_mlp=True, norm="rmsnorm", position_embedding="rope")
@@ -188,7 +205,7 @@ def _window(r: _Reader, num_layers: int, all_layers_key: bool,
         if len(types) != num_layers:
             raise r.fail(f"layer_types has {len(types)} entries but num_hidden_layers is {num_layers}")
         windowed = [t == "sliding_attention" for t in types]
-        unknown = sorted({t for t in types if t not in ("sliding_attention", "full_attention")})
+        unknown = sorted({str(t) for t in types if t not in ("sliding_attention", "full_attention")})
         if unknown:
             raise r.fail(f"layer_types: unsupported attention type(s) {unknown} "
                          "(autopar models 'full_attention' and 'sliding_attention')")
@@ -255,8 +272,8 @@ def _qwen_moe(r: _Reader, f: dict[str, Any]) -> dict[str, Any]:
     """Qwen2-MoE / Qwen3-MoE layer pattern: layer i is MoE unless listed in mlp_only_layers, and only if
     (i + 1) % decoder_sparse_step == 0."""
     n = f["num_layers"]
-    step = r.get("decoder_sparse_step", 1)
-    mlp_only = set(r.get("mlp_only_layers", [], kind=list))
+    step = r.count("decoder_sparse_step", 1)
+    mlp_only = set(r.layer_list("mlp_only_layers", []))
     moe_layers = [i for i in range(n) if i not in mlp_only and (i + 1) % step == 0]
     first_dense, interval = _moe_from_lists(r, n, moe_layers, "decoder_sparse_step / mlp_only_layers")
     return dict(num_experts=r.get("num_experts"), top_k=r.get("num_experts_per_tok"),
@@ -369,8 +386,8 @@ def _llama4_text(r: _Reader) -> dict[str, Any]:
     if r.get("attention_bias", False, kind=bool):
         f["qkv_bias"] = True
     n = f["num_layers"]
-    step = r.get("interleave_moe_layer_step", 1)
-    moe_layers = r.get("moe_layers", None, kind=list, nullable=True)
+    step = r.count("interleave_moe_layer_step", 1)
+    moe_layers = r.layer_list("moe_layers", None, nullable=True)
     if moe_layers is None:  # transformers' Llama4TextConfig default
         moe_layers = list(range(step - 1, n, step))
     first_dense, interval = _moe_from_lists(r, n, sorted(moe_layers), "interleave_moe_layer_step / moe_layers")

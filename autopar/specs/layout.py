@@ -10,10 +10,13 @@ All validity rules live in :func:`check_layout`; its messages show the arithmeti
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field, field_validator, model_validator
 
 from autopar.errors import LayoutError
 from autopar.specs._base import Spec
+from autopar.specs.bounds import limit
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
@@ -46,28 +49,34 @@ class Layout(Spec):
     """Parallel degrees and step settings. ``dp`` and ``grad_accum`` may be left None: they are derived
     from the GPU count and the global batch by :func:`resolve_layout`."""
 
-    tp: int = Field(default=1, gt=0, description="Tensor-parallel degree (Megatron column/row split).")
-    pp: int = Field(default=1, gt=0, description="Pipeline-parallel stages.")
-    vpp: int = Field(default=1, gt=0, description="Virtual stages per pipeline rank (interleaved 1F1B).")
-    cp: int = Field(default=1, gt=0, description="Context-parallel degree (sequence split, ring attention).")
-    ep: int = Field(default=1, gt=0, description="Expert-parallel degree (MoE only).")
-    etp: int = Field(default=1, gt=0, description="Expert tensor-parallel degree (MoE only).")
-    dp: int | None = Field(default=None, gt=0, description="Data-parallel degree; None = gpus / (tp·pp·cp).")
+    tp: int = Field(default=1, gt=0, le=limit("degree"),
+                    description="Tensor-parallel degree (Megatron column/row split).")
+    pp: int = Field(default=1, gt=0, le=limit("degree"), description="Pipeline-parallel stages.")
+    vpp: int = Field(default=1, gt=0, le=limit("vpp"),
+                     description="Virtual stages per pipeline rank (interleaved 1F1B).")
+    cp: int = Field(default=1, gt=0, le=limit("degree"),
+                    description="Context-parallel degree (sequence split, ring attention).")
+    ep: int = Field(default=1, gt=0, le=limit("degree"), description="Expert-parallel degree (MoE only).")
+    etp: int = Field(default=1, gt=0, le=limit("degree"), description="Expert tensor-parallel degree (MoE only).")
+    dp: int | None = Field(default=None, gt=0, le=limit("degree"),
+                           description="Data-parallel degree; None = gpus / (tp·pp·cp).")
     sequence_parallel: bool | None = Field(
         default=None, description="Megatron sequence parallelism; None = on exactly when tp > 1.")
     zero_stage: int = Field(default=1, ge=0, le=3,
                             description="ZeRO stage over DP: 0 DDP, 1 optimizer (Megatron distributed "
                                         "optimizer), 2 + gradients, 3 + parameters.")
     fsdp: bool = Field(default=False, description="Parameters sharded FSDP-style (torch FSDP2); implies ZeRO-3.")
-    hsdp_shard: int | None = Field(default=None, gt=0,
+    hsdp_shard: int | None = Field(default=None, gt=0, le=limit("degree"),
                                    description="HSDP: shard over groups of this many DP ranks, replicate across.")
-    micro_batch: int = Field(default=1, gt=0, description="Sequences per micro-batch per DP rank.")
-    grad_accum: int | None = Field(default=None, gt=0,
+    micro_batch: int = Field(default=1, gt=0, le=limit("micro_batch"),
+                             description="Sequences per micro-batch per DP rank.")
+    grad_accum: int | None = Field(default=None, gt=0, le=limit("global_batch"),
                                    description="Micro-batches per step per DP rank; None = B / (dp·micro_batch).")
     recompute: str = Field(default="none", description="none | selective | full | comma list of modules "
                                                        f"({', '.join(RECOMPUTE_MODULES)}).")
-    stage_layers: tuple[int, ...] | None = Field(
-        default=None, description="Transformer layers per pipeline stage (uneven split); None = even.")
+    stage_layers: tuple[Annotated[int, Field(ge=0, le=limit("layers"))], ...] | None = Field(
+        default=None, max_length=limit("layers"),
+        description="Transformer layers per pipeline stage (uneven split); None = even.")
     offload_activations: float = Field(
         default=0.0, ge=0, le=1,
         description="Fraction of the stored layer activations sent to host memory in the forward pass and brought "
@@ -212,6 +221,14 @@ def cost_balanced_stage_layers(costs: list[float], pp: int, last_extra: float = 
     return tuple(sizes)
 
 
+def max_vpp(stage_layers: tuple[int, ...]) -> int:
+    """The most virtual stages a split allows: each virtual stage needs a layer, except that the first and the last
+    pipeline stage may give one virtual stage to the embedding or the loss alone (Megatron-LM
+    --account-for-embedding/loss-in-pipeline-split)."""
+    last = len(stage_layers) - 1
+    return min(x + (1 if i in (0, last) else 0) for i, x in enumerate(stage_layers)) if stage_layers else 1
+
+
 def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
                  hardware: HardwareSpec | None = None, allow_cross_domain_tp: bool = True) -> list[str]:
     """Every broken validity rule of a layout, as messages showing the numbers (empty = valid)."""
@@ -309,6 +326,11 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
             add(f"stage_layers sum to {sum(s)}, num_layers is {n}")
         if any(x < 1 for x in s):
             add(f"every pipeline stage needs at least one layer; got {list(s)}")
+        elif L.vpp > max_vpp(s):
+            group = "interleaving"
+            add(f"vpp = {L.vpp} virtual stages per pipeline stage need more layers than stage_layers {list(s)} "
+                f"hold (at most vpp = {max_vpp(s)}: a layer per virtual stage, the first and last stage may give "
+                "one to the embedding or the loss alone)")
     group = "batch"
     # Batch.
     B = training.global_batch

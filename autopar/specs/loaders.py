@@ -7,6 +7,7 @@ Zoo files live in the repository's ``models/`` and ``hardware/`` folders; a whee
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,21 @@ __all__ = ["build_spec", "dump_spec", "format_validation_error", "load_hardware"
            "read_structured_file", "zoo_dir", "zoo_names"]
 
 _PKG = Path(__file__).resolve().parents[1]
-_ZOO_DIRS = {kind: [_PKG / "_zoo" / kind, _PKG.parent / kind] for kind in ("models", "hardware")}
+# Installed from a wheel, the zoo and the validation data live in autopar/_zoo/ (pyproject.toml force-include); in a
+# source checkout, in models/, hardware/ and data/ beside the package.
+_ZOO_DIRS = {kind: [_PKG / "_zoo" / kind, _PKG.parent / kind] for kind in ("models", "hardware", "data")}
+
+MAX_INPUT_BYTES = 16 * 2 ** 20   # input files (specs, runs CSV, layout lists) are kB; this refuses a wrong file
+
+
+def installed_zoo_dir(kind: str) -> Path | None:
+    """The zoo folder of ``kind`` inside an installed package (autopar/_zoo/<kind>), or None in a source checkout."""
+    d = _ZOO_DIRS[kind][0]
+    return d if d.is_dir() else None
 
 
 def zoo_dir(kind: str) -> Path:
-    """The folder holding the zoo files of ``kind`` ('models' or 'hardware')."""
+    """The folder holding the zoo files of ``kind`` ('models', 'hardware' or 'data': the validation runs)."""
     for d in _ZOO_DIRS[kind]:
         if d.is_dir():
             return d
@@ -39,24 +50,53 @@ def zoo_names(kind: str) -> list[str]:
     return sorted(p.stem for p in zoo_dir(kind).glob("*.yaml"))
 
 
-def read_structured_file(path: Path) -> Any:
-    """Parse a YAML or JSON file; syntax errors become AutoparInputError with the line."""
+def read_text_file(path: Path) -> str:
+    """The text of a small input file; a folder, a file too large for an input, or bytes that are not UTF-8
+    become AutoparInputError naming the path."""
     try:
-        text = path.read_text()
+        is_dir, size = path.is_dir(), path.stat().st_size
     except OSError as err:
-        raise AutoparInputError(f"cannot read {path}: {err.strerror}") from None
+        raise AutoparInputError(f"cannot read {_show(path)}: {err.strerror or err}") from None
+    except ValueError as err:   # a NUL byte in the name
+        raise AutoparInputError(f"cannot read {_show(path)!r}: {err}") from None
+    if is_dir:
+        raise AutoparInputError(f"cannot read {_show(path)}: a folder, not a file")
+    if size > MAX_INPUT_BYTES:
+        raise AutoparInputError(f"{_show(path)} holds {size:,} bytes; autopar reads input files of at most "
+                                f"{MAX_INPUT_BYTES:,} bytes (model, hardware and runs files are a few kB)")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise AutoparInputError(f"cannot read {_show(path)}: {err.strerror or err}") from None
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise AutoparInputError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+        raise AutoparInputError(f"{_show(path)}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+
+
+def _show(path: Path | str, width: int = 80) -> str:
+    """A path as shown in a message: shortened in the middle when longer than ``width`` characters."""
+    text = str(path)
+    return text if len(text) <= width else f"{text[:width // 2 - 2]}...{text[-(width // 2 - 1):]}"
+
+
+def read_structured_file(path: Path) -> Any:
+    """Parse a YAML or JSON file; syntax errors become AutoparInputError with the line. Nesting deeper than
+    Python's recursion limit is an error too (no real spec is nested more than three levels)."""
+    text = read_text_file(path)
     try:
         if path.suffix == ".json":
             return json.loads(text)
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise AutoparInputError(f"{_show(path)}: nested too deeply to be a spec file") from None
     except json.JSONDecodeError as err:
-        raise AutoparInputError(f"{path}: malformed JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
+        raise AutoparInputError(f"{_show(path)}: malformed JSON at line {err.lineno} column {err.colno}: "
+                                f"{err.msg}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise AutoparInputError(f"{path}: malformed YAML{at}: {getattr(err, 'problem', err)}") from None
+        raise AutoparInputError(f"{_show(path)}: malformed YAML{at}: {getattr(err, 'problem', err)}") from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -66,6 +106,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key must be a plain name, not a {type(key).__name__}", key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key '{key}'", key_node.start_mark)
@@ -76,34 +119,74 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 _LABEL = {"models": "model", "hardware": "hardware"}
 
 
+def _exists(path: Path) -> bool:
+    """path.exists(), False for names the OS cannot look up (too long, a NUL byte, a denied folder)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
 def _resolve(ref: str | Path, kind: str) -> Path:
-    path = Path(ref)
     label = _LABEL[kind]
-    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-        if not path.exists():
-            raise AutoparInputError(f"{label} file not found: {path}")
-        if path.is_dir() and (path / "config.json").exists():
+    if not str(ref).strip():
+        raise AutoparInputError(f"empty {label} name: give a zoo name or a file")
+    path = Path(ref)
+    if path.suffix in (".yaml", ".yml", ".json") or _exists(path):
+        if not _exists(path):
+            raise AutoparInputError(f"{label} file not found: {_show(path)}")
+        if path.is_dir() and _exists(path / "config.json"):
             return path / "config.json"
         return path
     candidate = zoo_dir(kind) / f"{ref}.yaml"
-    if candidate.exists():
+    if "/" not in str(ref) and _exists(candidate):
         return candidate
     names = zoo_names(kind)
-    raise AutoparInputError(f"unknown {label} '{ref}': not a file and not in the zoo ({', '.join(names)})")
+    raise AutoparInputError(f"unknown {label} '{_show(ref)}': not a file and not in the zoo ({', '.join(names)})")
+
+
+_HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def hf_config_path(repo_id: str) -> Path:
+    """config.json of a Hugging Face model id (``Qwen/Qwen2.5-7B``): from the local Hugging Face cache
+    (``HF_HUB_CACHE`` / ``HF_HOME``), else downloaded from the Hub unless ``HF_HUB_OFFLINE`` is set. Needs
+    huggingface_hub (``pip install autopar[hf]``). Raises AutoparInputError naming the id."""
+    try:
+        from huggingface_hub import constants, hf_hub_download
+    except ImportError:
+        raise AutoparInputError(f"model '{repo_id}' looks like a Hugging Face id; reading it needs huggingface_hub "
+                                "(pip install 'autopar[hf]'), or pass the path of its config.json") from None
+    try:
+        return Path(hf_hub_download(repo_id, "config.json", local_files_only=True))
+    except Exception:   # not cached (huggingface_hub raises several error types for that)
+        pass
+    if constants.HF_HUB_OFFLINE:
+        raise AutoparInputError(f"model '{repo_id}': config.json is not in the Hugging Face cache "
+                                f"({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set")
+    try:
+        return Path(hf_hub_download(repo_id, "config.json"))
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise AutoparInputError(f"model '{repo_id}': could not get config.json from the Hugging Face Hub: "
+                                f"{first}") from None
 
 
 def load_model(ref: str | Path | ModelSpec, *, warn: Any = None) -> ModelSpec:
-    """A ModelSpec from a zoo name, a YAML file or a Hugging Face config.json (or a folder holding one).
+    """A ModelSpec from a zoo name, a YAML file, a Hugging Face config.json (or a folder holding one) or a Hugging
+    Face model id (``Qwen/Qwen2.5-7B``, see :func:`hf_config_path`).
 
     For a Hugging Face config, keys that could not be mapped are reported through ``warn`` (a callable
     taking a string; default: printed to stderr)."""
     if isinstance(ref, ModelSpec):
         return ref
-    path = _resolve(ref, "models")
+    hf_id = (isinstance(ref, str) and _HF_ID.fullmatch(ref) and not Path(ref).exists()
+             and not (zoo_dir("models") / f"{ref}.yaml").exists())
+    path = hf_config_path(ref) if hf_id else _resolve(ref, "models")
     data = read_structured_file(path)
     if isinstance(data, dict) and ("model_type" in data or "architectures" in data):
-        spec, unmapped = model_from_hf_config(data, name=path.parent.name if path.name == "config.json"
-                                              else path.stem, where=str(path))
+        name = (ref.split("/")[-1] if hf_id else path.parent.name if path.name == "config.json" else path.stem)
+        spec, unmapped = model_from_hf_config(data, name=name, where=str(ref if hf_id else path))
         if unmapped:
             (warn or (lambda m: print(m, file=sys.stderr)))(
                 f"note: {path}: keys not used by autopar's model: {', '.join(sorted(unmapped))}")

@@ -30,6 +30,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from autopar.specs._base import Spec
+from autopar.specs.bounds import limit
 from autopar.specs.mixers import MixerSpec, default_attention
 
 ChannelKind = Literal["dense", "moe", "none"]
@@ -38,17 +39,20 @@ ChannelKind = Literal["dense", "moe", "none"]
 class MoESpec(Spec):
     """Mixture-of-experts settings of the MoE layers."""
 
-    num_experts: int = Field(gt=0, description="Routed experts per MoE layer (E).")
-    top_k: int = Field(gt=0, description="Routed experts each token is sent to (k).")
-    expert_ffn_hidden_size: int = Field(gt=0, description="FFN hidden size of one routed expert (f_e).")
-    num_shared_experts: int = Field(default=0, ge=0, description="Always-active shared experts per MoE layer.")
+    num_experts: int = Field(gt=0, le=limit("experts"), description="Routed experts per MoE layer (E).")
+    top_k: int = Field(gt=0, le=limit("experts"), description="Routed experts each token is sent to (k).")
+    expert_ffn_hidden_size: int = Field(gt=0, le=limit("ffn"),
+                                        description="FFN hidden size of one routed expert (f_e).")
+    num_shared_experts: int = Field(default=0, ge=0, le=limit("experts"),
+                                    description="Always-active shared experts per MoE layer.")
     shared_expert_ffn_hidden_size: int | None = Field(
-        default=None, gt=0,
+        default=None, gt=0, le=limit("ffn"),
         description="FFN hidden size of ONE shared expert; defaults to expert_ffn_hidden_size.")
     first_dense_layers: int = Field(
-        default=0, ge=0, description="Leading layers with a dense MLP instead of MoE (DeepSeek-V3: 3).")
+        default=0, ge=0, le=limit("layers"),
+        description="Leading layers with a dense MLP instead of MoE (DeepSeek-V3: 3).")
     moe_layer_interval: int = Field(
-        default=1, gt=0,
+        default=1, gt=0, le=limit("layers"),
         description="After the leading dense layers, every n-th layer is MoE (Llama 4 Maverick: 2); others dense.")
     expert_bias: bool = Field(default=False, description="Expert linear layers carry biases (GPT-OSS).")
 
@@ -66,11 +70,12 @@ class MoESpec(Spec):
 class MLASpec(Spec):
     """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 sec. 2.1): low-rank Q and joint KV."""
 
-    q_lora_rank: int | None = Field(default=None, gt=0, description="Rank of the Q down-projection; None = full Q.")
-    kv_lora_rank: int = Field(gt=0, description="Rank of the joint KV compression (d_c).")
-    qk_nope_head_dim: int = Field(gt=0, description="Per-head Q/K dim without rotary embedding.")
-    qk_rope_head_dim: int = Field(gt=0, description="Per-head decoupled rotary Q/K dim.")
-    v_head_dim: int = Field(gt=0, description="Per-head value dim.")
+    q_lora_rank: int | None = Field(default=None, gt=0, le=limit("lora_rank"),
+                                    description="Rank of the Q down-projection; None = full Q.")
+    kv_lora_rank: int = Field(gt=0, le=limit("lora_rank"), description="Rank of the joint KV compression (d_c).")
+    qk_nope_head_dim: int = Field(gt=0, le=limit("head_dim"), description="Per-head Q/K dim without rotary embedding.")
+    qk_rope_head_dim: int = Field(gt=0, le=limit("head_dim"), description="Per-head decoupled rotary Q/K dim.")
+    v_head_dim: int = Field(gt=0, le=limit("head_dim"), description="Per-head value dim.")
 
 
 class ModelSpec(Spec):
@@ -78,13 +83,15 @@ class ModelSpec(Spec):
 
     name: str = Field(description="Short identifier, e.g. 'llama3_70b'.")
     source: str = Field(default="", description="Where the numbers come from (official config URL or paper).")
-    num_layers: int = Field(gt=0, description="Transformer blocks (L), MTP modules excluded.")
-    hidden_size: int = Field(gt=0, description="Model width (h).")
-    ffn_hidden_size: int = Field(gt=0, description="Hidden size of the dense MLP (f).")
-    num_attention_heads: int = Field(gt=0, description="Query heads (a).")
-    num_kv_heads: int | None = Field(default=None, gt=0, description="Key/value heads (g); None = a (MHA).")
-    head_dim: int | None = Field(default=None, gt=0, description="Per-head dim (d); None = h / a.")
-    vocab_size: int = Field(gt=0, description="Vocabulary size (V).")
+    num_layers: int = Field(gt=0, le=limit("layers"), description="Transformer blocks (L), MTP modules excluded.")
+    hidden_size: int = Field(gt=0, le=limit("hidden"), description="Model width (h).")
+    ffn_hidden_size: int = Field(gt=0, le=limit("ffn"), description="Hidden size of the dense MLP (f).")
+    num_attention_heads: int = Field(gt=0, le=limit("heads"), description="Query heads (a).")
+    num_kv_heads: int | None = Field(default=None, gt=0, le=limit("heads"),
+                                     description="Key/value heads (g); None = a (MHA).")
+    head_dim: int | None = Field(default=None, gt=0, le=limit("head_dim"),
+                                 description="Per-head dim (d); None = h / a.")
+    vocab_size: int = Field(gt=0, le=limit("vocab"), description="Vocabulary size (V).")
     tie_embeddings: bool = Field(default=False, description="LM head shares the input embedding matrix.")
     gated_mlp: bool = Field(default=True, description="SwiGLU/GeGLU MLP with 3 matrices; False = 2-matrix MLP.")
     norm: Literal["rmsnorm", "layernorm"] = Field(default="rmsnorm", description="Normalisation type.")
@@ -92,13 +99,17 @@ class ModelSpec(Spec):
     linear_bias: bool = Field(default=False, description="All dense linear layers carry biases (GPT-2/3).")
     position_embedding: Literal["rope", "learned", "none"] = Field(
         default="rope", description="Rotary (no parameters) or a learned absolute table.")
-    max_position_embeddings: int = Field(default=4096, gt=0, description="Rows of a learned position table.")
-    sliding_window: int | None = Field(default=None, gt=0, description="Sliding-window size of windowed layers.")
+    max_position_embeddings: int = Field(default=4096, gt=0, le=limit("seq_len"),
+                                         description="Rows of a learned position table.")
+    sliding_window: int | None = Field(default=None, gt=0, le=limit("seq_len"),
+                                       description="Sliding-window size of windowed layers.")
     sliding_window_every: int = Field(
-        default=0, ge=0, description="Every n-th layer is global, the rest windowed (GPT-OSS: 2); 0 = all windowed.")
+        default=0, ge=0, le=limit("layers"),
+        description="Every n-th layer is global, the rest windowed (GPT-OSS: 2); 0 = all windowed.")
     moe: MoESpec | None = Field(default=None, description="MoE settings; None = dense model.")
     mla: MLASpec | None = Field(default=None, description="Multi-head latent attention; None = standard GQA.")
-    mtp_layers: int = Field(default=0, ge=0, description="Multi-token-prediction modules (DeepSeek-V3: 1).")
+    mtp_layers: int = Field(default=0, ge=0, le=limit("layers"),
+                            description="Multi-token-prediction modules (DeepSeek-V3: 1).")
     mixers: dict[str, MixerSpec] = Field(
         default_factory=dict, description="Named token mixers that layer_pattern can place (linear attention, SSM, "
                                           "attention variants); see autopar.specs.mixers.")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from autopar.specs._base import Spec
+from autopar.specs.bounds import bound_note, limit
 from autopar.specs.hardware import Precision
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
@@ -20,8 +21,9 @@ class TrainingSpec(Spec):
     and two fp32 Adam moments (12 B): the tutorial's 2+2+12 = 16 B per parameter before sharding
     (Rajbhandari et al. 2020 sec. 3.1). ``grad_dtype: fp32`` models --accumulate-allreduce-grads-in-fp32."""
 
-    seq_len: int = Field(default=4096, gt=0, description="Tokens per sequence (s).")
-    global_batch: int = Field(default=1024, gt=0, description="Sequences per optimizer step (B).")
+    seq_len: int = Field(default=4096, gt=0, le=limit("seq_len"), description="Tokens per sequence (s).")
+    global_batch: int = Field(default=1024, gt=0, le=limit("global_batch"),
+                              description="Sequences per optimizer step (B).")
     precision: Precision = Field(default="bf16", description="Math precision of the transformer GEMMs.")
     weight_dtype: Literal["bf16", "fp16", "fp32"] = Field(default="bf16", description="Dtype of model weights.")
     grad_dtype: Literal["fp32", "bf16", "fp16"] = Field(default="bf16", description="Dtype of gradient buffers.")
@@ -55,6 +57,13 @@ class TrainingSpec(Spec):
                     "and the fp32 buffers the last stage holds.")
     activation_dtype: Literal["bf16", "fp16", "fp32"] = Field(
         default="bf16", description="Dtype activations are stored in (FP8 recipes still store most in bf16).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainingSpec":
+        if self.seq_len * self.global_batch > limit("tokens_per_step"):
+            raise ValueError(f"seq_len x global_batch = {self.seq_len:,} x {self.global_batch:,} tokens per step, "
+                             f"the bound is {bound_note('tokens_per_step')}")
+        return self
 
     @property
     def tokens_per_step(self) -> int:

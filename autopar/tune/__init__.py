@@ -6,7 +6,7 @@
 
 The solver ranks layouts by the analytical cost model; the tuner keeps its K best distinct parallel structures
 and lets Optuna's TPE sampler choose the structure and the step knobs (micro-batch, recompute, virtual stages,
-ZeRO stage) trial by trial, maximising the tokens/s measured by :func:`autopar.profile.launch.run_layout`.
+ZeRO stage) trial by trial, maximising the tokens/s measured by :func:`autopar.run.launch.run_layout`.
 The solver's predicted-best layouts are the first trials; layouts predicted not to fit are never run
 (an Optuna constraint); runs that fail are recorded with their reason. The study lives in an Optuna storage
 (SQLite file by default, any RDB URL or a journal file), so a study resumes where it stopped and several
@@ -127,7 +127,7 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
     ``sqlite:///autopar-tune.db`` in the current folder) or ``journal:FILE``; ``study``: its name (default:
     derived from the problem, so the same call resumes the same study). ``steps``/``warmup``/``timeout_s``:
     per run. ``progress`` receives progress lines (default: stderr). ``runner`` replaces
-    :func:`autopar.profile.launch.run_layout` (tests).
+    :func:`autopar.run.launch.run_layout` (tests).
 
     Raises AutoparInputError for bad input (unknown storage URL, unreachable database, a study that belongs to
     another problem) and TuneInterrupted on Ctrl-C, after the study has been left resumable."""
@@ -151,7 +151,7 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
     except ImportError:
         raise AutoparInputError("autopar tune needs optuna: pip install 'autopar[profile]'") from None
     if runner is None:
-        from autopar.profile.launch import run_layout as runner
+        from autopar.run.launch import run_layout as runner
     from autopar.tune._storage import open_storage, storage_lock
     from autopar.tune._study import Settings, StudyWorker
 

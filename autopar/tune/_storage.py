@@ -104,8 +104,12 @@ def open_storage(target: StorageTarget) -> Any:
                 raise AutoparInputError(f"storage '{target.display}': folder {path.parent} does not exist")
             return JournalStorage(JournalFileBackend(str(path)))
         if target.kind == "redis":
+            import warnings
+
             from optuna.storages.journal import JournalRedisBackend, JournalStorage
-            return JournalStorage(JournalRedisBackend(target.url))
+            with warnings.catch_warnings():   # "experimental" would add two lines to a one-line error
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return JournalStorage(JournalRedisBackend(target.url))
         scheme = target.url.split("://", 1)[0].split("+", 1)[0].lower()
         connect_args: dict[str, Any] = {}
         if scheme == "sqlite":

@@ -67,7 +67,8 @@ def test_emit_dispatches_and_resolves():
     layout = Layout(tp=2, pp=2)  # unresolved: emit resolves it
     assert "export AUTOPAR_DP=2" in emit("env", layout, LLAMA3_8B, TRAIN, 8)
     assert "--tensor-model-parallel-size 2" in emit("megatron", layout, LLAMA3_8B, TRAIN, 8)
-    assert "[parallelism]" in emit("torchtitan", layout, LLAMA3_8B, TRAIN, 8)
+    assert "def autopar_config() -> Trainer.Config:" in emit("torchtitan", layout, LLAMA3_8B, TRAIN, 8)
+    assert "[parallelism]" in emit("torchtitan", layout, LLAMA3_8B, TRAIN, 8, torchtitan_version="0.2.2")
     with pytest.raises(AutoparInputError, match="unknown emit kind 'slurm'"):
         emit("slurm", layout, LLAMA3_8B, TRAIN, 8)
     with pytest.raises(LayoutError):

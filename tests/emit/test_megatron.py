@@ -171,12 +171,3 @@ def test_stages_not_divisible_by_vpp_use_the_layout_string(dsv3_layout):
     assert sum(s.count("t") for s in stages) == 61
     # per pipeline rank (virtual stages i and 16 + i), the layers add up to the rank's stage_layers
     assert [stages[i].count("t") + stages[16 + i].count("t") for i in range(16)] == list(dsv3_layout.stage_layers)
-
-
-@pytest.mark.parametrize("share, expect", [(0.5, "10"), (1.0, "19"), (0.01, "1")])
-def test_activation_offload_becomes_whole_layers_and_keeps_one_on_the_gpu(share, expect):
-    layout = _resolved(LLAMA3_70B, 64, tp=8, pp=4, offload_activations=share)   # 20 layers per stage
-    args = megatron_args(layout, LLAMA3_70B, TRAIN)
-    assert "--cpu-offloading" in args
-    assert value(args, "--cpu-offloading-num-layers") == expect
-    assert "--cpu-offloading" not in megatron_args(_resolved(LLAMA3_70B, 64, tp=8, pp=4), LLAMA3_70B, TRAIN)

@@ -1,4 +1,5 @@
-"""torchtitan TOML emitted for resolved layouts: parses with tomllib; degrees multiply to the world size."""
+"""torchtitan 0.2.2 TOML (behind version="0.2.2") emitted for resolved layouts: parses with tomllib; degrees multiply
+to the world size. The 0.3.0 Python config is tested in test_torchtitan_config.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from .conftest import DSV3, H100, LLAMA3_8B, LLAMA3_70B, NVL72, TRAIN
 
 
 def parse(layout, model, training=TRAIN) -> dict:
-    return tomllib.loads(torchtitan_config(layout, model, training))
+    return tomllib.loads(torchtitan_config(layout, model, training, version="0.2.2"))
 
 
 def world(cfg: dict) -> int:
@@ -89,7 +90,7 @@ def test_no_pipeline_keeps_micro_batch_as_local_batch():
 
 def test_torchtitan_ep_constraint_is_flagged():
     layout = resolve_layout(Layout(tp=4, ep=2), DSV3, TRAIN, 64)
-    assert "WARNING" in torchtitan_config(layout, DSV3, TRAIN)
+    assert "WARNING" in torchtitan_config(layout.model_copy(update={"etp": 2}), DSV3, TRAIN, version="0.2.2")
 
 
 @pytest.mark.parametrize("gpus", [8, 64, 512])
@@ -106,6 +107,6 @@ def test_heuristic_layouts_parse_and_multiply_to_the_world(gpus, seq):
 
 
 def test_offloading_layout_says_torchtitan_has_no_setting_for_it():
-    text = torchtitan_config(resolve_layout(Layout(tp=2, offload_activations=0.5), LLAMA3_8B, TRAIN, 8), LLAMA3_8B,
-                             TRAIN)
-    assert "offloads 50% of the stored activations" in text
+    layout = resolve_layout(Layout(tp=2, offload_activations=0.5), LLAMA3_8B, TRAIN, 8)
+    for version in ("0.2.2", "0.3.0"):
+        assert "offloads 50% of the stored activations" in torchtitan_config(layout, LLAMA3_8B, TRAIN, version=version)

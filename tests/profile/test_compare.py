@@ -237,7 +237,7 @@ def test_compare_cli_refuses_to_overwrite(tmp_path):
 
 @pytest.mark.slow
 def test_compare_two_tiny_layouts_end_to_end():
-    launch = pytest.importorskip("autopar.profile.launch")
+    launch = pytest.importorskip("autopar.run.launch")
     if not hasattr(launch, "run_layout"):
         pytest.skip("run_layout not written yet")
     model, tr = _tiny()

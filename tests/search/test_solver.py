@@ -1,5 +1,6 @@
 """The CP-SAT search against the exhaustive reference and against estimate()."""
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -106,3 +107,97 @@ def test_branch_and_bound_on_deepseek_v3_skips_most_meshes_and_keeps_the_optimum
     full, bounded = build_candidates(space, est, 3, bound=False), build_candidates(space, est, 3)
     assert bounded.tabulated_meshes < full.valid_meshes / 3
     assert _best_steps(bounded, 3) == _best_steps(full, 3)
+
+
+def _cpsat_infeasible(cands, groups) -> bool:
+    """Reference: CP-SAT with only ``groups`` enforced (their assumption literals) proves infeasibility."""
+    from ortools.sat.python import cp_model_helper as cp
+
+    from autopar.search.cpsat import LayoutModel
+    lm = LayoutModel(cands, enforce=tuple(groups))
+    params = cp.SatParameters()
+    params.num_workers = 1
+    solver = cp.SolveWrapper()
+    solver.set_parameters(params)
+    return solver.solve(lm.proto).status == cp.CpSolverStatus.INFEASIBLE
+
+
+@settings(max_examples=8, deadline=None)
+@given(hidden=st.sampled_from([4096, 16384]), gpus=st.sampled_from([2, 4, 8]), gb=st.sampled_from([3, 16]),
+       vpp=st.sampled_from([[1], [2]]), pp=st.sampled_from([None, [2]]))
+def test_binding_groups_from_the_tables_agree_with_cpsat(hidden, gpus, gb, vpp, pp):
+    """A set of groups is infeasible by the tables' hitting-set test exactly when CP-SAT proves it infeasible, and
+    binding_groups is a minimal such set plus the groups infeasible on their own."""
+    from itertools import combinations
+
+    from autopar.search.cpsat import binding_groups, build_candidates
+    from autopar.search.space import build_space
+    model = ModelSpec(name="big", num_layers=8, hidden_size=hidden, ffn_hidden_size=4 * hidden,
+                      num_attention_heads=32, vocab_size=32000)
+    hw, tr = load_hardware("h100_sxm"), TrainingSpec(seq_len=2048, global_batch=gb)
+    space = build_space(model, hw, tr, gpus, SearchOptions(**{**OPTS, "vpp": vpp, "pp": pp}))
+    cands = build_candidates(space, Estimator(model, hw, tr, gpus), 1)
+    if not len(cands.step_us):
+        return
+    viol = cands.violations()
+    groups = [g for g in viol if viol[g].any()]
+    for n in range(len(groups) + 1):
+        for subset in combinations(groups, n):
+            tables = bool(np.logical_or.reduce([viol[g] for g in subset] + [np.zeros(len(cands.step_us), bool)]).all())
+            assert tables == _cpsat_infeasible(cands, subset), subset
+    if not _cpsat_infeasible(cands, groups):
+        return
+    blamed = binding_groups(cands)
+    singles = [g for g in blamed if viol[g].all()]
+    core = [g for g in blamed if g not in singles] or singles[:1]
+    assert _cpsat_infeasible(cands, blamed)
+    for g in core:   # minimal: without any one of its groups the core is feasible
+        rest = [x for x in core if x != g]
+        assert rest == [] or not _cpsat_infeasible(cands, rest) or viol[g].all()
+
+
+@settings(max_examples=8, deadline=None)
+@given(hidden=st.sampled_from([2048, 8192, 16384]), gpus=st.sampled_from([2, 8, 16]), gb=st.sampled_from([8, 32]))
+def test_layout_fits_agrees_with_solve(hidden, gpus, gb):
+    from autopar.search.cpsat import layout_fits
+    from autopar.search.space import build_space
+    model = ModelSpec(name="m", num_layers=8, hidden_size=hidden, ffn_hidden_size=4 * hidden, num_attention_heads=32,
+                      vocab_size=32000)
+    hw, tr = load_hardware("h100_sxm"), TrainingSpec(seq_len=2048, global_batch=gb)
+    space = build_space(model, hw, tr, gpus, SearchOptions(**OPTS))
+    res = solve(model, hw, tr, gpus, SearchOptions(**OPTS), explain=False, with_heuristic=False)
+    assert layout_fits(space, Estimator(model, hw, tr, gpus)) == bool(res.plans)
+
+
+def test_smallest_memory_in_the_explanation_is_the_exhaustive_minimum():
+    """The explanation's smallest memory (from the tables) equals the least memory over every valid layout."""
+    from itertools import product
+
+    from autopar.search.space import build_space
+    from autopar.specs.layout import check_layout
+    model = ModelSpec(name="big", num_layers=8, hidden_size=16384, ffn_hidden_size=65536, num_attention_heads=128,
+                      vocab_size=32000)
+    hw, tr = load_hardware("h100_sxm"), TrainingSpec(seq_len=2048, global_batch=16)
+    res = solve(model, hw, tr, 4, SearchOptions(**OPTS), with_heuristic=False)
+    line = next(x for x in res.explanation if "smallest per-GPU memory" in x)
+    space, est = build_space(model, hw, tr, 4, SearchOptions(**OPTS)), Estimator(model, hw, tr, 4)
+    least = min(est.estimate(L, resolved=True).memory_gib.total
+                for mi, b, rc, v, z in product(range(len(space.meshes)), space.mbs, space.recompute, space.vpp,
+                                               space.zero)
+                if space.splits.get(space.meshes[mi][2]) is not None
+                and not check_layout(L := space.layout(mi, b, rc, v, z), model, tr, 4, hw, False))
+    assert f"is {least:.1f} GiB" in line
+
+
+def test_a_spent_time_limit_answers_feasible_with_a_gap_and_stops_the_explanation():
+    model, tr = small_model(True, 8), TrainingSpec(seq_len=2048, global_batch=32)
+    res = solve(model, "h100_sxm", tr, 8, SearchOptions(**{**OPTS, "time_limit_s": 1e-9}), with_heuristic=False)
+    assert res.plans and res.status in ("FEASIBLE", "OPTIMAL")
+    if res.status == "FEASIBLE":
+        assert any("time limit" in n for n in res.notes)
+    big = ModelSpec(name="big", num_layers=8, hidden_size=16384, ffn_hidden_size=65536, num_attention_heads=128,
+                    vocab_size=32000)
+    res = solve(big, "h100_sxm", TrainingSpec(seq_len=2048, global_batch=16), 2,
+                SearchOptions(**{**OPTS, "time_limit_s": 1e-9}), with_heuristic=False)
+    assert not res.plans and "hbm capacity" in res.explanation[0]
+    assert any("time limit" in line for line in res.explanation)

@@ -351,3 +351,14 @@ def test_check_layout_never_raises_and_min_gpus_rule_matches(tp, cp, pp, ep, etp
     if not found:
         r = resolve_layout(layout, PROP_MODEL if moe else DENSE, TRAIN, gpus)
         assert r.world == gpus and r.edp * ep * etp * pp == gpus
+
+
+def test_virtual_stages_need_layers_on_every_pipeline_stage():
+    from autopar.specs.layout import max_vpp
+    m = ModelSpec(name="four", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+                  vocab_size=256)
+    tr = TrainingSpec(seq_len=128, global_batch=8)
+    assert max_vpp((2, 2)) == 3 and max_vpp((3, 4, 4, 3)) == 4 and max_vpp((8,)) == 9
+    bad = check_layout(Layout(pp=2, vpp=8, micro_batch=4, stage_layers=(2, 2)), m, tr, 2)
+    assert any("vpp = 8" in msg and "[2, 2]" in msg for msg in bad), bad
+    assert not check_layout(Layout(pp=2, vpp=2, micro_batch=4, stage_layers=(2, 2)), m, tr, 2)

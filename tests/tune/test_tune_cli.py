@@ -41,7 +41,7 @@ def test_a_study_of_another_model_is_exit_2(tmp_path):
     (["--emit-out", "x.env"], "--emit-out needs --emit"),
     (["--no-scale", "--layers", "2"], "--no-scale cannot go with --layers"),
     (["--model", "no_such_model"], "unknown model 'no_such_model'"),
-    (["--zero", "5"], "--zero: stages are 0-3"),
+    (["--zero", "5"], "--zero: ZeRO stages are 0, 1, 2 and 3"),
     (["--steps", "2", "--warmup", "2"], "warmup (2) must be at least 0 and below steps (2)"),
 ])
 def test_bad_flags_are_exit_2(args, needle, tmp_path):

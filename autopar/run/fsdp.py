@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from autopar.profile.expert_parallel import expert_parameters
-from autopar.profile.mesh import Meshes, local_grad
+from autopar.run.expert_parallel import expert_parameters
+from autopar.run.mesh import Meshes, local_grad
 from autopar.specs.layout import Layout
 
 
@@ -44,16 +44,24 @@ def describe(layout: Layout, meshes: Meshes) -> str:
     return "ZeRO-0: gradients all-reduced over dp·cp after backward (DDP without bucketing)"
 
 
-def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: Layout) -> bool:
-    """Wrap one stage with FSDP2 for ZeRO >= 1. Returns whether it did (False: use ``allreduce_grads``)."""
-    if meshes.dp_cp.size() == 1 or layout.zero_stage == 0:
+def applies(meshes: Meshes, layout: Layout) -> bool:
+    """Whether the dense parameters become FSDP2 parameters (ZeRO >= 1 over more than one dp·cp rank)."""
+    return meshes.dp_cp.size() > 1 and layout.zero_stage > 0
+
+
+def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: Layout,
+                        mp: MixedPrecisionPolicy | None = None) -> bool:
+    """Wrap one stage with FSDP2 for ZeRO >= 1. Returns whether it did (False: use ``allreduce_grads``).
+    ``mp``: FSDP2's mixed precision (the parameters stay fp32 shards, gathered in ``mp.param_dtype``)."""
+    if not applies(meshes, layout):
         return False
     reshard = layout.zero_stage == 3
     experts = set(expert_parameters(model))
+    kw = {"mp_policy": mp} if mp is not None else {}
     for block in model.layers.values():
         fully_shard(block, mesh=meshes.fsdp, reshard_after_forward=reshard,
-                    ignored_params=experts & set(block.parameters()) or None)
-    fully_shard(model, mesh=meshes.fsdp, reshard_after_forward=reshard, ignored_params=experts or None)
+                    ignored_params=experts & set(block.parameters()) or None, **kw)
+    fully_shard(model, mesh=meshes.fsdp, reshard_after_forward=reshard, ignored_params=experts or None, **kw)
     return True
 
 

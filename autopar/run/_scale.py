@@ -1,6 +1,6 @@
 """Scaling a ModelSpec down to fit the machine at hand (torch-free, so the CLI can use it cheaply).
 
-Re-exported as ``autopar.profile.model.scale_model``.
+Re-exported as ``autopar.run.model.scale_model``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ What is built (names follow torchtitan, so the tensor-parallel plan reads like t
   model), ``norm`` and ``output``.
 - Each block: ``attention_norm`` -> ``attention`` (wq, wk, wv, wo, rotary embedding, GQA) -> residual;
   ``ffn_norm`` -> ``feed_forward`` (gated SwiGLU or plain GELU MLP) or ``moe`` (top-k router, routed experts
-  stored as stacked [E, ...] weights, optional shared experts) -> residual.
+  stored as stacked [E, ...] weights and run as grouped GEMMs on CUDA, optional shared experts) -> residual.
 - Core attention is its own module (``attention.core``) so context parallelism can replace it with ring
   attention and selective recomputation can checkpoint exactly it.
 
@@ -33,8 +33,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autopar.profile._scale import scale_model  # noqa: F401  (torch-free; re-exported here)
-from autopar.profile.mixers import build_token_mixer, is_attention_layer
+from autopar.run._scale import scale_model  # noqa: F401  (torch-free; re-exported here)
+from autopar.run.mixers import build_token_mixer, is_attention_layer
 from autopar.specs.model import ModelSpec
 
 
@@ -118,7 +118,15 @@ class MLP(nn.Module):
 
 class GroupedExperts(nn.Module):
     """E routed experts as stacked weights (w1, w3: [E, h, f]; w2: [E, f, h]). Expert parallelism keeps a
-    slice [E/ep] of dim 0; expert tensor parallelism a slice [f/etp] of the FFN dim."""
+    slice [E/ep] of dim 0; expert tensor parallelism a slice [f/etp] of the FFN dim.
+
+    Two ways to run them, same arithmetic:
+    - grouped GEMM (``torch.nn.functional.grouped_mm``, one kernel per weight for all experts, jagged token
+      groups delimited by offsets on the device, so no host sync per expert), used on CUDA for bf16 weights
+      whose rows are 16-byte aligned (h and f multiples of 8), as torchtitan's MoE does;
+    - otherwise a loop over the experts on UNBOUND views of the stacked weights (``w.unbind(0)``): the backward
+      of unbind stacks the per-expert gradients once, so each expert's backward writes only its own slice
+      (indexing ``w[e]`` instead would write a full-size [E, ...] gradient per expert)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -134,17 +142,48 @@ class GroupedExperts(nn.Module):
         self.act = Activation(spec.gated_mlp)
         self.add_out_bias = True      # False on all but one expert-tensor-parallel rank (partial sums)
 
-    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """x: tokens sorted by local expert, counts[e] tokens for local expert e. Returns the same order."""
+    def use_grouped_mm(self, x: torch.Tensor) -> bool:
+        """Whether ``forward`` runs one grouped GEMM per weight (CUDA, bf16, 16-byte aligned rows)."""
+        h, f = self.w1.shape[1], self.w1.shape[2]
+        return (x.is_cuda and x.dtype == torch.bfloat16 and self.w1.dtype == torch.bfloat16
+                and h % 8 == 0 and f % 8 == 0 and hasattr(F, "grouped_mm")
+                and torch.cuda.get_device_capability(x.device) >= (8, 0))     # grouped_mm's docs: SM >= 80
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """x: tokens sorted by local expert, ``counts[e]`` (a tensor) tokens for local expert e. Returns the
+        same order."""
+        if self.use_grouped_mm(x):
+            return self.forward_grouped(x, counts)
+        return self.forward_loop(x, counts)
+
+    def forward_grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        rows = None       # expert of each row, only for the biases (no host sync: output_size is known)
+        if self.b1 is not None or self.b2 is not None:
+            rows = torch.repeat_interleave(torch.arange(len(counts), device=x.device), counts,
+                                           output_size=x.shape[0])
+        a = F.grouped_mm(x, self.w1, offs=offs)
+        a = a + self.b1[rows] if self.b1 is not None else a
+        b = None
+        if self.w3 is not None:
+            b = F.grouped_mm(x, self.w3, offs=offs)
+            b = b + self.b3[rows] if self.b3 is not None else b
+        y = F.grouped_mm(self.act(a, b), self.w2, offs=offs)
+        if self.b2 is not None and self.add_out_bias:
+            y = y + self.b2[rows]
+        return y
+
+    def forward_loop(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        def views(p):
+            return p.unbind(0) if p is not None else [None] * self.w1.shape[0]
         outs = []
-        for e, xe in enumerate(torch.split(x, counts)):
-            a = xe @ self.w1[e] + (self.b1[e] if self.b1 is not None else 0)
-            b = None
-            if self.w3 is not None:
-                b = xe @ self.w3[e] + (self.b3[e] if self.b3 is not None else 0)
-            y = self.act(a, b) @ self.w2[e]
-            if self.b2 is not None and self.add_out_bias:
-                y = y + self.b2[e]
+        for xe, w1, w3, w2, b1, b3, b2 in zip(torch.split(x, counts.tolist()), *map(views, (
+                self.w1, self.w3, self.w2, self.b1, self.b3, self.b2))):
+            a = xe @ w1 + (b1 if b1 is not None else 0)
+            b = xe @ w3 + (b3 if b3 is not None else 0) if w3 is not None else None
+            y = self.act(a, b) @ w2
+            if b2 is not None and self.add_out_bias:
+                y = y + b2
             outs.append(y)
         return torch.cat(outs) if outs else x.new_zeros(0, self.w2.shape[-1])
 
@@ -196,7 +235,7 @@ def combine(expert_out: torch.Tensor, order: torch.Tensor, weights: torch.Tensor
 def local_dispatch(moe: MoE, tokens: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """All experts on this rank: sort the token copies by expert, run each expert, combine."""
     x, order, counts = sort_by_expert(tokens, experts, moe.num_experts)
-    return combine(moe.experts(x, counts.tolist()), order, weights)
+    return combine(moe.experts(x, counts), order, weights)
 
 
 class TransformerBlock(nn.Module):
@@ -298,10 +337,18 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 # ---- synthetic data --------------------------------------------------------------------------------------
+ALPHABET = 256   # distinct tokens of the synthetic task (fewer when the vocabulary is smaller)
+
+
 def synthetic_batch(step: int, global_batch: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor:
-    """[B, s+1] tokens with learnable structure: each sequence counts up from a random start with a random
-    stride in 1..4 (mod vocab), so the loss falls as the model learns to read the stride from context."""
+    """[B, s+1] tokens of a learnable task: each sequence counts up, with a random stride in 1..4, through an
+    alphabet of min(vocab, ALPHABET) tokens scattered over the vocabulary (a fixed random choice per seed), from
+    a random start. The loss falls in stages a model of any size goes through within a few steps: from
+    ln(vocab) to ln(alphabet) (which tokens occur), then towards ln 4 (the next token is one of 4 after the
+    current one), then below (the stride can be read from the context)."""
+    A = min(vocab, ALPHABET)
+    alphabet = torch.randperm(vocab, generator=_generator(seed, "data:alphabet"))[:A]
     g = _generator(seed, f"data:{step}")
-    start = torch.randint(0, vocab, (global_batch, 1), generator=g)
+    start = torch.randint(0, A, (global_batch, 1), generator=g)
     stride = torch.randint(1, 5, (global_batch, 1), generator=g)
-    return (start + stride * torch.arange(seq_len + 1)[None, :]) % vocab
+    return alphabet[(start + stride * torch.arange(seq_len + 1)[None, :]) % A]

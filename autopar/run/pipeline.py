@@ -26,8 +26,8 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from autopar.profile.mesh import local_grad
-from autopar.profile.model import loss_fn
+from autopar.run.mesh import local_grad
+from autopar.run.model import loss_fn
 from autopar.specs.layout import Layout
 
 

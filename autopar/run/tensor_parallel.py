@@ -26,8 +26,8 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
-from autopar.profile.mesh import local_grad
-from autopar.profile.model import Transformer
+from autopar.run.mesh import local_grad
+from autopar.run.model import Transformer
 
 
 def _mlp_plan(prefix: str, sp: bool) -> dict:

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 import torch.nn as nn
 
-from autopar.profile.mesh import Meshes
-from autopar.profile.model import GroupedExperts, MoE, Transformer, combine, sort_by_expert
+from autopar.run.mesh import Meshes
+from autopar.run.model import GroupedExperts, MoE, Transformer, combine, sort_by_expert
 
 
 def _slice_param(p: nn.Parameter | None, index: tuple) -> nn.Parameter | None:
@@ -82,7 +82,7 @@ def all_to_all_dispatch(moe: MoE, tokens: torch.Tensor, experts: torch.Tensor, w
     local_ids = torch.arange(el, device=x.device).repeat(ranks)
     row_expert = torch.repeat_interleave(local_ids, recv_counts.flatten())
     perm = torch.argsort(row_expert, stable=True)
-    y = moe.experts(x_recv[perm], recv_counts.sum(0).tolist())
+    y = moe.experts(x_recv[perm], recv_counts.sum(0))
     y = torch.empty_like(y).index_copy(0, perm, y)
     # 4. combine: mirror all-to-all, then sum the etp partial outputs of each EP block
     y_back = _all_to_all(y, in_splits, out_splits, group)

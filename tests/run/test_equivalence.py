@@ -19,8 +19,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from autopar.profile.launch import run_layout  # noqa: E402
-from autopar.profile.worker import OPTIMIZER_ENV  # noqa: E402
+from autopar.run.launch import run_layout  # noqa: E402
+from autopar.run.worker import OPTIMIZER_ENV  # noqa: E402
 from autopar.specs import Layout, ModelSpec, TrainingSpec  # noqa: E402
 
 RTOL = 1e-5
@@ -55,7 +55,8 @@ CASES = [  # (model, optimizer, world, layout)
 
 def _run(model: str, optimizer: str, world: int, layout: dict):
     with mock.patch.dict(os.environ, {OPTIMIZER_ENV: optimizer}):
-        return run_layout(MODELS[model], Layout(**layout), TRAINING, world=world, steps=STEPS, timeout_s=180)
+        return run_layout(MODELS[model], Layout(**layout), TRAINING, world=world, steps=STEPS, timeout_s=180,
+                          lr=3e-3)      # AdamW: large enough that 3 steps move the loss measurably
 
 
 @pytest.fixture(scope="module")

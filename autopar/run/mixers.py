@@ -211,7 +211,7 @@ class LinearMixer(nn.Module):
 
 def build_token_mixer(spec: ModelSpec, layer_id: int) -> LinearMixer | None:
     """The runner's module for layer ``layer_id`` when its mixer is linear attention or an SSM (None: softmax
-    attention, built by autopar.profile.model). A layer without a token mixer is not supported by the runner."""
+    attention, built by autopar.run.model). A layer without a token mixer is not supported by the runner."""
     mx = spec.mixer_of(layer_id)
     if mx is None or spec.channel_of(layer_id) == "none":
         raise ValueError(f"layer {layer_id} of {spec.name} has no token mixer or no channel mixer; "

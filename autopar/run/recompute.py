@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from autopar.profile.model import Transformer
+from autopar.run.model import Transformer
 from autopar.specs.layout import Layout
 
 

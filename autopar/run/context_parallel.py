@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from autopar.profile.model import Transformer
+from autopar.run.model import Transformer
 
 
 def zigzag_indices(seq_len: int, cp: int, rank: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The runner's linear-attention / SSM mixers (autopar/profile/mixers.py): chunked == recurrent on CPU (values and
+"""The runner's linear-attention / SSM mixers (autopar/run/mixers.py): chunked == recurrent on CPU (values and
 gradients), a hybrid model builds and splits over pipeline stages with the full model's weights, and (slow) its
 loss under TP and PP equals the single-process loss."""
 
@@ -11,10 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from autopar.profile.mixers import (LinearMixer, chunk_decay_attention, chunk_gated_delta_rule,  # noqa: E402
+from autopar.run.mixers import (LinearMixer, chunk_decay_attention, chunk_gated_delta_rule,  # noqa: E402
                                     recurrent_decay_attention, recurrent_gated_delta_rule)
-from autopar.profile.model import Transformer, init_weights  # noqa: E402
-from autopar.profile.pipeline import stage_plans  # noqa: E402
+from autopar.run.model import Transformer, init_weights  # noqa: E402
+from autopar.run.pipeline import stage_plans  # noqa: E402
 from autopar.specs import Layout, ModelSpec, TrainingSpec  # noqa: E402
 from autopar.specs.mixers import MixerSpec  # noqa: E402
 
@@ -106,7 +106,7 @@ def test_context_parallel_swap_of_a_linear_scan_is_refused_clearly():
     mod = LinearMixer(HYBRID, MixerSpec(**MIXERS["gla"]))
     with pytest.raises(ValueError, match="no context parallelism for gla layers"):
         mod.core = torch.nn.Identity()
-    from autopar.profile.recompute import Checkpointed
+    from autopar.run.recompute import Checkpointed
     mod.core = Checkpointed(mod.core)     # selective recomputation's wrapper is fine
 
 
@@ -115,8 +115,8 @@ def test_context_parallel_swap_of_a_linear_scan_is_refused_clearly():
                                            (4, dict(tp=2, pp=2))],
                          ids=["tp2", "pp2", "tp2-sp-pp2"])
 def test_hybrid_losses_match_the_single_process_run(world, layout):
-    from autopar.profile.launch import run_layout
-    from autopar.profile.worker import OPTIMIZER_ENV
+    from autopar.run.launch import run_layout
+    from autopar.run.worker import OPTIMIZER_ENV
     tr = TrainingSpec(seq_len=32, global_batch=8)
     with mock.patch.dict(os.environ, {OPTIMIZER_ENV: "sgd"}):
         ref = run_layout(HYBRID, Layout(), tr, world=1, steps=3, timeout_s=180)

@@ -1,0 +1,30 @@
+"""``if``/``min`` that also work elementwise, so a term function can take numpy arrays over knob axes.
+
+The search fills its tables by calling the cost model's own term functions once per pipeline depth with the
+meshes' degrees and the knobs that vary inside a mesh (micro-batch, gradient accumulation, virtual stages, ZeRO
+stage) as broadcastable numpy arrays; :meth:`autopar.cost.Estimator.estimate` calls the same functions with plain
+numbers. These helpers keep scalars scalar (Python numbers in, the same out) and use numpy only for arrays, which
+they import on first use: ``autopar estimate`` does not load numpy.
+"""
+
+from __future__ import annotations
+
+
+def _is_array(x) -> bool:
+    return getattr(x, "ndim", 0) > 0
+
+
+def where(cond, a, b):
+    """``a if cond else b``, elementwise when ``cond`` is an array."""
+    if not _is_array(cond):
+        return a if cond else b
+    import numpy as np
+    return np.where(cond, a, b)
+
+
+def minimum(a, b):
+    """``min(a, b)``, elementwise when either is an array."""
+    if not (_is_array(a) or _is_array(b)):
+        return min(a, b)
+    import numpy as np
+    return np.minimum(a, b)
