@@ -590,7 +590,7 @@ def model_from_hf_config(data: dict, name: str, where: str) -> tuple[ModelSpec, 
         hint = f" (architectures: {arch})" if arch else ""
         raise AutoparInputError(f"{where}: required key 'model_type' is missing{hint}; "
                                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    if model_type in _REFUSED:
+    if isinstance(model_type, str) and model_type in _REFUSED:
         raise AutoparInputError(f"{where}: {_REFUSED[model_type]}")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise AutoparInputError(f"{where}: unsupported model_type {model_type!r}; "
