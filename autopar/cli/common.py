@@ -188,7 +188,7 @@ def add_search_args(p: argparse.ArgumentParser, title: str, time_limit_default: 
     g.add_argument("--allow-cross-domain", action="store_true",
                    help="let TP and ETP span NVLink domains (default: forbidden; EP may always span domains)")
     g.add_argument("--time-limit", type=seconds("time_limit_s"), default=time_limit_default,
-                   help=f"CP-SAT time limit in seconds per solve (default: {time_limit_default:g})")
+                   help=f"time limit in seconds of the whole search: tables, CP-SAT and the infeasibility explanation (default: {time_limit_default:g})")
     return g
 
 
