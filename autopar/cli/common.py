@@ -186,7 +186,7 @@ def add_search_args(p: argparse.ArgumentParser, title: str, time_limit_default: 
     g.add_argument("--no-cp", action="store_true", help="no context parallelism")
     g.add_argument("--no-sp", action="store_true", help="no sequence parallelism")
     g.add_argument("--allow-cross-domain", action="store_true",
-                   help="let TP and EP·ETP span NVLink domains (default: forbidden)")
+                   help="let TP and ETP span NVLink domains (default: forbidden; EP may always span domains)")
     g.add_argument("--time-limit", type=seconds("time_limit_s"), default=time_limit_default,
                    help=f"time limit in seconds of the whole search: tables, CP-SAT and the infeasibility explanation (default: {time_limit_default:g})")
     return g

@@ -12,6 +12,18 @@ Ring attention overlaps each transfer with the attention block it feeds, so only
 the layer cannot cover is exposed:  T_cp = max(0, T_comm − cp_overlap · T_attention), with T_attention the
 flash-attention core's forward + backward (+ recomputed forward) time from :mod:`autopar.cost.kernels` at the
 ring's block span s/cp.
+
+Linear-attention and SSM layers (autopar.specs.mixers) keep no KV: each CP rank scans its own s/cp tokens from
+a zero state, and the ranks then pass the d_k x d_v state along the sequence, rank r adding its chunk's
+contribution to what rank r − 1 hands over (LASP, Sun et al. 2024, arXiv 2404.02882, sec. 3: the ring of
+KV-states instead of keys and values; the same for Mamba-2's SSD states, arXiv 2405.21060 sec. 8). Per layer
+and micro-batch that is cp − 1 sequential sends of the state forward and cp − 1 of its gradient backward
+(+1 pass with full recompute), each
+
+    STATE = b · state_elems / tp · e bytes    (state_elems: H·d_k·d_v, Mamba-2 H·P·N; heads split by TP),
+
+and it cannot hide behind the scan that needs it (counted fully exposed, an upper bound: LASP overlaps the
+intra-chunk part with it).
 """
 
 from __future__ import annotations
@@ -36,9 +48,17 @@ def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
         per_token = 2 * max(m.kv_heads / L.tp, 1.0) * m.dim_per_head
     kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * per_token * tr.activation_bytes
     passes = 4 if L.recompute == "full" else 3
-    comm = st.n_layers * passes * (L.cp - 1) * net.time("send_recv", kv_bytes, 2, L.tp)
+    n_attn = st.sum(prof, "attn_layers")
+    comm = n_attn * passes * (L.cp - 1) * net.time("send_recv", kv_bytes, 2, L.tp)
     tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
     span = tr.seq_len / L.cp
     fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, span, m.qk_head_dim)
     attn = fwd + bwd + (fwd if L.recompute == "full" else 0.0)
-    return max(0.0, comm - hw.efficiency.cp_overlap * attn)
+    t = max(0.0, comm - hw.efficiency.cp_overlap * attn)
+    n_state = st.sum(prof, "state_layers")
+    if n_state:
+        # all state layers of the stage; the per-layer latency is counted once per layer and pass
+        state_bytes = L.micro_batch * st.sum(prof, "mixer_state_elems") / L.tp * tr.activation_bytes
+        c, t0 = net.coefficients("send_recv", 2, L.tp)
+        t += (passes - 1) * (L.cp - 1) * (state_bytes * c + n_state * t0)
+    return t

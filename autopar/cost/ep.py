@@ -5,7 +5,11 @@ Per MoE layer and micro-batch each GPU holds b·s/(cp·tp) tokens (SP splits the
 sends each to k experts: dispatch and combine in the forward pass, the same two in the backward pass
 (4 all-to-alls; full recomputation adds 2), each of
 
-    A2A = b·s/(cp·tp) · k · h · e bytes  over ep ranks, etp apart in the stage's expert mesh.
+    A2A = b·s/(cp·tp) · k · h · e bytes  over ep ranks, etp apart in the stage's expert mesh,
+
+priced by :meth:`autopar.cost.collectives.Network.moe_dispatch_time`: a plain all-to-all inside one NVLink
+domain, hierarchical across domains (each token crosses the network once per destination domain and is
+forwarded over NVLink, as DeepSeek-V3's dispatcher and DeepEP do).
 
 With ETP > 1 the routed tokens are also all-gathered and reduce-scattered in the ETP group (2 per pass).
 Exposed fraction: 1 − ep_overlap (Megatron's 1F1B A2A overlap hides part of it).
@@ -27,8 +31,9 @@ def ep_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     if not n_moe or (L.ep == 1 and L.etp == 1):
         return 0.0
     per_pass = 3 if L.recompute == "full" else 2     # forward, backward (+ recomputed forward)
-    nbytes = L.micro_batch * tr.seq_len / (L.cp * L.tp) * prof.top_k * prof.hidden * tr.activation_bytes
-    t = 2 * per_pass * net.time("all_to_all", nbytes, L.ep, L.etp)
+    token_bytes = L.micro_batch * tr.seq_len / (L.cp * L.tp) * prof.hidden * tr.activation_bytes
+    nbytes = token_bytes * prof.top_k
+    t = 2 * per_pass * net.moe_dispatch_time(token_bytes, prof.top_k, prof.model.moe.num_experts, L.ep, L.etp)
     if L.etp > 1:
         t += per_pass * (net.time("all_gather", nbytes * L.etp, L.etp, 1)
                          + net.time("reduce_scatter", nbytes * L.etp, L.etp, 1))

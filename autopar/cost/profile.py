@@ -23,20 +23,31 @@ def _prefix(values: list[float]) -> list[float]:
 class LayerSums:
     """Prefix sums over layers; ``between(k, a, b)`` sums quantity k over layers a..b-1."""
 
-    dense_params: list[float]      # weights sharded by TP (attention, dense MLP, router, shared experts, norms)
+    dense_params: list[float]      # weights sharded by TP (mixer, dense MLP, router, shared experts, norms)
     expert_params: list[float]     # routed-expert weights (sharded by EP·ETP)
-    kv_params: list[float]         # K and V projection weights (replicated when kv_heads < tp)
-    fwd_flops: list[float]         # forward FLOPs per token, whole layer (attention scores included)
-    attn_core_flops: list[float]   # forward FLOPs of QK^T and AV per token (what selective recompute redoes)
+    kv_params: list[float]         # K and V projection weights of GQA attention layers (replicated when kv_heads < tp)
+    fwd_flops: list[float]         # forward FLOPs per token, whole layer (attention scores / mixer scan included)
+    attn_core_flops: list[float]   # forward FLOPs of softmax attention's QK^T and AV per token (what selective
+    #                                recompute redoes on attention layers; 0 on other layers)
+    mixer_core_flops: list[float]  # forward FLOPs per token of a linear-attention / SSM layer's chunked scan and short
+    #                                convolution (autopar.specs.mixers): small batched matmuls over C-token chunks and
+    #                                d_k x d_v states, not the projections (those are in fwd_flops as GEMM FLOPs, like
+    #                                attention's). 0 on softmax-attention layers. Also what core_attn recompute redoes
+    #                                on these layers.
     mlp_flops: list[float]         # forward FLOPs of dense MLP / routed+shared experts per token
     moe_layers: list[float]        # 1 for MoE layers
     moe_mlp_flops: list[float]     # forward FLOPs per token of routed + shared experts (MoE layers only)
     routed_flops: list[float]      # forward FLOPs per token of the k routed experts (grouped GEMMs)
+    attn_layers: list[float]       # 1 for softmax-attention layers (they exchange K and V around the CP ring)
+    state_layers: list[float]      # 1 for linear-attention / SSM layers (they pass a recurrent state between CP ranks)
+    mixer_state_elems: list[float]  # recurrent state of ONE sequence per layer, elements (H·d_k·d_v; Mamba-2 H·P·N;
+    #                                 + conv tail); per sequence, not per token. Split by TP (by heads).
     # Stored activation elements per token, by tensor (see ModelProfile for the derivation):
-    act_norm_in: list[float]       # inputs of the two norms (2h); split by SP
-    act_norm_out: list[float]      # outputs of the two norms = inputs of QKV and MLP linears (2h); split by SP
-    act_qkv: list[float]           # Q, K, V (MLA: latents and up-projected Q, K, V); split by TP
-    act_attn_out: list[float]      # attention output (a·d_v); split by TP; dropped by selective recompute
+    act_norm_in: list[float]       # inputs of the layer's norms (h each); split by SP
+    act_norm_out: list[float]      # outputs of the norms = inputs of the mixer and MLP linears (h each); split by SP
+    act_qkv: list[float]           # Q, K, V (MLA: latents and up-projected Q, K, V; linear/SSM mixers: the scan's
+    #                                inputs q, k, v, gates / x, B, C, dt, z and the conv input); split by TP
+    act_attn_out: list[float]      # attention / scan output (a·d_v); split by TP; dropped by selective recompute
     act_mla_up: list[float]        # MLA up-projected Q, K, V (dropped by mla_up_proj recompute)
     act_mlp: list[float]           # dense MLP internals (gated: 3f, plain: 2f); split by TP
     act_shared: list[float]        # shared-expert internals; split by TP
@@ -70,40 +81,48 @@ class ModelProfile:
         cols: dict[str, list[float]] = {f: [] for f in LayerSums.__dataclass_fields__}
         gated = 3 if m.gated_mlp else 2
         for i in range(m.num_layers):
-            is_moe = m.is_moe_layer(i)
-            core_f = 2.0 * m._attention_context(i, s) * a * (dq + dv)
+            mx = m.mixer_of(i)
+            kind = m.channel_of(i)
+            is_moe = kind == "moe"
             row = dict.fromkeys(cols, 0.0)
-            row["attn_core_flops"] = core_f
+            row["attn_core_flops"] = m.attention_core_flops_per_token(i, s)
+            row["mixer_core_flops"] = m.mixer_core_flops_per_token(i)
+            mlp_f = m.channel_forward_flops_per_token(i)
+            row.update(dense_params=m.layer_nonexpert_params(i), expert_params=m.layer_expert_params(i))
             if is_moe:
-                mlp_f = 2.0 * (m.moe_layer_dense_part_params + m.moe.top_k * m.expert_params)
-                row.update(dense_params=m.moe_layer_nonexpert_params, expert_params=m.moe_layer_expert_params,
-                           moe_layers=1.0, moe_mlp_flops=mlp_f, routed_flops=2.0 * m.moe.top_k * m.expert_params)
-            else:
-                mlp_f = 2.0 * m.mlp_params(m.ffn_hidden_size)
-                row["dense_params"] = m.dense_layer_params
-            row["kv_params"] = 0.0 if m.mla else 2.0 * h * g * m.dim_per_head
-            row["fwd_flops"] = 2.0 * m.attention_params + core_f + mlp_f
+                row.update(moe_layers=1.0, moe_mlp_flops=mlp_f, routed_flops=2.0 * m.moe.top_k * m.expert_params)
+            row["fwd_flops"] = m.layer_forward_flops_per_token(i, s)
             row["mlp_flops"] = mlp_f
             # Stored activations (elements per token), derived tensor by tensor for a pre-norm block with
             # FlashAttention (no s x s scores kept; Dao et al. 2022, arXiv 2205.14135) and no dropout. This
             # refines Korthikanti et al. 2022 (arXiv 2205.05198) eq. 1-2 (34·s·b·h + 5·a·s²·b bytes per layer),
             # which assumes GPT-3: MHA, a 4h GELU MLP, dropout masks and materialised attention scores.
-            row["act_norm_in"] = 2.0 * h
-            row["act_norm_out"] = 2.0 * h
-            if m.mla:
-                ml = m.mla
-                row["act_mla_up"] = a * (2 * dq + dv)
-                row["act_qkv"] = (ml.q_lora_rank or 0) + ml.kv_lora_rank + ml.qk_rope_head_dim + row["act_mla_up"]
-            else:
-                row["act_qkv"] = a * dq + 2 * g * dq
-            row["act_attn_out"] = a * dv
+            n_norms = m.layer_norms(i) / m.norm_params
+            row["act_norm_in"] = n_norms * h
+            row["act_norm_out"] = n_norms * h
+            if mx is not None and mx.kind == "attention":
+                row["attn_layers"] = 1.0
+                row["kv_params"] = 0.0 if m.mla else 2.0 * h * g * m.dim_per_head
+                if m.mla:
+                    ml = m.mla
+                    row["act_mla_up"] = a * (2 * dq + dv)
+                    row["act_qkv"] = (ml.q_lora_rank or 0) + ml.kv_lora_rank + ml.qk_rope_head_dim + row["act_mla_up"]
+                else:
+                    row["act_qkv"] = a * dq + 2 * g * dq
+                if mx.output_gate:
+                    row["act_qkv"] += a * dv
+                row["act_attn_out"] = a * dv
+            elif mx is not None:
+                row["state_layers"] = 1.0
+                row["mixer_state_elems"] = mx.state_elems()
+                row["act_qkv"], row["act_attn_out"] = mx.stored_elems()
             if is_moe:
                 mo = m.moe
                 row["act_shared"] = mo.num_shared_experts * mo.shared_ffn * gated
                 row["act_moe_io"] = 2.0 * mo.top_k * h
                 row["act_moe_inner"] = mo.top_k * mo.expert_ffn_hidden_size * gated
                 row["act_moe_act"] = mo.top_k * mo.expert_ffn_hidden_size if m.gated_mlp else 0.0
-            else:
+            elif kind == "dense":
                 row["act_mlp"] = m.ffn_hidden_size * gated
             for k, v in row.items():
                 cols[k].append(float(v))

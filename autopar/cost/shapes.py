@@ -88,33 +88,63 @@ TP_SPLIT = {"rope": "tp", "mlp_act": "tp", "shared_act": "tp", "norm": "sp", "re
 
 
 def layer_kind(m: ModelSpec, i: int, seq_len: int) -> LayerKind:
-    """Inventory of layer ``i`` of ``m`` at sequence length ``seq_len``."""
+    """Inventory of layer ``i`` of ``m`` at sequence length ``seq_len``.
+
+    Hybrid models (:mod:`autopar.specs.mixers`): a layer without a token mixer has no attention linears or core; a
+    linear-attention / SSM mixer has its projections as column-parallel GEMMs (h -> everything split by heads) and a
+    row-parallel output GEMM, and its chunked scan (``ModelSpec.mixer_core_flops_per_token``) priced as one more
+    column-parallel GEMM of the same FLOPs with K = its key head dim, in module ``core_attn`` (what selective
+    recomputation redoes) — an approximation until the scan has a kernel class of its own; an attention mixer's
+    output gate is one more column-parallel GEMM h -> a·d_v."""
     h, a, g = m.hidden_size, m.num_attention_heads, m.kv_heads
+    mx = m.mixer_of(i)
+    channel = m.channel_of(i)
     lin: list[Linear] = []
-    if m.mla:
-        ml = m.mla
-        dq = ml.qk_nope_head_dim + ml.qk_rope_head_dim
-        if ml.q_lora_rank:
-            lin += [Linear(h, ml.q_lora_rank, "replicated", "attn"),
-                    Linear(ml.q_lora_rank, a * dq, "col", "mla_up_proj")]
+    rope_width = 0
+    cast = 0.0
+    attn_flops = ctx = 0.0
+    window = float(seq_len)
+    if mx is not None and mx.kind == "attention":
+        if m.mla:
+            ml = m.mla
+            dq = ml.qk_nope_head_dim + ml.qk_rope_head_dim
+            if ml.q_lora_rank:
+                lin += [Linear(h, ml.q_lora_rank, "replicated", "attn"),
+                        Linear(ml.q_lora_rank, a * dq, "col", "mla_up_proj")]
+            else:
+                lin.append(Linear(h, a * dq, "col", "attn"))
+            lin += [Linear(h, ml.kv_lora_rank + ml.qk_rope_head_dim, "replicated", "attn"),
+                    Linear(ml.kv_lora_rank, a * (ml.qk_nope_head_dim + ml.v_head_dim), "col", "mla_up_proj"),
+                    Linear(a * ml.v_head_dim, h, "row", "attn")]
+            rope_width = (a + 1) * ml.qk_rope_head_dim
         else:
-            lin.append(Linear(h, a * dq, "col", "attn"))
-        lin += [Linear(h, ml.kv_lora_rank + ml.qk_rope_head_dim, "replicated", "attn"),
-                Linear(ml.kv_lora_rank, a * (ml.qk_nope_head_dim + ml.v_head_dim), "col", "mla_up_proj"),
-                Linear(a * ml.v_head_dim, h, "row", "attn")]
-        rope_width = (a + 1) * ml.qk_rope_head_dim
-    else:
-        d = m.dim_per_head
-        lin += [Linear(h, (a + 2 * g) * d, "col", "attn"), Linear(a * d, h, "row", "attn")]
-        rope_width = (a + g) * d if m.position_embedding == "rope" else 0
+            d = m.dim_per_head
+            lin += [Linear(h, (a + 2 * g) * d, "col", "attn"), Linear(a * d, h, "row", "attn")]
+            rope_width = (a + g) * d if m.position_embedding == "rope" else 0
+        if mx.output_gate:
+            lin.append(Linear(h, a * m.v_head_dim, "col", "attn"))
+        cast = h + (a + 2 * g) * m.dim_per_head if not m.mla else h + a * m.qk_head_dim
+        cast += a * m.v_head_dim + h
+        ctx = m._attention_context(i, seq_len)
+        attn_flops = 2.0 * ctx * a * (m.qk_head_dim + m.v_head_dim)
+        span = mx.window or mx.chunk
+        window = float(min(span, seq_len)) if span else float(seq_len)
+    elif mx is not None:
+        out_w = mx.v_heads * mx.dv if mx.kind in ("gated_deltanet", "kda") else (
+            mx.d_inner if mx.kind == "mamba2" else (mx.num_heads or 0) * mx.dv)
+        in_params = mx.gemm_params(h) - out_w * h
+        lin += [Linear(h, in_params // h, "col", "attn"), Linear(out_w, h, "row", "attn")]
+        scan = m.mixer_core_flops_per_token(i)
+        kdim = max(mx.dk, 1)
+        lin.append(Linear(kdim, int(round(scan / (2.0 * kdim))), "col", "core_attn"))
+        cast = h + in_params // h + out_w + h
     gated = m.gated_mlp
     act = (3.0, 5.0) if gated else (2.0, 3.0)
     n_in = 2 if gated else 1
-    membound = {"norm": (2 * 2.0 * h, 2 * 3.0 * h), "residual": (2 * 3.0 * h, 2 * 3.0 * h),
+    blocks = (mx is not None) + (channel != "none")
+    membound = {"norm": (blocks * 2.0 * h, blocks * 3.0 * h), "residual": (blocks * 3.0 * h, blocks * 3.0 * h),
                 "rope": (2.0 * rope_width, 2.0 * rope_width)}
-    is_moe = m.is_moe_layer(i)
-    cast = h + (a + 2 * g) * m.dim_per_head if not m.mla else h + a * m.qk_head_dim
-    cast += a * m.v_head_dim + h
+    is_moe = channel == "moe"
     cast_exp = 0.0
     top_k = num_experts = 0
     if is_moe:
@@ -131,14 +161,12 @@ def layer_kind(m: ModelSpec, i: int, seq_len: int) -> LayerKind:
         membound["moe_act"] = (top_k * act[0] * fe, top_k * act[1] * fe)
         membound["permute"] = (2.0 * top_k * h, 2.0 * top_k * h)
         cast_exp = h + n_in * fe + fe + h
-    else:
+    elif channel == "dense":
         f = m.ffn_hidden_size
         lin += [Linear(h, n_in * f, "col", "mlp"), Linear(f, h, "row", "mlp")]
         membound["mlp_act"] = (act[0] * f, act[1] * f)
         cast += h + n_in * f + f + h
-    ctx = m._attention_context(i, seq_len)
-    window = float(min(m.sliding_window, seq_len)) if m.is_windowed_layer(i) else float(seq_len)
-    return LayerKind(linears=tuple(lin), attn_flops=2.0 * ctx * a * (m.qk_head_dim + m.v_head_dim), attn_ctx=ctx,
+    return LayerKind(linears=tuple(lin), attn_flops=attn_flops, attn_ctx=max(ctx, 1.0),
                      heads=a, attn_window=window, head_dim=m.qk_head_dim, is_moe=is_moe, top_k=top_k,
                      num_experts=num_experts, membound=membound, fp8_cast_width=float(cast),
                      fp8_cast_width_expert=float(cast_exp))

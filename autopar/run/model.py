@@ -34,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autopar.run._scale import scale_model  # noqa: F401  (torch-free; re-exported here)
+from autopar.run.mixers import build_token_mixer, is_attention_layer
 from autopar.specs.model import ModelSpec
 
 
@@ -241,7 +242,8 @@ class TransformerBlock(nn.Module):
     def __init__(self, spec: ModelSpec, layer_id: int, kv_heads: int):
         super().__init__()
         self.attention_norm = make_norm(spec)
-        self.attention = Attention(spec, kv_heads)
+        # hybrid models: linear-attention / SSM layers get their mixer from autopar/profile/mixers.py
+        self.attention = build_token_mixer(spec, layer_id) or Attention(spec, kv_heads)
         self.ffn_norm = make_norm(spec)
         if spec.is_moe_layer(layer_id):
             self.moe = MoE(spec)
@@ -302,7 +304,7 @@ def _generator(seed: int, key: str) -> torch.Generator:
 def _draw(spec: ModelSpec, name: str, shape: torch.Size, g: torch.Generator) -> torch.Tensor:
     """N(0, 1) values; K/V projections built with more heads than the spec (KV heads replicated to reach
     tp, as Megatron-LM does when g < tp) start as copies of the spec's heads."""
-    if ".attention.wk." in name or ".attention.wv." in name:
+    if (".attention.wk." in name or ".attention.wv." in name) and is_attention_layer(spec, int(name.split(".")[1])):
         rows = spec.kv_heads * (spec.qk_head_dim if ".wk." in name else spec.v_head_dim)
         if shape[0] > rows:
             w = torch.randn((rows, *shape[1:]), generator=g)

@@ -271,8 +271,8 @@ def bottleneck_hint(est: Estimator, plan_estimate: Estimate, items: list[Advice]
                 "(memory from recompute or PP instead) helps")
     if name == "ep":
         return (f"exposed expert all-to-all is {secs:.3f} s ({share:.0%} of the step) at EP·ETP = {L.ep * L.etp} "
-                f"(NVLink domain {hw.nvlink_domain_size}): keep EP·ETP inside the domain, or overlap dispatch/"
-                f"combine with compute (efficiency.ep_overlap is {hw.efficiency.ep_overlap:.0%})")
+                f"(NVLink domain {hw.nvlink_domain_size}): a smaller EP (fewer domains for each token to reach), "
+                f"or overlap dispatch/combine with compute (efficiency.ep_overlap is {hw.efficiency.ep_overlap:.0%})")
     if name == "pp_bubble":
         frac = bubble_fraction(L.pp, L.vpp, L.grad_accum)
         return (f"the pipeline bubble is {secs:.3f} s ({share:.0%} of the step) = (PP−1)/(VPP·M+PP−1) = "

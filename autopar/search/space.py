@@ -5,7 +5,7 @@ edp = N/(pp·ep·etp) whole). Per mesh the step knobs are micro-batch, recompute
 Sequence parallelism is on exactly when tp > 1 unless pinned off: in the cost model it never costs time
 (SP's all-gather + reduce-scatter move what TP's all-reduce moves) and always saves memory
 (Korthikanti et al. 2022 sec. 4.2.2). Pipelines whose layers do not divide use the balanced uneven split of
-:func:`autopar.specs.layout.balanced_stage_layers`.
+:func:`autopar.specs.layout.default_stage_layers`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 from autopar.errors import AutoparInputError
 from autopar.specs.bounds import BOUNDS, limit
 from autopar.specs.hardware import HardwareSpec
-from autopar.specs.layout import RECOMPUTE_POLICIES, Layout, balanced_stage_layers, normalize_recompute
+from autopar.specs.layout import RECOMPUTE_POLICIES, Layout, default_stage_layers, normalize_recompute
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
@@ -191,5 +191,5 @@ def build_space(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec
                   mbs=sorted(set(o.mbs or [1, 2, 4])), recompute=list(dict.fromkeys(rcs)),
                   vpp=sorted(set(o.vpp or [1, 2, 4, 8])), zero=sorted(set(o.zero if o.zero is not None else [0, 1, 2, 3])))
     for pp in {m[2] for m in meshes}:
-        space.splits[pp] = balanced_stage_layers(model.num_layers, pp, 1) if model.num_layers >= pp else None
+        space.splits[pp] = default_stage_layers(model, pp, 1, training.seq_len)
     return space

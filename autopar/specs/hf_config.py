@@ -21,7 +21,19 @@ shipped with the checkpoints; key names as in those classes):
 ``gpt_oss``                            GPT-OSS (attention and expert biases, alternating sliding window)
 ``llama4``, ``llama4_text``            Llama 4 (``text_config``; MoE every ``interleave_moe_layer_step``-th
                                        layer, dense layers of width ``intermediate_size_mlp``, 1 shared expert)
+``qwen3_next``                         Qwen3-Next: Gated DeltaNet layers and gated softmax attention every
+                                       ``full_attention_interval``-th layer (or ``layer_types``), MoE + 1 shared
+``nemotron_h``                         Nemotron-H and Nemotron 3: one mixer per layer from
+                                       ``hybrid_override_pattern`` / ``layers_block_type`` (M Mamba-2, * attention,
+                                       - squared-ReLU MLP, E MoE with one shared expert)
+``kimi_linear``                        Kimi Linear: Kimi Delta Attention and MLA (``linear_attn_config``), MoE
+``gemma3``, ``gemma3_text``            Gemma 3 (``text_config``; 5 local sliding-window layers : 1 global,
+                                       ``sliding_window_pattern`` or ``layer_types``; tied embeddings)
 =====================================  ==========================================================================
+
+Families that are refused with the reason: ``jamba`` (Mamba-1 mixers: a different parameterisation from
+Mamba-2, not modelled), ``falcon_h1`` (attention and Mamba-2 side by side in every layer: one layer, two
+mixers, not modelled).
 
 Weights that exist in these checkpoints but are not modelled by ModelSpec, all under 0.01 % of the total:
 Q/K-norm scales (Qwen3, OLMoE, GLM-4.5: 2·d or (a+g)·d per layer), router and expert-score-correction biases
@@ -34,8 +46,8 @@ from __future__ import annotations
 from typing import Any
 
 from autopar.errors import AutoparInputError
+from autopar.specs._base import build_spec
 from autopar.specs.bounds import bound_note, limit
-from autopar.specs.loaders import build_spec
 from autopar.specs.model import ModelSpec
 
 # Keys that never change parameter counts, FLOPs or memory as autopar models them. Each group says why.
@@ -65,6 +77,7 @@ _ignore("generation defaults (inference only)",
         "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
         "suppress_tokens", "begin_suppress_tokens")
 _ignore("initialisation and regularisation (no effect on shapes)",
+        "rescale_prenorm_residual", "time_step_min", "time_step_max", "time_step_floor", "time_step_limit",
         "initializer_range", "attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop",
         "router_aux_loss_coef", "aux_loss_alpha", "seq_aux", "output_router_logits", "router_z_loss_coef",
         "router_jitter_noise")
@@ -73,7 +86,9 @@ _ignore("position encoding without weights (RoPE variants, NoPE layers)",
         "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "rope_interleave",
         "no_rope_layers", "no_rope_layer_interval", "initial_context_length")
 _ignore("activation function: the MLP shape (gated or not) is fixed by the architecture family",
-        "hidden_act")
+        "hidden_act", "mlp_hidden_act", "mamba_hidden_act")
+_ignore("inference or kernel settings (no effect on training shapes or FLOPs)",
+        "num_logits_to_keep", "use_mamba_kernels", "mamba_ssm_cache_dtype", "residual_in_fp32")
 _ignore("routing rule or activation clamp, no weights",
         "norm_topk_prob", "n_group", "topk_group", "topk_method", "scoring_func", "routed_scaling_factor",
         "ep_size", "swiglu_limit", "clip_qkv")
@@ -384,13 +399,181 @@ def _llama4_text(r: _Reader) -> dict[str, Any]:
     return f
 
 
+def _qwen3_next(r: _Reader) -> dict[str, Any]:
+    """Qwen3-Next (transformers Qwen3NextConfig): layer i is gated softmax attention when layer_types says
+    'full_attention' (default: every full_attention_interval-th layer), else a Gated DeltaNet. The attention's
+    q_proj also yields a sigmoid output gate of a·d (Qwen3NextAttention); the DeltaNet has H_k query/key heads,
+    H_v value heads, a short convolution and an output gate (Qwen3NextGatedDeltaNet)."""
+    f = _base(r, kv_required=True, head_dim_required=True)
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    if r.get("attention_bias", False, kind=bool):
+        f["qkv_bias"] = True
+    n = f["num_layers"]
+    interval = r.get("full_attention_interval", 4)
+    types = r.get("layer_types", None, kind=list, nullable=True)
+    if types is None:
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+    if len(types) != n:
+        raise r.fail(f"layer_types has {len(types)} entries but num_hidden_layers is {n}")
+    unknown = sorted({t for t in types if t not in ("full_attention", "linear_attention")})
+    if unknown:
+        raise r.fail(f"layer_types: unsupported type(s) {unknown} (qwen3_next has full_attention, linear_attention)")
+    f["mixers"] = {
+        "gated_attention": dict(kind="attention", output_gate=True),
+        "gated_deltanet": dict(kind="gated_deltanet", num_heads=r.get("linear_num_key_heads"),
+                               num_value_heads=r.get("linear_num_value_heads"),
+                               head_dim=r.get("linear_key_head_dim"),
+                               value_head_dim=r.get("linear_value_head_dim"),
+                               conv_kernel=r.get("linear_conv_kernel_dim", 4), output_gate=True)}
+    f["layer_pattern"] = ["gated_attention" if t == "full_attention" else "gated_deltanet" for t in types]
+    moe = _qwen_moe(r, f)
+    shared = r.get("shared_expert_intermediate_size", 0)
+    if shared:
+        moe.update(num_shared_experts=1, shared_expert_ffn_hidden_size=shared)
+    f["moe"] = moe
+    return f
+
+
+_NEMOTRON_KINDS = {"M": ("mamba", "none"), "*": ("attention", "none"), "-": ("none", "dense"), "E": ("none", "moe")}
+_NEMOTRON_NAMES = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+
+
+def _nemotron_h(r: _Reader) -> dict[str, Any]:
+    """Nemotron-H / Nemotron 3 (NVIDIA's configuration_nemotron_h.py): each layer is ONE block after one norm —
+    Mamba-2 mixer (M), attention (*), squared-ReLU MLP (-) or MoE (E: squared-ReLU routed experts and one shared
+    expert) — from ``hybrid_override_pattern`` or ``layers_block_type``."""
+    h = r.get("hidden_size")
+    a = r.get("num_attention_heads")
+    kv = r.get("num_key_value_heads", None, nullable=True)
+    head_dim = r.get("head_dim", None, nullable=True)
+    alias = r.get("attention_head_dim", None, nullable=True)
+    if head_dim is None:
+        head_dim = alias
+    pattern = r.get("hybrid_override_pattern", None, kind=str, nullable=True)
+    blocks = r.get("layers_block_type", None, kind=list, nullable=True)
+    if pattern is None and blocks is not None:
+        bad = sorted({b for b in blocks if b not in _NEMOTRON_NAMES})
+        if bad:
+            raise r.fail(f"layers_block_type: unknown block type(s) {bad} (mamba, attention, mlp, moe)")
+        pattern = "".join(_NEMOTRON_NAMES[b] for b in blocks)
+    if pattern is None:
+        raise r.fail("required key 'hybrid_override_pattern' (or 'layers_block_type') is missing "
+                     "(needed for model_type 'nemotron_h')")
+    bad = sorted(set(pattern) - set(_NEMOTRON_KINDS))
+    if bad:
+        raise r.fail(f"hybrid_override_pattern: unknown symbol(s) {bad} (M Mamba-2, * attention, - MLP, E MoE)")
+    n = r.get("num_hidden_layers", len(pattern))
+    if len(pattern) != n:
+        raise r.fail(f"hybrid_override_pattern has {len(pattern)} layers but num_hidden_layers is {n}")
+    for key in ("use_bias", "mlp_bias", "attention_bias", "mamba_proj_bias"):
+        if r.get(key, False, kind=bool):
+            r.used.discard(key)   # biases on these layers are not modelled: report the key
+    r.mark("use_conv_bias")       # the Mamba-2 convolution bias is counted (MixerSpec.other_params)
+    f: dict[str, Any] = dict(
+        num_layers=n, hidden_size=h, num_attention_heads=a, num_kv_heads=None if kv in (None, a) else kv,
+        head_dim=None if head_dim in (None, h // a) else head_dim, vocab_size=r.get("vocab_size"),
+        tie_embeddings=r.get("tie_word_embeddings", False, kind=bool), gated_mlp=False, norm="rmsnorm",
+        position_embedding="none",
+        ffn_hidden_size=r.get("intermediate_size", None, nullable=True) or r.get("moe_intermediate_size"))
+    max_pos = r.get("max_position_embeddings", None, nullable=True)
+    if max_pos is not None:
+        f["max_position_embeddings"] = max_pos
+    if "M" in pattern:
+        heads, hd = r.get("mamba_num_heads"), r.get("mamba_head_dim")
+        expand = r.get("expand", None, nullable=True)
+        if expand is not None and expand * h != heads * hd:
+            raise r.fail(f"expand·hidden_size = {expand}·{h} != mamba_num_heads·mamba_head_dim = {heads}·{hd}")
+        f["mixers"] = {"mamba": dict(kind="mamba2", num_heads=heads, head_dim=hd, state_size=r.get("ssm_state_size"),
+                                     n_groups=r.get("n_groups", 1), conv_kernel=r.get("conv_kernel", 4),
+                                     chunk_size=r.get("chunk_size", 128))}
+    f["layer_pattern"] = [_NEMOTRON_KINDS[c][0] for c in pattern]
+    f["mlp_pattern"] = [_NEMOTRON_KINDS[c][1] for c in pattern]
+    if "E" in pattern:
+        if r.get("moe_latent_size", None, nullable=True) is not None:
+            r.used.discard("moe_latent_size")   # latent MoE (Nemotron 3 Super) projections are not modelled
+        shared = r.get("moe_shared_expert_intermediate_size", 0)
+        f["moe"] = dict(num_experts=r.get("n_routed_experts"), top_k=r.get("num_experts_per_tok"),
+                        expert_ffn_hidden_size=r.get("moe_intermediate_size"),
+                        num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared or None)
+    else:
+        r.mark("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+               "moe_shared_expert_intermediate_size")
+    return f
+
+
+def _gemma3_text(r: _Reader) -> dict[str, Any]:
+    """Gemma 3 text model (transformers Gemma3TextConfig): GeGLU MLP, tied embeddings, local sliding-window layers
+    with every sliding_window_pattern-th layer global (or layer_types). Gemma's extra post-attention and post-MLP
+    norms and Q/K norms (2·h + 2·d per layer) are below 0.01 % and not counted."""
+    f = _base(r, kv_required=True, head_dim_required=True)
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    f["tie_embeddings"] = r.get("tie_word_embeddings", True, kind=bool)
+    if r.get("attention_bias", False, kind=bool):
+        f["qkv_bias"] = True
+    every = r.get("sliding_window_pattern", 6)
+    default = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(f["num_layers"])]
+    f.update(_window(r, f["num_layers"], all_layers_key=False, default_types=default))
+    r.mark("hidden_activation", "query_pre_attn_scalar", "rope_local_base_freq", "attn_logit_softcapping",
+           "final_logit_softcapping", "cache_implementation")
+    return f
+
+
+def _kimi_linear(r: _Reader) -> dict[str, Any]:
+    """Kimi Linear (moonshotai's configuration_kimi.py): MLA on the layers of linear_attn_config.full_attn_layers and
+    Kimi Delta Attention on its kda_layers (both 1-based), DeepSeek-V3-style MoE (num_experts, num_experts_per_token,
+    num_shared_experts, first_k_dense_replace)."""
+    f = _base(r, kv_required=False)
+    r.mark("num_key_value_heads")
+    f["num_kv_heads"] = None
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    f["mla"] = _mla(r)
+    n = f["num_layers"]
+    lin = r.get("linear_attn_config", kind=dict)
+    sub = _Reader(lin, r.where, r.family, prefix="linear_attn_config.")
+    full = sub.get("full_attn_layers", kind=list)
+    kda = sub.get("kda_layers", [i for i in range(1, n + 1) if i not in full], kind=list)
+    if sorted(full + kda) != list(range(1, n + 1)):
+        raise r.fail(f"linear_attn_config: full_attn_layers {full} and kda_layers {kda} must cover layers 1..{n} once")
+    f["mixers"] = {"kda": dict(kind="kda", num_heads=sub.get("num_heads"), head_dim=sub.get("head_dim"),
+                               conv_kernel=sub.get("short_conv_kernel_size", 4))}
+    f["layer_pattern"] = ["attention" if i + 1 in full else "kda" for i in range(n)]
+    sub.mark("gate_lower_bound", "use_full_rank_gate")
+    if "moe_layer_freq" in r.data and r.get("moe_layer_freq") != 1:
+        raise r.fail("moe_layer_freq other than 1 is not supported for kimi_linear")
+    f["moe"] = dict(num_experts=r.get("num_experts"), top_k=r.get("num_experts_per_token"),
+                    expert_ffn_hidden_size=r.get("moe_intermediate_size"),
+                    num_shared_experts=r.get("num_shared_experts", 0),
+                    first_dense_layers=r.get("first_k_dense_replace", 0))
+    r.mark("mla_use_nope", "moe_router_activation_func", "num_expert_group", "moe_renormalize")
+    r.used.update(f"linear_attn_config.{k}" for k in sub.used)
+    _UNMAPPED_SUB[id(r)] = sub.unmapped()
+    return f
+
+
+_UNMAPPED_SUB: dict[int, set[str]] = {}
+
+
+def _refuse(why: str):
+    def family(r: _Reader) -> dict[str, Any]:
+        raise r.fail(why)
+    return family
+
+
 _FAMILIES = {
     "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "olmoe": _olmoe, "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek, "kimi_k2": _deepseek, "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss,
-    "llama4_text": _llama4_text,
+    "llama4_text": _llama4_text, "qwen3_next": _qwen3_next, "nemotron_h": _nemotron_h, "gemma3_text": _gemma3_text,
+    "kimi_linear": _kimi_linear,
 }
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted([*_FAMILIES, "llama4"]))
+_REFUSED = {
+    "jamba": "model_type 'jamba' uses Mamba-1 mixers, which autopar does not model (it models Mamba-2: "
+             "MixerSpec kind mamba2); write a ModelSpec YAML if a Mamba-2 stand-in is acceptable",
+    "falcon_h1": "model_type 'falcon_h1' runs attention and a Mamba-2 mixer side by side in every layer; autopar "
+                 "models one token mixer per layer",
+}
+_WRAPPERS = {"llama4": ("llama4_text", _llama4_text), "gemma3": ("gemma3_text", _gemma3_text)}
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted([*_FAMILIES, *_WRAPPERS]))
 
 
 def model_from_hf_config(data: dict, name: str, where: str) -> tuple[ModelSpec, set[str]]:
@@ -407,22 +590,25 @@ def model_from_hf_config(data: dict, name: str, where: str) -> tuple[ModelSpec, 
         hint = f" (architectures: {arch})" if arch else ""
         raise AutoparInputError(f"{where}: required key 'model_type' is missing{hint}; "
                                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if isinstance(model_type, str) and model_type in _REFUSED:
+        raise AutoparInputError(f"{where}: {_REFUSED[model_type]}")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise AutoparInputError(f"{where}: unsupported model_type {model_type!r}; "
                                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     top = _Reader(data, where, model_type)
     top.mark("model_type")
-    if model_type == "llama4":  # multimodal wrapper: the language model is text_config
+    if model_type in _WRAPPERS:  # multimodal wrapper: the language model is text_config
+        text_type, family = _WRAPPERS[model_type]
         text = dict(top.get("text_config", kind=dict))
         if "tie_word_embeddings" in data:  # Llama4Config may carry it at the top level
             top.mark("tie_word_embeddings")
             text.setdefault("tie_word_embeddings", data["tie_word_embeddings"])
-        r = _Reader(text, where, "llama4_text", prefix="text_config.")
+        r = _Reader(text, where, text_type, prefix="text_config.")
         r.mark("model_type")
-        fields = _llama4_text(r)
+        fields = family(r)
         unmapped = top.unmapped() | r.unmapped()
     else:
         fields = _FAMILIES[model_type](top)
-        unmapped = top.unmapped()
+        unmapped = top.unmapped() | _UNMAPPED_SUB.pop(id(top), set())
     fields = dict(name=name, source=f"Hugging Face config.json (model_type {model_type}): {where}", **fields)
     return build_spec(ModelSpec, fields, where), unmapped

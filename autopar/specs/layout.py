@@ -123,9 +123,11 @@ class Layout(Spec):
         return self.pp * max(self.tp * self.cp, self.ep * self.etp)
 
     def layers_per_stage(self, num_layers: int) -> tuple[int, ...]:
+        """``stage_layers`` if given, else the balanced split by layer count (even when the layers divide;
+        see :func:`balanced_stage_layers`). A resolved layout always carries its split."""
         if self.stage_layers is not None:
             return self.stage_layers
-        return (num_layers // self.pp,) * self.pp
+        return balanced_stage_layers(num_layers, self.pp, self.vpp) or (num_layers // self.pp,) * self.pp
 
     def short(self) -> str:
         """Compact one-line label, e.g. 'TP2 PP16 EP64 DP8 mbs1 GA16 sel'."""
@@ -167,6 +169,58 @@ def balanced_stage_layers(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, 
     return (first, *([per] * (pp - 2)), last)
 
 
+def default_stage_layers(model: ModelSpec, pp: int, vpp: int = 1, seq_len: int = 4096) -> tuple[int, ...] | None:
+    """The split autopar uses when a layout gives no ``stage_layers`` (``solve``, ``estimate`` and the library
+    alike). Layers of one kind: :func:`balanced_stage_layers` by layer count. Hybrid models (layers of different
+    token mixers, :attr:`ModelSpec.is_hybrid`): :func:`cost_balanced_stage_layers` over each layer's forward
+    FLOPs at ``seq_len``, with the LM head (and MTP) on the last stage. None when no split exists (more stages
+    than layers)."""
+    if model.num_layers < pp:
+        return None
+    if pp > 1 and model.is_hybrid:
+        costs = [model.layer_forward_flops_per_token(i, seq_len) for i in range(model.num_layers)]
+        tail = model.head_forward_flops_per_token() + model.mtp_forward_flops_per_token(seq_len)
+        return cost_balanced_stage_layers(costs, pp, tail)
+    return balanced_stage_layers(model.num_layers, pp, vpp)
+
+
+def cost_balanced_stage_layers(costs: list[float], pp: int, last_extra: float = 0.0) -> tuple[int, ...]:
+    """Contiguous split of layers with per-layer ``costs`` into pp non-empty stages that minimises the costliest
+    stage (the pipeline's critical path, Narayanan et al. 2021 sec. 3.5), the last stage carrying ``last_extra``
+    as well (the LM head). The linear-partition problem, solved exactly: bisection on the stage-cost bound with a
+    greedy check (packing from the last layer backwards; fewer stages than pp are split further, which never
+    raises the maximum), to a relative tolerance of 1e-9."""
+    n = len(costs)
+    if not 1 <= pp <= n:
+        raise ValueError(f"cannot split {n} layers into {pp} non-empty stages")
+
+    def pack(bound: float) -> list[int] | None:
+        sizes, acc, cnt = [], last_extra, 0
+        for c in reversed(costs):
+            if cnt and acc + c > bound:
+                sizes.append(cnt)
+                acc, cnt = 0.0, 0
+            if acc + c > bound:
+                return None
+            acc, cnt = acc + c, cnt + 1
+        sizes.append(cnt)
+        return sizes[::-1] if len(sizes) <= pp else None
+
+    lo, hi = max(max(costs), costs[-1] + last_extra), sum(costs) + last_extra
+    while hi - lo > 1e-9 * hi:
+        mid = (lo + hi) / 2
+        if pack(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    sizes = pack(hi)
+    assert sizes is not None
+    while len(sizes) < pp:   # split the stage with the most layers (n >= pp guarantees one has 2+)
+        j = max(range(len(sizes)), key=lambda k: sizes[k])
+        sizes[j:j + 1] = [sizes[j] // 2, sizes[j] - sizes[j] // 2]
+    return tuple(sizes)
+
+
 def max_vpp(stage_layers: tuple[int, ...]) -> int:
     """The most virtual stages a split allows: each virtual stage needs a layer, except that the first and the last
     pipeline stage may give one virtual stage to the embedding or the loss alone (Megatron-LM
@@ -186,8 +240,10 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
                         allow_cross_domain_tp: bool = True) -> list[tuple[str, str]]:
     """Every validity rule of a layout, in one place. Returns the list of broken rules (empty = valid).
 
-    ``hardware`` enables the topology rules (TP and EP·ETP inside one NVLink domain) unless
-    ``allow_cross_domain_tp``: estimate accepts cross-domain TP (it is slow, not wrong); solve forbids it."""
+    ``hardware`` enables the topology rules (TP and ETP inside one NVLink domain) unless
+    ``allow_cross_domain_tp``: estimate accepts cross-domain TP (it is slow, not wrong); solve forbids it.
+    Expert parallelism may span domains (EP·ETP beyond the NVLink domain, as DeepSeek-V3 runs EP 64 on 8-GPU
+    H100 nodes, arXiv 2412.19437 sec. 3.1); its dispatch is priced hierarchically (autopar.cost.ep)."""
     L = layout
     p: list[tuple[str, str]] = []
     group = "world size"
@@ -221,6 +277,10 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         # KV heads < TP: each KV head is replicated tp/g times (Megatron-LM), which needs tp % g == 0.
         add(f"num_kv_heads ({g}) and tp ({L.tp}) must divide one another (KV heads are replicated when "
                  "fewer than tp)")
+    for name, mixer in model.mixers.items():
+        why = mixer.tp_problem(L.tp, name)
+        if why:
+            add(why)
     if model.num_dense_layers and model.ffn_hidden_size % L.tp:
         add(f"ffn_hidden_size ({model.ffn_hidden_size}) not divisible by tp ({L.tp})")
     if model.moe and model.moe.num_shared_experts and model.moe.shared_ffn % L.tp:
@@ -254,9 +314,10 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         add(f"vpp = {L.vpp} needs pp > 1")
     group = "pipeline layers"
     if L.stage_layers is None:
-        if n % (L.pp * L.vpp):
-            add(f"num_layers ({n}) not divisible by pp·vpp = {L.pp}·{L.vpp} = {L.pp * L.vpp}; "
-                     "give stage_layers for an uneven split")
+        if n % (L.pp * L.vpp) and default_stage_layers(model, L.pp, L.vpp, training.seq_len) is None:
+            add(f"num_layers ({n}) not divisible by pp·vpp = {L.pp}·{L.vpp} = {L.pp * L.vpp}, and no balanced "
+                f"uneven split exists (ceil({n}/{L.pp}) = {-(-n // L.pp)} layers on each middle stage leave "
+                f"{n - -(-n // L.pp) * (L.pp - 2)} for the first and last); give stage_layers")
     else:
         s = L.stage_layers
         if len(s) != L.pp:
@@ -300,8 +361,8 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         dom = hardware.nvlink_domain_size
         if L.tp > dom:
             add(f"tp ({L.tp}) exceeds the NVLink domain ({dom} GPUs on {hardware.name})")
-        if L.ep * L.etp > dom:
-            add(f"ep·etp = {L.ep * L.etp} exceeds the NVLink domain ({dom} GPUs on {hardware.name})")
+        if L.etp > dom:
+            add(f"etp ({L.etp}) exceeds the NVLink domain ({dom} GPUs on {hardware.name})")
     if L.offload_activations and hardware is not None and hardware.host_link_gbps is None:
         add(f"activation offloading needs host_link_gbps (GPU<->host bandwidth) in the hardware file of {hardware.name}")
     return p
@@ -309,7 +370,8 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
 
 def resolve_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
                    hardware: HardwareSpec | None = None, allow_cross_domain_tp: bool = True) -> Layout:
-    """Validate and fill in dp, grad_accum, sequence_parallel and stage_layers. Raises LayoutError."""
+    """Validate and fill in dp, grad_accum, sequence_parallel and stage_layers (when not given: the split
+    :func:`default_stage_layers` picks, the one ``solve`` searches). Raises LayoutError."""
     problems = check_layout(layout, model, training, gpus, hardware, allow_cross_domain_tp)
     if problems:
         raise LayoutError(problems)
@@ -317,4 +379,4 @@ def resolve_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpu
     ga = training.global_batch // (dp * layout.micro_batch)
     return layout.model_copy(update={
         "dp": dp, "grad_accum": ga, "sequence_parallel": layout.sp,
-        "stage_layers": layout.layers_per_stage(model.num_layers)})
+        "stage_layers": layout.stage_layers or default_stage_layers(model, layout.pp, layout.vpp, training.seq_len)})

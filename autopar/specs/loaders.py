@@ -8,23 +8,27 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from autopar.errors import AutoparInputError
-from autopar.specs.bounds import FIELD_BOUNDS, bound_note
+from autopar.specs._base import build_spec, format_validation_error
 from autopar.specs.hardware import HardwareSpec
+from autopar.specs.hf_config import model_from_hf_config
 from autopar.specs.model import ModelSpec
+
+__all__ = ["build_spec", "dump_spec", "format_validation_error", "load_hardware", "load_model",
+           "read_structured_file", "zoo_dir", "zoo_names"]
 
 _PKG = Path(__file__).resolve().parents[1]
 # Installed from a wheel, the zoo and the validation data live in autopar/_zoo/ (pyproject.toml force-include); in a
 # source checkout, in models/, hardware/ and data/ beside the package.
 _ZOO_DIRS = {kind: [_PKG / "_zoo" / kind, _PKG.parent / kind] for kind in ("models", "hardware", "data")}
 
-T = TypeVar("T", bound=BaseModel)
 MAX_INPUT_BYTES = 16 * 2 ** 20   # input files (specs, runs CSV, layout lists) are kB; this refuses a wrong file
 
 
@@ -44,31 +48,6 @@ def zoo_dir(kind: str) -> Path:
 
 def zoo_names(kind: str) -> list[str]:
     return sorted(p.stem for p in zoo_dir(kind).glob("*.yaml"))
-
-
-def format_validation_error(err: ValidationError, where: str) -> str:
-    """One line per broken field: 'where: field a.b: message'."""
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key (not a field of this spec; check the spelling)"
-        elif e["type"] in ("less_than_equal", "too_long"):
-            name = next((str(x) for x in reversed(e["loc"]) if str(x) in FIELD_BOUNDS), None)
-            if name is not None:
-                msg += f"; autopar's bound {bound_note(FIELD_BOUNDS[name])}"
-        lines.append(f"{where}: field '{loc}': {msg}")
-    return "; ".join(lines)
-
-
-def build_spec(cls: type[T], data: Any, where: str) -> T:
-    if not isinstance(data, dict):
-        raise AutoparInputError(f"{where}: expected a mapping of fields, got {type(data).__name__}")
-    try:
-        return cls.model_validate(data)
-    except ValidationError as err:
-        raise AutoparInputError(format_validation_error(err, where)) from None
 
 
 def read_text_file(path: Path) -> str:
@@ -206,11 +185,9 @@ def load_model(ref: str | Path | ModelSpec, *, warn: Any = None) -> ModelSpec:
     path = hf_config_path(ref) if hf_id else _resolve(ref, "models")
     data = read_structured_file(path)
     if isinstance(data, dict) and ("model_type" in data or "architectures" in data):
-        from autopar.specs.hf_config import model_from_hf_config
         name = (ref.split("/")[-1] if hf_id else path.parent.name if path.name == "config.json" else path.stem)
         spec, unmapped = model_from_hf_config(data, name=name, where=str(ref if hf_id else path))
         if unmapped:
-            import sys
             (warn or (lambda m: print(m, file=sys.stderr)))(
                 f"note: {path}: keys not used by autopar's model: {', '.join(sorted(unmapped))}")
         return spec

@@ -11,6 +11,12 @@ the masked half). This is the same accounting as Megatron-Core's ``num_floating_
 and gives lower model TFLOP/s than the 2021 Megatron formula, which counts the full s x s matrix. With a
 sliding window w the average context is min(w, s/2).
 
+Hybrid models (issue 12): ``layer_pattern`` names each layer's token mixer — ``attention`` (the model's own
+softmax attention, GQA or MLA from the fields below), ``none`` (no token mixer: Nemotron-H's MLP-only layers)
+or a key of ``mixers`` (linear attention, SSM, or attention with its own window/chunk/sinks/gate; formulas and
+sources in :mod:`autopar.specs.mixers`). ``mlp_pattern`` names each layer's channel mixer (dense, moe, none)
+where the MoE placement rule of :class:`MoESpec` cannot say it. Both repeat to num_layers.
+
 Symbols used below: h = hidden size, L = layers, a = attention heads, g = KV heads, d = head dim,
 f = dense FFN hidden, E = routed experts, k = routed experts per token (top-k), f_e = expert FFN hidden,
 V = vocabulary.
@@ -25,6 +31,9 @@ from pydantic import Field, model_validator
 
 from autopar.specs._base import Spec
 from autopar.specs.bounds import limit
+from autopar.specs.mixers import MixerSpec, default_attention
+
+ChannelKind = Literal["dense", "moe", "none"]
 
 
 class MoESpec(Spec):
@@ -101,9 +110,42 @@ class ModelSpec(Spec):
     mla: MLASpec | None = Field(default=None, description="Multi-head latent attention; None = standard GQA.")
     mtp_layers: int = Field(default=0, ge=0, le=limit("layers"),
                             description="Multi-token-prediction modules (DeepSeek-V3: 1).")
+    mixers: dict[str, MixerSpec] = Field(
+        default_factory=dict, description="Named token mixers that layer_pattern can place (linear attention, SSM, "
+                                          "attention variants); see autopar.specs.mixers.")
+    layer_pattern: tuple[str, ...] | None = Field(
+        default=None, description="Token mixer of each layer, repeated to num_layers: 'attention' (the model's own), "
+                                  "'none', or a key of mixers. None = 'attention' on every layer.")
+    mlp_pattern: tuple[ChannelKind, ...] | None = Field(
+        default=None, description="Channel mixer of each layer (dense | moe | none), repeated to num_layers; "
+                                  "None = the MoE placement of moe (first_dense_layers, moe_layer_interval).")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
+        for field_name in ("layer_pattern", "mlp_pattern"):
+            pat = getattr(self, field_name)
+            if pat is not None and (not pat or self.num_layers % len(pat)):
+                raise ValueError(f"{field_name} has {len(pat)} entries, which does not tile num_layers "
+                                 f"({self.num_layers}); give one entry per layer or a period dividing it")
+        if self.layer_pattern is not None:
+            known = {"attention", "none", *self.mixers}
+            bad = sorted({n for n in self.layer_pattern if n not in known})
+            if bad:
+                raise ValueError(f"layer_pattern names unknown mixer(s) {bad}; known: {sorted(known)}")
+            reserved = {"attention", "none"} & set(self.mixers)
+            if reserved:
+                raise ValueError(f"mixers may not be named {sorted(reserved)} (reserved for the model's own "
+                                 "attention and for no mixer)")
+        unused = sorted(set(self.mixers) - set(self.layer_pattern or ()))
+        if unused:
+            raise ValueError(f"mixers {unused} are defined but no layer_pattern entry uses them")
+        if self.mlp_pattern is not None and "moe" in self.mlp_pattern and self.moe is None:
+            raise ValueError("mlp_pattern places 'moe' layers but moe is not set")
+        if self.mlp_pattern is not None and self.moe is not None and "moe" not in self.mlp_pattern:
+            raise ValueError("moe is set but mlp_pattern places no 'moe' layer")
+        if any(self.mixer_of(i) is None and self.channel_of(i) == "none" for i in range(self.num_layers)):
+            raise ValueError("a layer has neither a token mixer nor a channel mixer (layer_pattern 'none' where "
+                             "mlp_pattern is 'none')")
         a, g = self.num_attention_heads, self.kv_heads
         if a % g:
             raise ValueError(f"num_attention_heads ({a}) must be a multiple of num_kv_heads ({g})")
@@ -136,11 +178,17 @@ class ModelSpec(Spec):
     def v_head_dim(self) -> int:
         return self.mla.v_head_dim if self.mla else self.dim_per_head
 
-    def is_moe_layer(self, i: int) -> bool:
-        """Whether 0-based layer i has an MoE block (rather than a dense MLP)."""
+    def channel_of(self, i: int) -> ChannelKind:
+        """Channel mixer of 0-based layer i: 'dense' MLP, 'moe' block or 'none'."""
+        if self.mlp_pattern is not None:
+            return self.mlp_pattern[i % len(self.mlp_pattern)]
         if self.moe is None or i < self.moe.first_dense_layers:
-            return False
-        return (i - self.moe.first_dense_layers + 1) % self.moe.moe_layer_interval == 0
+            return "dense"
+        return "moe" if (i - self.moe.first_dense_layers + 1) % self.moe.moe_layer_interval == 0 else "dense"
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether 0-based layer i has an MoE block (rather than a dense MLP or none)."""
+        return self.channel_of(i) == "moe"
 
     @cached_property
     def num_moe_layers(self) -> int:
@@ -148,9 +196,47 @@ class ModelSpec(Spec):
 
     @property
     def num_dense_layers(self) -> int:
-        return self.num_layers - self.num_moe_layers
+        """Layers with a dense MLP."""
+        return sum(self.channel_of(i) == "dense" for i in range(self.num_layers))
+
+    def mixer_name(self, i: int) -> str:
+        """Name of layer i's token mixer in layer_pattern ('attention' without a pattern)."""
+        return "attention" if self.layer_pattern is None else self.layer_pattern[i % len(self.layer_pattern)]
+
+    def mixer_of(self, i: int) -> MixerSpec | None:
+        """Token mixer of 0-based layer i (None: the layer has none). The model's own attention comes back as an
+        ``attention`` mixer carrying the layer's sliding window."""
+        return self._layer_mixers[i]
+
+    @cached_property
+    def _layer_mixers(self) -> tuple[MixerSpec | None, ...]:
+        plain, windowed = MixerSpec(kind="attention"), None
+        out: list[MixerSpec | None] = []
+        for i in range(self.num_layers):
+            name = self.mixer_name(i)
+            if name == "none":
+                out.append(None)
+            elif name == "attention" and self.is_windowed_layer(i):
+                windowed = windowed or default_attention(self, True)
+                out.append(windowed)
+            else:
+                out.append(plain if name == "attention" else self.mixers[name])
+        return tuple(out)
+
+    @cached_property
+    def is_hybrid(self) -> bool:
+        """Layers differ in their token-mixer kind (linear attention or SSM next to softmax attention, or
+        mixer-less layers): pipeline stages are then balanced by cost, not by layer count."""
+        kinds = {None if (m := self.mixer_of(i)) is None else m.kind for i in range(self.num_layers)}
+        return len(kinds) > 1 or kinds != {"attention"}
+
+    @cached_property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Layers with softmax attention (those that hold a KV cache and exchange K, V under CP)."""
+        return tuple(i for i in range(self.num_layers) if (m := self.mixer_of(i)) is not None and m.kind == "attention")
 
     def is_windowed_layer(self, i: int) -> bool:
+        """Whether the model's own attention is windowed on layer i (sliding_window / sliding_window_every)."""
         if self.sliding_window is None:
             return False
         return not (self.sliding_window_every and (i + 1) % self.sliding_window_every == 0)
@@ -206,6 +292,45 @@ class ModelSpec(Spec):
             return 0
         return self.hidden_size * m.num_experts + m.num_shared_experts * self.mlp_params(m.shared_ffn)
 
+    def mixer_params(self, i: int) -> int:
+        """Token-mixer weights of layer i (norm excluded): the model's attention (+ sinks a, + output gate
+        h·a·d_v for an attention mixer that has them), or a linear/SSM mixer's projections and small weights."""
+        mx = self.mixer_of(i)
+        if mx is None:
+            return 0
+        if mx.kind == "attention":
+            a = self.num_attention_heads
+            return (self.attention_params + (a if mx.sinks else 0)
+                    + (self.hidden_size * a * self.v_head_dim if mx.output_gate else 0))
+        return mx.gemm_params(self.hidden_size) + mx.other_params()
+
+    def mixer_gemm_params(self, i: int) -> int:
+        """The GEMM part of :meth:`mixer_params` (2 FLOPs per weight per token): everything for attention
+        (biases and sinks are below 0.01 % and kept, as before), the projections for linear/SSM mixers."""
+        mx = self.mixer_of(i)
+        if mx is None or mx.kind == "attention":
+            return self.mixer_params(i)
+        return mx.gemm_params(self.hidden_size)
+
+    def layer_norms(self, i: int) -> int:
+        """Norm weights of layer i: one pre-norm per sub-block present (mixer, channel mixer)."""
+        return self.norm_params * ((self.mixer_of(i) is not None) + (self.channel_of(i) != "none"))
+
+    def channel_nonexpert_params(self, i: int) -> int:
+        """Channel-mixer weights of layer i outside the routed experts: dense MLP, or router + shared experts."""
+        kind = self.channel_of(i)
+        if kind == "dense":
+            return self.mlp_params(self.ffn_hidden_size)
+        return self.moe_layer_dense_part_params if kind == "moe" else 0
+
+    def layer_nonexpert_params(self, i: int) -> int:
+        """Layer i without its routed experts (sharded by TP): mixer + dense MLP or router/shared + norms."""
+        return self.mixer_params(i) + self.channel_nonexpert_params(i) + self.layer_norms(i)
+
+    def layer_expert_params(self, i: int) -> int:
+        """Routed experts of layer i (sharded by EP·ETP)."""
+        return self.moe_layer_expert_params if self.is_moe_layer(i) else 0
+
     @cached_property
     def dense_layer_params(self) -> int:
         """A layer with a dense MLP: attention + MLP + 2 norms."""
@@ -238,17 +363,14 @@ class ModelSpec(Spec):
         """One DeepSeek-V3 MTP module (arXiv 2412.19437 sec. 2.2): 2 norms, a 2h x h projection and one
         transformer block of the last layer's kind; embedding and head are shared with the main model."""
         last = self.num_layers - 1
-        block = (self.moe_layer_nonexpert_params + self.moe_layer_expert_params) if self.is_moe_layer(last) \
-            else self.dense_layer_params
+        block = self.layer_nonexpert_params(last) + self.layer_expert_params(last)
         return 2 * self.norm_params + 2 * self.hidden_size * self.hidden_size + block
 
     @cached_property
     def total_params(self) -> int:
         """All parameters of the main model (MTP modules excluded, as published figures count them)."""
         p = self.embedding_params + self.lm_head_params
-        p += self.num_dense_layers * self.dense_layer_params
-        if self.num_moe_layers:
-            p += self.num_moe_layers * (self.moe_layer_nonexpert_params + self.moe_layer_expert_params)
+        p += sum(self.layer_nonexpert_params(i) + self.layer_expert_params(i) for i in range(self.num_layers))
         return p
 
     @cached_property
@@ -266,25 +388,42 @@ class ModelSpec(Spec):
 
     # ---- FLOPs -------------------------------------------------------------------------------------------
     def _attention_context(self, i: int, seq_len: int) -> float:
-        """Average number of keys a query attends to in layer i (causal: s/2; windowed: min(w, s/2))."""
+        """Average number of keys a query attends to in layer i: causal s/2; sliding window min(w, s/2);
+        chunked attention (chunk c, a token sees the earlier tokens of its chunk) c/2 when c < s. 0 for layers
+        without softmax attention."""
+        mx = self.mixer_of(i)
+        if mx is None or mx.kind != "attention":
+            return 0.0
         ctx = seq_len / 2
-        if self.is_windowed_layer(i):
-            ctx = min(float(self.sliding_window), ctx)
+        if mx.window is not None:
+            ctx = min(float(mx.window), ctx)
+        if mx.chunk is not None:
+            ctx = min(mx.chunk / 2, ctx)
         return ctx
 
-    def layer_forward_flops_per_token(self, i: int, seq_len: int) -> float:
-        """Forward FLOPs of layer i for one token: 2·(matmul params touched) + attention scores.
+    def attention_core_flops_per_token(self, i: int, seq_len: int) -> float:
+        """Softmax-attention scores of layer i per token: QK^T and AV, 2·ctx·a·d_qk + 2·ctx·a·d_v."""
+        return 2.0 * self._attention_context(i, seq_len) * self.num_attention_heads * (self.qk_head_dim
+                                                                                          + self.v_head_dim)
 
-        Attention scores: QK^T and AV cost 2·ctx·a·d_qk + 2·ctx·a·d_v per token (ctx: average keys attended).
-        The MoE router (2·h·E) and k routed + shared experts are counted; norms and softmax are ignored."""
-        a = self.num_attention_heads
-        f = 2.0 * self.attention_params
-        f += 2.0 * self._attention_context(i, seq_len) * a * (self.qk_head_dim + self.v_head_dim)
-        if self.is_moe_layer(i):
-            f += 2.0 * (self.moe_layer_dense_part_params + self.moe.top_k * self.expert_params)
-        else:
-            f += 2.0 * self.mlp_params(self.ffn_hidden_size)
-        return f
+    def mixer_core_flops_per_token(self, i: int) -> float:
+        """Chunked linear-attention / SSM scan and short convolution of layer i per token (0 for attention);
+        formulas in :mod:`autopar.specs.mixers`."""
+        mx = self.mixer_of(i)
+        return mx.core_flops() if mx is not None and mx.is_linear else 0.0
+
+    def channel_forward_flops_per_token(self, i: int) -> float:
+        """Dense MLP, or MoE router (2·h·E) + k routed + shared experts, of layer i per token."""
+        kind = self.channel_of(i)
+        if kind == "moe":
+            return 2.0 * (self.moe_layer_dense_part_params + self.moe.top_k * self.expert_params)
+        return 2.0 * self.mlp_params(self.ffn_hidden_size) if kind == "dense" else 0.0
+
+    def layer_forward_flops_per_token(self, i: int, seq_len: int) -> float:
+        """Forward FLOPs of layer i for one token: 2·(matmul params touched) + attention scores or the chunked
+        scan of a linear/SSM mixer. Norms, softmax and gates' elementwise work are ignored."""
+        return (2.0 * self.mixer_gemm_params(i) + self.attention_core_flops_per_token(i, seq_len)
+                + self.mixer_core_flops_per_token(i) + self.channel_forward_flops_per_token(i))
 
     def head_forward_flops_per_token(self) -> float:
         """LM head logits: 2·h·V per token."""
@@ -308,7 +447,18 @@ class ModelSpec(Spec):
         This is the numerator of MFU (PaLM, Chowdhery et al. 2022, appendix B)."""
         return 3.0 * self.forward_flops_per_token(seq_len)
 
+    def mixer_counts(self) -> dict[str, int]:
+        """Layers per token-mixer name, in order of first appearance (e.g. {'gla': 16, 'attention': 5})."""
+        out: dict[str, int] = {}
+        for i in range(self.num_layers):
+            out[self.mixer_name(i)] = out.get(self.mixer_name(i), 0) + 1
+        return out
+
     def summary(self) -> str:
         kind = f"MoE {self.moe.num_experts}x top-{self.moe.top_k}" if self.moe else "dense"
+        mix = ""
+        if self.is_hybrid:
+            mix = " (" + " + ".join(f"{n} {k}" for k, n in self.mixer_counts().items()) + ")"
         return (f"{self.name}: {self.total_params / 1e9:.1f}B total, {self.active_params / 1e9:.1f}B active, "
-                f"{self.num_layers} layers, h={self.hidden_size}, {kind}")
+                f"{self.num_layers} layers{mix}, h={self.hidden_size}, {kind}")
+

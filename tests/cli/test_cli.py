@@ -23,6 +23,13 @@ def test_estimate_json_contract():
     assert {"fits", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "bottleneck"} <= set(d)
 
 
+def test_estimate_splits_an_uneven_pipeline_by_itself():
+    """issue 12 item 5: 61 layers over 8 stages need no --stage-layers (the split solve uses: 6/8x6/7)."""
+    r = run("estimate", "--model", "deepseek_v3", "--gpus", "256", "--pp", "8", "--ep", "32", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["layout"]["stage_layers"] == [6, 8, 8, 8, 8, 8, 8, 7]
+
+
 @pytest.mark.parametrize("args, needle", [
     (["estimate", "--model", "no_such_model", "--gpus", "8"], "unknown model 'no_such_model'"),
     (["estimate", "--model", "llama3_70b", "--gpus", "64", "--tp", "3"], "not divisible by tp (3)"),

@@ -229,6 +229,21 @@ LLAMA4_MAVERICK = {
 LLAMA4_SCOUT = copy.deepcopy(LLAMA4_MAVERICK)
 LLAMA4_SCOUT["text_config"].update(num_local_experts=16, interleave_moe_layer_step=1, use_qk_norm=True)
 
+# ---- hybrid and recent families (issue 12) ------------------------------------------------------------------------
+# VERBATIM from AI-Hypercomputer/maxtext src/maxtext/checkpoint_conversion/utils/hf_model_configs.py (commit e591f30c):
+# QWEN3_NEXT_80B (qwen3_next_80b_a3b_dict), GEMMA3_27B (gemma3_27b_config), GPT_OSS_20B (gpt_oss_20b_dict, its
+# 24-entry layer_types written as a product).
+# VERBATIM from NVIDIA-NeMo/Megatron-Bridge's NemotronHBridge unit test (nemotronh_8b_config_dict, the
+# nvidia/Nemotron-H-8B-Base-8K config; its test-only "n_routed_experts": None dropped): NEMOTRON_H_8B.
+# KEYS: NEMOTRON3_NANO (Nemotron 3 Nano 30B-A3B, as ai-dynamo/aiconfigurator's test_parse_nemotronh_config writes it),
+# KIMI_LINEAR (Kimi-Linear-48B-A3B as public inference-engine config-parser tests quote it).
+QWEN3_NEXT_80B = {"architectures": ["Qwen3NextForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5120, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128, "max_position_embeddings": 262144, "mlp_only_layers": [], "model_type": "qwen3_next", "moe_intermediate_size": 512, "norm_topk_prob": True, "num_attention_heads": 16, "num_experts": 512, "num_experts_per_tok": 10, "num_hidden_layers": 48, "num_key_value_heads": 2, "output_router_logits": False, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000000, "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.57.0.dev0", "use_cache": True, "vocab_size": 151936}
+NEMOTRON_H_8B = {"architectures": ["NemotronHForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "attention_head_dim": 128, "bos_token_id": 1, "chunk_size": 128, "conv_kernel": 4, "eos_token_id": 2, "expand": 2, "hidden_act": "relu2", "hidden_dropout": 0.0, "hidden_size": 4096, "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", "initializer_range": 0.02, "intermediate_size": 21504, "layer_norm_epsilon": 1e-05, "mamba_head_dim": 64, "mamba_hidden_act": "silu", "mamba_num_heads": 128, "mamba_proj_bias": False, "max_position_embeddings": 8192, "mlp_bias": False, "mlp_hidden_act": "relu2", "model_type": "nemotron_h", "n_groups": 8, "num_attention_heads": 32, "num_hidden_layers": 52, "num_key_value_heads": 8, "num_logits_to_keep": 1, "pad_token_id": 0, "rescale_prenorm_residual": True, "residual_in_fp32": False, "rms_norm_eps": 1e-05, "ssm_state_size": 128, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.48.0.dev0", "use_bias": False, "use_cache": True, "use_conv_bias": True, "use_mamba_kernels": True, "vocab_size": 131072}
+NEMOTRON3_NANO = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "num_hidden_layers": 52, "num_key_value_heads": 2, "hidden_size": 2688, "num_attention_heads": 32, "intermediate_size": 1856, "vocab_size": 131072, "max_position_embeddings": 262144, "num_experts_per_tok": 6, "n_routed_experts": 128, "moe_intermediate_size": 1856, "head_dim": 128, "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", "mamba_num_heads": 64, "mamba_head_dim": 64, "ssm_state_size": 128, "conv_kernel": 4, "n_groups": 8, "chunk_size": 128, "moe_shared_expert_intermediate_size": 3712, "tie_word_embeddings": False}
+GEMMA3_27B = {"architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3", "text_config": {"attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": None, "cache_implementation": "hybrid", "final_logit_softcapping": None, "head_dim": 128, "hidden_activation": "gelu", "hidden_size": 5376, "initializer_range": 0.02, "intermediate_size": 21504, "max_position_embeddings": 163840, "model_type": "gemma3_text", "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16, "query_pre_attn_scalar": 168, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "rope_theta": 10000.0, "sliding_window": 1024, "sliding_window_pattern": 6, "use_cache": True, "vocab_size": 262144}, "torch_dtype": "bfloat16", "vision_config": {"attention_dropout": 0.0, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "image_size": 896, "intermediate_size": 4304, "layer_norm_eps": 1e-06, "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_channels": 3, "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}}
+GPT_OSS_20B = {"architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02, "intermediate_size": 2880, "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999, "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096, "rope_theta": 150000, "rope_type": "yarn", "truncate": False}, "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0", "use_cache": True, "vocab_size": 201088}
+KIMI_LINEAR = {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "hidden_act": "silu", "q_lora_rank": None, "mla_use_nope": True, "moe_router_activation_func": "sigmoid", "num_expert_group": 1, "topk_group": 1, "moe_layer_freq": 1, "tie_word_embeddings": False, "hidden_size": 2304, "num_hidden_layers": 27, "vocab_size": 163840, "rms_norm_eps": 1e-5, "num_attention_heads": 32, "num_key_value_heads": 32, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_experts": 256, "num_experts_per_token": 8, "num_shared_experts": 1, "moe_intermediate_size": 1024, "routed_scaling_factor": 2.446, "moe_renormalize": True, "first_k_dense_replace": 1, "intermediate_size": 9216, "eos_token_id": 163586, "linear_attn_config": {"full_attn_layers": [4, 8, 12, 16, 20, 24, 27], "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26], "head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4}}
+
 
 def _counts(m: ModelSpec) -> tuple:
     return (m.total_params, m.active_params, m.expert_params_total, m.num_moe_layers,
@@ -256,6 +271,12 @@ ROUND_TRIP = [
     ("gpt_oss", GPT_OSS_120B, "gpt_oss_120b"),
     ("llama4", LLAMA4_MAVERICK, "llama4_maverick"),
     ("llama4", LLAMA4_SCOUT, "llama4_scout"),
+    ("qwen3_next", QWEN3_NEXT_80B, "qwen3_next_80b_a3b"),
+    ("nemotron_h", NEMOTRON_H_8B, "nemotron_h_8b"),
+    ("nemotron_h", NEMOTRON3_NANO, "nemotron3_nano_30b_a3b"),
+    ("gemma3", GEMMA3_27B, "gemma3_27b"),
+    ("gpt_oss", GPT_OSS_20B, "gpt_oss_20b"),
+    ("kimi_linear", KIMI_LINEAR, "kimi_linear_48b_a3b"),
 ]
 
 
@@ -477,7 +498,7 @@ def test_layer_patterns_autopar_cannot_model_are_refused(cfg):
 
 def test_every_supported_model_type_is_exercised():
     tested = {cfg["model_type"] for _, cfg, _ in ROUND_TRIP} | {"mistral", "qwen2", "qwen3"}
-    untested = set(SUPPORTED_MODEL_TYPES) - tested - {"llama4_text", "qwen2_moe"}
+    untested = set(SUPPORTED_MODEL_TYPES) - tested - {"llama4_text", "qwen2_moe", "gemma3_text"}
     assert not untested, untested
 
 
@@ -491,3 +512,64 @@ def test_llama4_text_and_qwen2_moe_directly():
                  "moe_intermediate_size": 1024, "shared_expert_intermediate_size": 4096}
     m, _ = _map(qwen2_moe)
     assert (m.moe.num_shared_experts, m.moe.shared_ffn, m.moe.expert_ffn_hidden_size) == (1, 4096, 1024)
+
+
+# ---- hybrid families: what each maps to ------------------------------------------------------------------------------
+def test_qwen3_next_layers_are_gated_deltanet_with_gated_attention_every_fourth():
+    m, unmapped = _map(QWEN3_NEXT_80B)
+    assert unmapped == set()
+    assert [m.mixer_name(i) for i in range(4)] == ["gated_deltanet"] * 3 + ["gated_attention"]
+    gdn = m.mixers["gated_deltanet"]
+    assert (gdn.num_heads, gdn.v_heads, gdn.dk, gdn.dv, gdn.conv_kernel) == (16, 32, 128, 128, 4)
+    assert m.mixer_of(3).output_gate and m.head_dim == 256 and m.kv_heads == 2
+    # q_proj yields query and gate: 2·a·d rows (Qwen3NextAttention); k, v 2 heads x 256; o a·d -> h
+    assert m.mixer_params(3) == 2048 * 16 * 256 * 2 + 2 * 2048 * 2 * 256 + 16 * 256 * 2048
+    typed = {**QWEN3_NEXT_80B, "layer_types": ["linear_attention"] * 47 + ["full_attention"]}
+    assert _map(typed)[0].attention_layers == (47,)
+
+
+def test_nemotron_h_blocks_and_block_type_lists_agree():
+    m, unmapped = _map(NEMOTRON_H_8B)
+    assert unmapped == set()
+    assert (m.mixer_name(0), m.channel_of(0)) == ("mamba", "none")
+    assert (m.mixer_name(1), m.channel_of(1)) == ("none", "dense")
+    assert (m.mixer_name(7), m.channel_of(7)) == ("attention", "none")
+    assert not m.gated_mlp and m.mixers["mamba"].d_inner == 2 * 4096
+    names = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    listed = {k: v for k, v in NEMOTRON3_NANO.items() if k != "hybrid_override_pattern"}
+    listed["layers_block_type"] = [names[c] for c in NEMOTRON3_NANO["hybrid_override_pattern"]]
+    assert _counts(_map(listed)[0]) == _counts(_map(NEMOTRON3_NANO)[0])
+    nano = _map(NEMOTRON3_NANO)[0]
+    assert nano.num_moe_layers == 23 and nano.moe.shared_ffn == 3712 and nano.moe.top_k == 6
+
+
+def test_nemotron_h_pattern_errors_name_the_symbol_and_the_count():
+    with pytest.raises(AutoparInputError, match=r"unknown symbol\(s\) \['X'\]"):
+        _map({**NEMOTRON_H_8B, "hybrid_override_pattern": "MX" * 26})
+    with pytest.raises(AutoparInputError, match="has 4 layers but num_hidden_layers is 52"):
+        _map({**NEMOTRON_H_8B, "hybrid_override_pattern": "M-M*"})
+
+
+def test_gemma3_has_five_local_layers_per_global_and_tied_embeddings():
+    m, unmapped = _map(GEMMA3_27B)
+    assert unmapped == {"vision_config", "mm_tokens_per_image"}     # the vision tower is reported, not counted
+    assert m.tie_embeddings and m.sliding_window == 1024 and m.sliding_window_every == 6
+    assert [m.is_windowed_layer(i) for i in range(6)] == [True] * 5 + [False]
+
+
+def test_kimi_linear_layers_follow_linear_attn_config():
+    m, unmapped = _map(KIMI_LINEAR)
+    assert unmapped == set()
+    assert m.attention_layers == (3, 7, 11, 15, 19, 23, 26) and m.mla is not None
+    assert m.mixers["kda"].kind == "kda" and m.moe.first_dense_layers == 1
+    bad = copy.deepcopy(KIMI_LINEAR)
+    bad["linear_attn_config"]["kda_layers"] = [1, 2]
+    with pytest.raises(AutoparInputError, match="must cover layers 1..27 once"):
+        _map(bad)
+
+
+@pytest.mark.parametrize("model_type, needle", [("jamba", "Mamba-1"), ("falcon_h1", "side by side")])
+def test_hybrids_autopar_cannot_model_are_refused_with_the_reason(model_type, needle):
+    with pytest.raises(AutoparInputError) as err:
+        _map({"model_type": model_type, "hidden_size": 64})
+    assert WHERE in str(err.value) and needle in str(err.value)

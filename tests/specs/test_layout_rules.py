@@ -174,10 +174,24 @@ def test_expert_ffn_divisible_by_etp():
 
 
 # ---- pipeline --------------------------------------------------------------------------------------------------------
-def test_layers_divisible_by_pp_times_vpp():
+def test_layers_divisible_by_pp_times_vpp_or_a_balanced_split_exists():
     assert_clean(problems(Layout(pp=4, vpp=3), 32))
-    # With pp < 3 there is no first/last-stage trim that could absorb the remainder: always invalid.
-    assert_flags(problems(Layout(pp=2, vpp=5), 16), "num_layers (48) not divisible by pp·vpp = 2·5 = 10")
+    # 48 layers do not divide by pp·vpp = 10, but 24 per rank in 5 chunks (5,5,5,5,4) do: the split solve uses.
+    assert_clean(problems(Layout(pp=2, vpp=5), 16))
+    # 48 layers over 40 stages: 2 per middle stage leave nothing for the ends; no balanced split exists.
+    assert_flags(problems(Layout(pp=40), 40), "num_layers (48) not divisible by pp·vpp = 40·1 = 40, and no balanced")
+
+
+def test_uneven_pipeline_split_by_itself_as_solve_does():
+    """issue 12 item 5: a layout without stage_layers whose layers do not divide gets the split solve searches."""
+    from autopar.search.space import SearchOptions, build_space
+    model, h100 = load_model("deepseek_v3"), load_hardware("h100_sxm")
+    r = resolve_layout(Layout(pp=8, ep=32), model, TRAIN, 256)
+    assert r.stage_layers == (6,) + (8,) * 6 + (7,)
+    space = build_space(model, h100, TRAIN, 256, SearchOptions(pp=[8], ep=[32], tp=[1], cp=[1], etp=[1]))
+    assert space.layout(0, 1, "none", 1, 1).stage_layers == r.stage_layers
+    assert resolve_layout(Layout(pp=2, vpp=5), DENSE, TRAIN, 16).stage_layers == (24, 24)
+    assert Layout(pp=8).layers_per_stage(61) == r.stage_layers
 
 
 def test_vpp_needs_pp():
@@ -251,20 +265,21 @@ def test_tp_inside_the_nvlink_domain():
     assert_clean(problems(wide, 16, hardware=nvl72, allow_cross_domain_tp=False))
 
 
-def test_expert_mesh_inside_the_nvlink_domain():
+def test_expert_parallel_may_span_domains_but_etp_may_not():
     h100, nvl72 = load_hardware("h100_sxm"), load_hardware("gb200_nvl72")
-    assert_flags(problems(Layout(ep=16), 16, MOE, hardware=h100, allow_cross_domain_tp=False),
-                 "ep·etp = 16 exceeds the NVLink domain (8 GPUs on h100_sxm)")
+    assert_clean(problems(Layout(ep=16), 16, MOE, hardware=h100, allow_cross_domain_tp=False))
+    assert_flags(problems(Layout(ep=1, etp=16), 16, MOE, hardware=h100, allow_cross_domain_tp=False),
+                 "etp (16) exceeds the NVLink domain (8 GPUs on h100_sxm)")
     assert_clean(problems(Layout(ep=8), 16, MOE, hardware=h100, allow_cross_domain_tp=False))
     assert_clean(problems(Layout(ep=16, etp=2), 32, MOE, hardware=nvl72, allow_cross_domain_tp=False))
 
 
 # ---- several rules at once and resolve_layout ------------------------------------------------------------------------
 def test_every_broken_rule_is_listed():
-    found = problems(Layout(tp=3, pp=2, vpp=5, ep=2), 30)
+    found = problems(Layout(tp=3, pp=40, ep=2), 240)
     assert len(found) >= 4
     assert_flags(found, "num_attention_heads (32) not divisible by tp (3)")
-    assert_flags(found, "num_layers (48) not divisible by pp·vpp = 2·5 = 10")
+    assert_flags(found, "num_layers (48) not divisible by pp·vpp = 40·1 = 40")
     assert_flags(found, "ep = 2 but dense48 is dense")
 
 

@@ -75,7 +75,31 @@ PUBLISHED: list[tuple[str, str, str, float, str]] = [
     ("llama4_scout", "active", "17", B, "Meta Llama 4 model card"),
     ("llama4_maverick", "total", "400", B, "Meta Llama 4 model card"),
     ("llama4_maverick", "active", "17", B, "Meta Llama 4 model card"),
+    ("report_hybrid_17b", "total", "17.43", B, "reference analysis report, Model table"),
+    ("report_hybrid_17b", "expert", "16.11", B, "reference analysis report, Model table"),
+    ("report_hybrid_17b", "nonexpert", "1.33", B, "reference analysis report, Model table"),
+    ("qwen3_next_80b_a3b", "total", "80", B, "Qwen/Qwen3-Next-80B-A3B model card (80B total)"),
+    ("qwen3_next_80b_a3b", "active_no_emb", "3", B,
+     "Qwen3-Next model card (3B activated); convention inferred (ours with embeddings: 3.87B)"),
+    ("nemotron_h_8b", "total", "8", B, "Nemotron-H paper arXiv 2504.03624 (Nemotron-H-8B)"),
+    ("nemotron3_nano_30b_a3b", "total", "31.6", B, "NVIDIA Nemotron 3 Nano 30B-A3B model card (31.6B total)"),
+    ("nemotron3_nano_30b_a3b", "active", "3.6", B, "Nemotron 3 Nano model card (3.6B active including embeddings)"),
+    ("gemma3_27b", "total", "27", B, "Gemma 3 technical report arXiv 2503.19786 (27B; text model counted here)"),
+    ("gpt_oss_20b", "total", "20.91", B, "gpt-oss model card arXiv 2508.10925"),
+    ("gpt_oss_20b", "active_no_input_emb", "3.61", B, "gpt-oss model card arXiv 2508.10925"),
+    ("grok_1", "total", "314", B, "xai-org/grok-1 README (314B parameters)"),
+    ("kimi_linear_48b_a3b", "active_no_emb", "3", B,
+     "Kimi Linear report arXiv 2510.26692 (3B activated); convention inferred (ours with embeddings: 3.48B)"),
 ]
+# Published figures autopar's count from the released config does not meet, kept as strict expected failures so a
+# change in either is noticed: (zoo name, quantity, printed, unit, source, why).
+DISAGREES = [
+    ("kimi_linear_48b_a3b", "total", "48", B, "Kimi Linear report arXiv 2510.26692 (48B total)",
+     "the config's 26 MoE layers x 256 experts of 1024 alone hold 47.1B; autopar counts 49.12B (+2.3 %)"),
+]
+# MoE models whose source prints no active count, and what it prints instead.
+NO_ACTIVE_FIGURE = {"report_hybrid_17b": "the report prints total, expert and non-expert counts only",
+                    "grok_1": "xAI states only '25% of the weights active on a given token' (ours: 26.5 %)"}
 
 
 def measure(m: ModelSpec, quantity: str) -> int:
@@ -89,6 +113,8 @@ def measure(m: ModelSpec, quantity: str) -> int:
         "active_no_input_emb": m.active_params - input_emb,
         "active_no_emb": m.active_params - input_emb - head,
         "mtp": m.mtp_layers * m.mtp_module_params,
+        "expert": m.expert_params_total,
+        "nonexpert": m.total_params - m.expert_params_total,
     }[quantity]
 
 
@@ -151,8 +177,16 @@ def test_parameter_count_matches_published(name, quantity, printed, unit, source
                         f"off by {rel:.2%}, tolerance {tol:.2%}")
 
 
+@pytest.mark.parametrize("name,quantity,printed,unit,source,why", DISAGREES, ids=[f"{r[0]}-{r[1]}" for r in DISAGREES])
+def test_known_disagreements_with_published_counts(name, quantity, printed, unit, source, why):
+    rel = abs(measure(load_model(name), quantity) - float(printed) * unit) / (float(printed) * unit)
+    if rel > tolerance(printed, unit):
+        pytest.xfail(f"{name} {quantity} off by {rel:.2%} from {printed} ({source}): {why}")
+    pytest.fail(f"{name} {quantity} now matches {printed}: move the row to PUBLISHED")
+
+
 def test_every_public_moe_model_has_an_active_figure():
-    moe = {n for n in ZOO if load_model(n).is_moe}
+    moe = {n for n in ZOO if load_model(n).is_moe} - set(NO_ACTIVE_FIGURE)
     with_active = {r[0] for r in PUBLISHED if r[1].startswith("active")}
     assert moe <= with_active, f"MoE models without a published active count: {sorted(moe - with_active)}"
 

@@ -1,0 +1,126 @@
+"""The runner's linear-attention / SSM mixers (autopar/run/mixers.py): chunked == recurrent on CPU (values and
+gradients), a hybrid model builds and splits over pipeline stages with the full model's weights, and (slow) its
+loss under TP and PP equals the single-process loss."""
+
+from __future__ import annotations
+
+import os
+from unittest import mock
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from autopar.run.mixers import (LinearMixer, chunk_decay_attention, chunk_gated_delta_rule,  # noqa: E402
+                                    recurrent_decay_attention, recurrent_gated_delta_rule)
+from autopar.run.model import Transformer, init_weights  # noqa: E402
+from autopar.run.pipeline import stage_plans  # noqa: E402
+from autopar.specs import Layout, ModelSpec, TrainingSpec  # noqa: E402
+from autopar.specs.mixers import MixerSpec  # noqa: E402
+
+def _rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("scalar", [False, True])
+@pytest.mark.parametrize("s, chunk", [(16, 4), (19, 8), (8, 16)])
+def test_decay_attention_chunked_equals_recurrent(scalar, s, chunk):
+    b, H, dk, dv = 2, 3, 5, 4
+    q, k, v = _rand(b, H, s, dk, seed=1), _rand(b, H, s, dk, seed=2), _rand(b, H, s, dv, seed=3)
+    logit = _rand(b, H, s, *(() if scalar else (dk,)), seed=4)
+    for t in (q, k, v, logit):
+        t.requires_grad_(True)
+    def decay():
+        return torch.nn.functional.logsigmoid(logit)
+    ref = recurrent_decay_attention(q, k, v, decay())
+    out = chunk_decay_attention(q, k, v, decay(), chunk)
+    assert torch.allclose(out, ref, rtol=1e-9, atol=1e-10)
+    g_ref = torch.autograd.grad(ref.square().sum(), (q, k, v, logit))
+    g_out = torch.autograd.grad(out.square().sum(), (q, k, v, logit))
+    for a, b_ in zip(g_out, g_ref):
+        assert torch.allclose(a, b_, rtol=1e-8, atol=1e-9)
+
+
+@pytest.mark.parametrize("s, chunk", [(16, 4), (21, 8), (8, 16)])
+def test_gated_delta_rule_chunked_equals_recurrent(s, chunk):
+    b, H, dk, dv = 2, 2, 6, 5
+    q = _rand(b, H, s, dk, seed=5)
+    k = torch.nn.functional.normalize(_rand(b, H, s, dk, seed=6), dim=-1)
+    v = _rand(b, H, s, dv, seed=7)
+    beta_logit, a_logit = _rand(b, H, s, seed=8), _rand(b, H, s, seed=9)
+    for t in (q, v, beta_logit, a_logit):
+        t.requires_grad_(True)
+    def args():
+        return q, k, v, beta_logit.sigmoid(), torch.nn.functional.logsigmoid(a_logit)
+    ref = recurrent_gated_delta_rule(*args())
+    out = chunk_gated_delta_rule(*args(), chunk=chunk)
+    assert torch.allclose(out, ref, rtol=1e-9, atol=1e-10)
+    g_ref = torch.autograd.grad(ref.square().sum(), (q, v, beta_logit, a_logit))
+    g_out = torch.autograd.grad(out.square().sum(), (q, v, beta_logit, a_logit))
+    for a, b_ in zip(g_out, g_ref):
+        assert torch.allclose(a, b_, rtol=1e-8, atol=1e-9)
+
+
+MIXERS = {
+    "gla": dict(kind="gla", num_heads=4, head_dim=16, gate_low_rank=8, output_gate=True, chunk_size=8),
+    "gdn": dict(kind="gated_deltanet", num_heads=2, num_value_heads=4, head_dim=16, output_gate=True, chunk_size=8),
+    "lit": dict(kind="lightning", num_heads=4, head_dim=16, output_gate=True, chunk_size=8),
+    "mam": dict(kind="mamba2", num_heads=4, head_dim=16, state_size=8, n_groups=2, chunk_size=8),
+}
+HYBRID = ModelSpec(name="tiny_hybrid", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
+                   num_kv_heads=2, vocab_size=128, mixers={"gla": MIXERS["gla"], "gdn": MIXERS["gdn"],
+                                                           "mam": MIXERS["mam"]},
+                   layer_pattern=["gla", "gdn", "attention", "mam"])
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_each_mixer_runs_forward_and_backward(name):
+    spec = ModelSpec(name="t", num_layers=1, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
+                     vocab_size=128, mixers={"m": MIXERS[name]}, layer_pattern=["m"])
+    mod = LinearMixer(spec, MixerSpec(**MIXERS[name]))
+    x = torch.randn(2, 19, 64, requires_grad=True)
+    y = mod(x)
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    y.square().mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in mod.parameters())
+
+
+def test_hybrid_model_splits_over_pipeline_stages_with_the_full_weights():
+    full = Transformer(HYBRID, 16)
+    init_weights(full, seed=3)
+    ref = dict(full.named_parameters())
+    assert isinstance(full.layers["0"].attention, LinearMixer) and not isinstance(full.layers["2"].attention,
+                                                                                 LinearMixer)
+    layout = Layout(pp=2, stage_layers=(1, 3))
+    for rank in range(2):
+        for plan in stage_plans(layout, HYBRID.num_layers, rank):
+            stage = Transformer(HYBRID, 16, plan.layer_ids, plan.first, plan.last)
+            init_weights(stage, seed=3)
+            for n, p in stage.named_parameters():
+                assert torch.equal(p, ref[n]), n
+    logits = full(torch.randint(0, 128, (2, 16)))
+    assert logits.shape == (2, 16, 128) and torch.isfinite(logits).all()
+
+
+def test_context_parallel_swap_of_a_linear_scan_is_refused_clearly():
+    mod = LinearMixer(HYBRID, MixerSpec(**MIXERS["gla"]))
+    with pytest.raises(ValueError, match="no context parallelism for gla layers"):
+        mod.core = torch.nn.Identity()
+    from autopar.run.recompute import Checkpointed
+    mod.core = Checkpointed(mod.core)     # selective recomputation's wrapper is fine
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world, layout", [(2, dict(tp=2, sequence_parallel=False)), (2, dict(pp=2)),
+                                           (4, dict(tp=2, pp=2))],
+                         ids=["tp2", "pp2", "tp2-sp-pp2"])
+def test_hybrid_losses_match_the_single_process_run(world, layout):
+    from autopar.run.launch import run_layout
+    from autopar.run.worker import OPTIMIZER_ENV
+    tr = TrainingSpec(seq_len=32, global_batch=8)
+    with mock.patch.dict(os.environ, {OPTIMIZER_ENV: "sgd"}):
+        ref = run_layout(HYBRID, Layout(), tr, world=1, steps=3, timeout_s=180)
+        got = run_layout(HYBRID, Layout(**layout), tr, world=world, steps=3, timeout_s=180)
+    assert ref.ok, (ref.failure, ref.log_path)
+    assert got.ok, (got.failure, got.log_path)
+    assert got.losses == pytest.approx(ref.losses, rel=1e-5)

@@ -1,0 +1,205 @@
+"""Per-layer token mixers (issue 12 item 1): each mixer's parameters and FLOPs against a hand count, the layer
+pattern's validation, TP rules, the cost-balanced pipeline split and CP's state pass for linear layers."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import pytest
+
+from autopar.cost import Estimator
+from autopar.errors import AutoparInputError
+from autopar.specs.layout import Layout, check_layout, cost_balanced_stage_layers, resolve_layout
+from autopar.specs.loaders import build_spec, load_hardware, load_model
+from autopar.specs.mixers import MixerSpec
+from autopar.specs.model import ModelSpec
+from autopar.specs.training import TrainingSpec
+
+H100 = load_hardware("h100_sxm")
+
+
+def hybrid(mixers: dict, pattern: list[str], **kw) -> ModelSpec:
+    base = dict(name="hyb", num_layers=len(pattern), hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=16,
+                num_kv_heads=4, vocab_size=32000, mixers=mixers, layer_pattern=pattern)
+    base.update(kw)
+    return ModelSpec(**base)
+
+
+# ---- parameters and FLOPs per mixer, by hand ----------------------------------------------------------------
+def test_gla_parameters_and_flops():
+    """FLA GatedLinearAttention, 16 heads x 128, low-rank 16 forget gate, output gate, h = 2048."""
+    g = MixerSpec(kind="gla", num_heads=16, head_dim=128, gate_low_rank=16, output_gate=True)
+    h = 2048
+    q = k = v = gate = o = h * 2048                     # 16 heads x 128 = 2048 wide
+    gk = h * 16 + 16 * 2048                             # low-rank forget gate
+    assert g.gemm_params(h) == q + k + v + gate + o + gk
+    assert g.other_params() == 2048 + 128               # gk bias, shared per-head norm
+    # chunk 64: intra-chunk 2·32·(128+128), state output and update 4·128·128, per head
+    assert g.core_flops() == 16 * (2 * 32 * 256 + 4 * 128 * 128)
+    assert g.state_elems() == 16 * 128 * 128
+
+
+def test_gated_deltanet_parameters_and_flops_qwen3_next_shape():
+    """Qwen3-Next GatedDeltaNet: 16 QK heads, 32 V heads, 128 each, conv 4 (in_proj_qkvz, in_proj_ba, out_proj)."""
+    d = MixerSpec(kind="gated_deltanet", num_heads=16, num_value_heads=32, head_dim=128, conv_kernel=4,
+                  output_gate=True)
+    h = 2048
+    in_qkvz = h * (2 * 16 * 128 + 2 * 32 * 128)
+    in_ba = h * 2 * 32
+    out = 32 * 128 * h
+    assert d.gemm_params(h) == in_qkvz + in_ba + out
+    conv_channels = 2 * 16 * 128 + 32 * 128
+    assert d.other_params() == 4 * conv_channels + 2 * 32 + 128
+    C = 64
+    per_head = (2 * (C / 2) * 128          # K K^T (lower triangle)
+                + C * C / 3                # triangular inverse, C^3/3 per chunk
+                + 2 * (C / 2) * 128 + 2 * (C / 2) * 128   # W = T K, U = T V
+                + 2 * (C / 2) * 128 + 2 * (C / 2) * 128   # Q K^T, scores (U - W S)
+                + 3 * 2 * 128 * 128)       # W S, Q S, state update
+    assert d.core_flops() == pytest.approx(2 * 4 * conv_channels + 32 * per_head)
+
+
+def test_mamba2_parameters_and_flops_nemotron_h_shape():
+    """Nemotron-H 8B Mamba-2 mixer: h 4096, 128 heads x 64, state 128, 8 groups, conv 4."""
+    m = MixerSpec(kind="mamba2", num_heads=128, head_dim=64, state_size=128, n_groups=8, conv_kernel=4)
+    h, d_in = 4096, 128 * 64
+    assert m.gemm_params(h) == h * (2 * d_in + 2 * 8 * 128 + 128) + d_in * h
+    xbc = d_in + 2 * 8 * 128
+    assert m.other_params() == 4 * xbc + xbc + 3 * 128 + d_in
+    C = 64
+    assert m.core_flops() == 2 * 4 * xbc + 8 * 2 * (C / 2) * 128 + 128 * (2 * (C / 2) * 64 + 4 * 128 * 64)
+    assert m.state_elems() == 128 * 64 * 128 + 3 * xbc
+
+
+def test_lightning_parameters_and_flops():
+    li = MixerSpec(kind="lightning", num_heads=8, head_dim=64, output_gate=True)
+    assert li.gemm_params(512) == 5 * 512 * 512
+    assert li.core_flops() == 8 * (2 * 32 * 128 + 4 * 64 * 64)
+
+
+def test_attention_variants_window_chunk_sinks_and_gate():
+    m = hybrid({"local": {"kind": "attention", "chunk": 8192}, "swa": {"kind": "attention", "window": 128,
+                                                                        "sinks": True, "output_gate": True}},
+               ["local", "swa", "attention", "attention"])
+    s, a, d = 16384, 16, 128
+    assert m.attention_core_flops_per_token(0, s) == 2 * 4096 * a * 2 * d      # a chunk of 8192: 4096 keys on average
+    assert m.attention_core_flops_per_token(1, s) == 2 * 128 * a * 2 * d       # window 128
+    assert m.attention_core_flops_per_token(2, s) == 2 * (s / 2) * a * 2 * d   # causal
+    assert m.mixer_params(1) == m.attention_params + a + 2048 * a * d           # + sinks + output gate
+    assert m.attention_layers == (0, 1, 2, 3) and not m.is_hybrid
+
+
+def test_layer_flops_are_the_sum_of_their_parts_and_totals_add_up():
+    m = load_model("report_hybrid_17b")
+    s = 4096
+    for i in (0, 1, 3):
+        expect = (2 * m.mixer_gemm_params(i) + m.attention_core_flops_per_token(i, s)
+                  + m.mixer_core_flops_per_token(i) + m.channel_forward_flops_per_token(i))
+        assert m.layer_forward_flops_per_token(i, s) == expect
+    assert m.mixer_core_flops_per_token(3) == 0 and m.attention_core_flops_per_token(0, s) == 0
+    assert m.total_params == (m.embedding_params + m.lm_head_params
+                              + sum(m.layer_nonexpert_params(i) + m.layer_expert_params(i) for i in range(21)))
+
+
+# ---- the reference report's model ------------------------------------------------------------------------------
+def test_reference_report_model_matches_the_report():
+    """17.43B (16.11B expert, 1.33B non-expert) within 2 %; forward 13.33 TFLOPs per 4096-token sample within 5 %."""
+    m = load_model("report_hybrid_17b")
+    assert m.mixer_counts() == {"gla": 16, "attention": 5}
+    assert (m.num_moe_layers, m.num_dense_layers) == (20, 1)
+    assert m.total_params == pytest.approx(17.43e9, rel=0.02)
+    assert m.expert_params_total == pytest.approx(16.11e9, rel=0.02)
+    assert m.total_params - m.expert_params_total == pytest.approx(1.33e9, rel=0.02)
+    assert m.forward_flops_per_token(4096) * 4096 == pytest.approx(13.33e12, rel=0.05)
+
+
+# ---- validation ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fields, needle", [
+    (dict(layer_pattern=["gla", "nope"]), "unknown mixer(s) ['nope']"),
+    (dict(layer_pattern=["gla", "gla", "attention"]), "does not tile num_layers (4)"),
+    (dict(mixers={"gla": {"kind": "gla", "num_heads": 4, "head_dim": 64, "window": 8}}), "window, chunk and sinks"),
+    (dict(mixers={"m": {"kind": "mamba2", "num_heads": 4, "head_dim": 64}}, layer_pattern=["m", "attention"]),
+     "needs state_size"),
+    (dict(mixers={"gla": {"kind": "gla", "num_heads": 4, "head_dim": 64}, "x": {"kind": "lightning", "num_heads": 4,
+                                                                                "head_dim": 64}}),
+     "no layer_pattern entry uses them"),
+    (dict(layer_pattern=["none", "gla"], mlp_pattern=["none", "dense"]), "neither a token mixer nor a channel mixer"),
+    (dict(mixers={"attention": {"kind": "gla", "num_heads": 4, "head_dim": 64}}, layer_pattern=["attention"]),
+     "may not be named"),
+])
+def test_bad_patterns_are_one_clear_error(fields, needle):
+    data = dict(name="bad", num_layers=4, hidden_size=256, ffn_hidden_size=512, num_attention_heads=4, vocab_size=100,
+                mixers={"gla": {"kind": "gla", "num_heads": 4, "head_dim": 64}}, layer_pattern=["gla", "attention"])
+    data.update(fields)
+    with pytest.raises(AutoparInputError) as err:
+        build_spec(ModelSpec, data, "model.yaml")
+    assert needle in str(err.value)
+
+
+def test_nemotron_h_style_layers_without_mlp_or_mixer():
+    m = hybrid({"m": {"kind": "mamba2", "num_heads": 32, "head_dim": 64, "state_size": 128, "n_groups": 8,
+                      "conv_kernel": 4}},
+               ["m", "none", "m", "attention"], mlp_pattern=["none", "dense", "none", "none"])
+    assert m.layer_norms(0) == m.norm_params and m.layer_norms(1) == m.norm_params
+    assert m.layer_nonexpert_params(1) == m.mlp_params(8192) + m.norm_params
+    assert m.channel_forward_flops_per_token(0) == 0 and m.num_dense_layers == 1
+
+
+def test_tp_splits_linear_mixers_by_heads():
+    m = hybrid({"m": {"kind": "mamba2", "num_heads": 20, "head_dim": 64, "state_size": 128, "n_groups": 2}},
+               ["m", "attention"] * 2)
+    tr = TrainingSpec(seq_len=4096, global_batch=64)
+    assert check_layout(Layout(tp=2), m, tr, 8) == []
+    found = check_layout(Layout(tp=4), m, tr, 8)
+    assert any("mixer 'm' (mamba2): n_groups (2) not divisible by tp (4)" in p for p in found), found
+    found = check_layout(Layout(tp=8), m, tr, 8)
+    assert any("num_heads (20) not divisible by tp (8)" in p for p in found), found
+
+
+# ---- pipeline split by cost ---------------------------------------------------------------------------------------
+def _max_stage(costs, sizes, tail):
+    out, i = [], 0
+    for n in sizes:
+        out.append(sum(costs[i:i + n]))
+        i += n
+    out[-1] += tail
+    return max(out)
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4, 5])
+def test_cost_balanced_split_is_optimal(pp):
+    costs = [3.0, 1.0, 1.0, 1.0, 5.0, 1.0, 1.0, 2.0, 4.0, 1.0, 1.0]
+    tail = 2.5
+    got = cost_balanced_stage_layers(costs, pp, tail)
+    assert len(got) == pp and sum(got) == len(costs) and min(got) >= 1
+    best = min(_max_stage(costs, [b - a for a, b in zip((0, *cuts), (*cuts, len(costs)))], tail)
+               for cuts in combinations(range(1, len(costs)), pp - 1))
+    assert _max_stage(costs, got, tail) == pytest.approx(best)
+
+
+def test_hybrid_model_pipeline_is_balanced_by_cost_not_count():
+    m = load_model("report_hybrid_17b")
+    tr = TrainingSpec(seq_len=4096, global_batch=512)
+    r = resolve_layout(Layout(pp=3), m, tr, 3)
+    costs = [m.layer_forward_flops_per_token(i, 4096) for i in range(21)]
+    tail = m.head_forward_flops_per_token()
+    assert r.stage_layers != (7, 7, 7)           # the LM head (2·h·V) weighs on the last stage
+    assert _max_stage(costs, r.stage_layers, tail) < _max_stage(costs, (7, 7, 7), tail)
+
+
+# ---- context parallel: linear layers pass a state, attention layers a KV ring -------------------------------------
+def test_cp_passes_the_state_for_linear_layers():
+    gla = {"gla": {"kind": "gla", "num_heads": 16, "head_dim": 128}}
+    tr = TrainingSpec(seq_len=8192, global_batch=64)
+    lin = hybrid(gla, ["gla"] * 4)
+    att = hybrid(gla, ["gla", "gla", "gla", "attention"])
+    L = Layout(cp=4)
+    t_lin = Estimator(lin, H100, tr, 4).estimate(L).time_s.cp
+    est = Estimator(lin, H100, tr, 4)
+    net = est.net
+    state_bytes = 4 * 16 * 128 * 128 * tr.activation_bytes          # 4 layers, one sequence (micro-batch 1)
+    c, t0 = net.coefficients("send_recv", 2, 1)
+    M = 64                                                            # micro-batches per step (64 sequences, dp 1)
+    assert t_lin == pytest.approx(M * 2 * 3 * (state_bytes * c + 4 * t0))   # forward + backward, cp - 1 = 3 hops
+    t_att = Estimator(att, H100, tr, 4).estimate(L).time_s.cp
+    assert t_att > 0 and t_att != t_lin
