@@ -263,7 +263,12 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         est = Estimator(model, hw, training, gpus)
         best = None
         interleaved = "interleaved" in row.get("notes", "")   # the source says V > 1 without giving it
-        choices = product(range(1, 9) if choose_vpp else [layout.vpp],
+        # Uneven virtual chunks: Megatron-LM's --pipeline-model-parallel-layout (2025, the moezoo rows) and Llama
+        # 3's own pipeline (arXiv 2407.21783 sec. 3.3.2) have them; Megatron-Core r0.8 and NeMo 24.07 on it need
+        # pp·V to divide the layers.
+        vpps = [v for v in range(1, 9)
+                if src in ("moezoo", "l3paper") or v == 1 or model.num_layers % (pp * v) == 0]
+        choices = product(vpps if choose_vpp else [layout.vpp],
                           _recompute_choices() if choose_rc else [layout.recompute],
                           [k / 8 for k in range(1, 9)] if offload else [0.0])
         for v, policy, share in choices:
