@@ -44,14 +44,12 @@ Projections are GEMMs: 2 FLOPs per weight per token (their weights are :func:`ge
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from autopar.specs._base import Spec
 
-if TYPE_CHECKING:
-    from autopar.specs.model import ModelSpec
 
 MixerKind = Literal["attention", "gla", "gated_deltanet", "kda", "lightning", "mamba2"]
 LINEAR_KINDS = ("gla", "gated_deltanet", "kda", "lightning", "mamba2")
@@ -255,7 +253,3 @@ class MixerSpec(Spec):
             return f"mixer '{name}' (mamba2): n_groups ({self.n_groups}) not divisible by tp ({tp})"
         return None
 
-
-def default_attention(model: "ModelSpec", windowed: bool) -> MixerSpec:
-    """The model's standard attention as a mixer (window from the ModelSpec's sliding-window fields)."""
-    return MixerSpec(kind="attention", window=model.sliding_window if windowed else None)

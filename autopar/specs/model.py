@@ -31,7 +31,7 @@ from pydantic import Field, model_validator
 
 from autopar.specs._base import Spec
 from autopar.specs.bounds import limit
-from autopar.specs.mixers import MixerSpec, default_attention
+from autopar.specs.mixers import MixerSpec
 
 ChannelKind = Literal["dense", "moe", "none"]
 
@@ -217,7 +217,8 @@ class ModelSpec(Spec):
             if name == "none":
                 out.append(None)
             elif name == "attention" and self.is_windowed_layer(i):
-                windowed = windowed or default_attention(self, True)
+                # the model's standard attention over its sliding window
+                windowed = windowed or MixerSpec(kind="attention", window=self.sliding_window)
                 out.append(windowed)
             else:
                 out.append(plain if name == "attention" else self.mixers[name])
