@@ -80,8 +80,11 @@ def explain_infeasible(space: Space, est: Estimator, cands: Candidates, blamed: 
             lines.append(f"at seq {training.seq_len} the smallest per-GPU memory reachable on {gpus} "
                          f"{hardware.name} is {e.memory_gib.total:.1f} GiB ({L.short()}), "
                          f"HBM is {hardware.hbm_gib:.1f} GiB")
-    # Larger GPU counts to try: the next powers of two and doublings of the request, up to 64x.
-    counts = sorted({gpus * 2 ** i for i in range(1, 7)} | {2 ** k for k in range(1, 40) if gpus < 2 ** k <= 64 * gpus})
+    # Larger GPU counts to try: the next powers of two and doublings of the request, up to 64x and the GPU bound.
+    from autopar.specs.bounds import limit
+    top = min(64 * gpus, int(limit("gpus")))
+    counts = sorted(n for n in {gpus * 2 ** i for i in range(1, 7)} | {2 ** k for k in range(1, 40)}
+                    if gpus < n <= top)
     options = space.options
     for n in counts:
         big = build_space(model, hardware, training, n, options)
@@ -100,7 +103,8 @@ def explain_infeasible(space: Space, est: Estimator, cands: Candidates, blamed: 
                          f"{res.plans[0].layout.short()}")
             break
     else:
-        lines.append(f"nothing fits up to {64 * gpus} GPUs")
+        lines.append(f"nothing fits up to {top:,} GPUs" + (" (autopar's bound on the GPU count)"
+                                                           if top < 64 * gpus else ""))
     return lines
 
 

@@ -201,3 +201,14 @@ def test_a_spent_time_limit_answers_feasible_with_a_gap_and_stops_the_explanatio
                 SearchOptions(**{**OPTS, "time_limit_s": 1e-9}), with_heuristic=False)
     assert not res.plans and "hbm capacity" in res.explanation[0]
     assert any("time limit" in line for line in res.explanation)
+
+
+def test_smallest_gpu_count_search_stops_at_the_gpu_bound():
+    # Nothing fits even at autopar's largest GPU count: the explanation says so instead of trying a count that
+    # its own input bounds reject.
+    from autopar import TrainingSpec as TS
+    from autopar.search import solve as _solve
+    res = _solve("kimi_k2", "h100_sxm", TS(seq_len=1_048_576, global_batch=1), 1_048_576,
+                 SearchOptions(time_limit_s=30))
+    assert not res.plans
+    assert any("nothing fits up to 1,048,576 GPUs (autopar's bound" in line for line in res.explanation)
