@@ -118,6 +118,17 @@ def head_time(kern: Kernels, prof: ModelProfile, L: Layout, tr: TrainingSpec, to
     return g[0] + ce / 3.0, g[1] + 2.0 * ce / 3.0
 
 
+# Embedding backward, per micro-batch: torch's embedding_dense_backward zero-fills a dense V/tp x h gradient (2 B)
+# and scatter-adds the tokens' rows into it; the framework then adds it into the fp32 main-gradient buffer (read
+# 2 B + 4 B, write 4 B; Megatron-Core DistributedDataParallel's main_grad.add_): 12 B per embedding element.
+EMBEDDING_GRAD_BYTES = 12.0
+
+
+def embedding_grad_time(kern: Kernels, prof: ModelProfile, L: Layout) -> float:
+    """Seconds of the first stage's embedding backward over its V/tp x h table (memory-bound)."""
+    return kern.stream(EMBEDDING_GRAD_BYTES * prof.vocab * prof.hidden / L.tp)
+
+
 def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
                     overhead_s: float = 0.0, imbalance: float = 1.0) -> tuple[float, float]:
     """(total, forward-only) seconds of one micro-batch's kernels on one GPU of stage ``st``: forward +
@@ -130,6 +141,8 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
         bwd += count * b
         rc += count * r
     n_layers = st.n_layers
+    if st.is_first:
+        bwd += embedding_grad_time(kern, prof, L)
     if st.is_last:
         hf, hb = head_time(kern, prof, L, tr, tokens)
         fwd, bwd = fwd + hf, bwd + hb
@@ -171,6 +184,8 @@ def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
             if rc:
                 out["recomputation"] = out.get("recomputation", 0.0) + count * rc
     n_layers = st.n_layers + (prof.mtp_layers if st.is_last else 0)
+    if st.is_first:
+        out["memory-bound"] = out.get("memory-bound", 0.0) + embedding_grad_time(kern, prof, L)
     if st.is_last:
         hf, hb = head_time(kern, prof, L, tr, tokens)
         out["LM head + loss"] = (1 + prof.mtp_layers) * (hf + hb)
