@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from autopar.cli.common import SCHEMA_VERSION
+from autopar.cost.result import MemoryBreakdown, TimeBreakdown
 from autopar.specs.layout import Layout
 
 
@@ -21,28 +23,14 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class MemoryOut(_Out):
-    """GiB per GPU on the fullest pipeline stage (autopar/cost/legend.py MEMORY_LEGEND says what each counts)."""
-    weights: float
-    grads: float
-    optimizer: float
-    activations: float
-    buffers: float
-    reserve: float
-    total: float
-
-
-class TimeOut(_Out):
-    """Seconds per step on the critical path (autopar/cost/legend.py TIME_LEGEND)."""
-    compute: float
-    tp: float
-    cp: float
-    ep: float
-    dp: float
-    pp_bubble: float
-    pp_p2p: float
-    optimizer: float
-    offload: float
+# The breakdowns' keys are the cost model's own dataclass fields (MemoryBreakdown.to_dict adds its total).
+MemoryOut = create_model(
+    "MemoryOut", __base__=_Out,
+    __doc__="GiB per GPU on the fullest pipeline stage (autopar/cost/legend.py MEMORY_LEGEND says what each counts).",
+    **{f.name: (float, ...) for f in fields(MemoryBreakdown)}, total=(float, ...))
+TimeOut = create_model(
+    "TimeOut", __base__=_Out, __doc__="Seconds per step on the critical path (autopar/cost/legend.py TIME_LEGEND).",
+    **{f.name: (float, ...) for f in fields(TimeBreakdown)})
 
 
 # The resolved layout: Layout's fields (their types and descriptions), plus the expert data-parallel degree.

@@ -268,17 +268,22 @@ def _mixtral(r: _Reader) -> dict[str, Any]:
     return f
 
 
-def _qwen_moe(r: _Reader, f: dict[str, Any]) -> dict[str, Any]:
+def _qwen_moe(r: _Reader, f: dict[str, Any], shared: bool = False) -> dict[str, Any]:
     """Qwen2-MoE / Qwen3-MoE layer pattern: layer i is MoE unless listed in mlp_only_layers, and only if
-    (i + 1) % decoder_sparse_step == 0."""
+    (i + 1) % decoder_sparse_step == 0. ``shared``: the family has one optional shared expert of width
+    shared_expert_intermediate_size (Qwen2-MoE, Qwen3-Next)."""
     n = f["num_layers"]
     step = r.count("decoder_sparse_step", 1)
     mlp_only = set(r.layer_list("mlp_only_layers", []))
     moe_layers = [i for i in range(n) if i not in mlp_only and (i + 1) % step == 0]
     first_dense, interval = _moe_from_lists(r, n, moe_layers, "decoder_sparse_step / mlp_only_layers")
-    return dict(num_experts=r.get("num_experts"), top_k=r.get("num_experts_per_tok"),
-                expert_ffn_hidden_size=r.get("moe_intermediate_size"),
-                first_dense_layers=first_dense, moe_layer_interval=interval)
+    moe = dict(num_experts=r.get("num_experts"), top_k=r.get("num_experts_per_tok"),
+               expert_ffn_hidden_size=r.get("moe_intermediate_size"),
+               first_dense_layers=first_dense, moe_layer_interval=interval)
+    width = r.get("shared_expert_intermediate_size", 0) if shared else 0
+    if width:
+        moe.update(num_shared_experts=1, shared_expert_ffn_hidden_size=width)
+    return moe
 
 
 def _qwen2(r: _Reader) -> dict[str, Any]:
@@ -290,11 +295,7 @@ def _qwen2(r: _Reader) -> dict[str, Any]:
 
 def _qwen2_moe(r: _Reader) -> dict[str, Any]:
     f = _qwen2(r)
-    moe = _qwen_moe(r, f)
-    shared = r.get("shared_expert_intermediate_size", 0)
-    if shared:
-        moe.update(num_shared_experts=1, shared_expert_ffn_hidden_size=shared)
-    f["moe"] = moe
+    f["moe"] = _qwen_moe(r, f, shared=True)
     return f
 
 
@@ -426,11 +427,7 @@ def _qwen3_next(r: _Reader) -> dict[str, Any]:
                                value_head_dim=r.get("linear_value_head_dim"),
                                conv_kernel=r.get("linear_conv_kernel_dim", 4), output_gate=True)}
     f["layer_pattern"] = ["gated_attention" if t == "full_attention" else "gated_deltanet" for t in types]
-    moe = _qwen_moe(r, f)
-    shared = r.get("shared_expert_intermediate_size", 0)
-    if shared:
-        moe.update(num_shared_experts=1, shared_expert_ffn_hidden_size=shared)
-    f["moe"] = moe
+    f["moe"] = _qwen_moe(r, f, shared=True)
     return f
 
 
