@@ -90,6 +90,15 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
     return {k: (v[0], v[1]) for k, v in parts.items()}
 
 
+def recomputed_parts(L: Layout, parts: dict) -> set[str]:
+    """The parts of a layer whose forward kernels the layout's recompute policy runs again."""
+    if L.recompute == "full":
+        return set(parts)
+    if L.recompute == "none":
+        return set()
+    return {p for mod in L.recompute_modules for p in RECOMPUTE_PARTS.get(mod, ()) if p in parts}
+
+
 def _layer_times(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: TrainingSpec, tokens: float,
                  imbalance: float) -> tuple[float, float, float]:
     """(forward, backward, recompute) seconds of one layer of kind j, cached per layout axes it depends on."""
@@ -99,13 +108,7 @@ def _layer_times(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: Train
         parts = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
         fwd = sum(v[0] for v in parts.values())
         bwd = sum(v[1] for v in parts.values())
-        if L.recompute == "full":
-            rc = fwd
-        elif L.recompute == "none":
-            rc = 0.0
-        else:
-            names = {p for mod in L.recompute_modules for p in RECOMPUTE_PARTS.get(mod, ())}
-            rc = sum(parts[p][0] for p in names if p in parts)
+        rc = sum(parts[p][0] for p in recomputed_parts(L, parts))
         hit = kern.cache[key] = (fwd, bwd, rc)
     return hit
 
@@ -175,8 +178,7 @@ def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         kinds.append((prof.kind_of[-1], prof.mtp_layers))
     for j, count in kinds:
         parts = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
-        rc_names = (set(parts) if L.recompute == "full" else set() if L.recompute == "none" else
-                    {p for mod in L.recompute_modules for p in RECOMPUTE_PARTS.get(mod, ())})
+        rc_names = recomputed_parts(L, parts)
         for name, (f, b) in parts.items():
             cls = KERNEL_CLASS[name]
             rc = f if name in rc_names else 0.0
