@@ -98,6 +98,12 @@ def efficiency_for(report: FitReport, hw: HardwareSpec) -> Efficiency:
 _BEGIN = "# --- calibrated efficiency (autopar validate --fit --write) ---"
 
 
+def has_calibrated_block(path: Path) -> bool:
+    """Whether a hardware YAML carries a block written by :func:`write_efficiency` (only those are refreshed: a
+    file without one keeps the defaults its author chose)."""
+    return _BEGIN in path.read_text()
+
+
 def write_efficiency(path: Path, eff: Efficiency, note: str) -> None:
     """Replace (or append) the calibrated ``efficiency:`` block of a hardware YAML, keeping its comments."""
     import yaml
@@ -106,7 +112,9 @@ def write_efficiency(path: Path, eff: Efficiency, note: str) -> None:
         text = text[:text.index(_BEGIN)].rstrip() + "\n"
     elif "\nefficiency:" in text:
         raise ValueError(f"{path}: has a hand-written efficiency section; not overwriting it")
-    block = yaml.safe_dump({"efficiency": eff.model_dump(mode="json")}, sort_keys=False)
+    # Four significant digits: every fitted constant's standard error is far larger than the fifth.
+    values = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in eff.model_dump(mode="json").items()}
+    block = yaml.safe_dump({"efficiency": values}, sort_keys=False)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(f"{text}\n{_BEGIN}\n# {note}\n{block}")
     tmp.replace(path)

@@ -62,3 +62,20 @@ def test_fit_starts_inside_the_bounds_and_reports_constants_at_a_bound(monkeypat
     res = cal.fit(pick)
     assert res.constant("tp_overlap").after == 0.25
     assert "tp_overlap" in {c.name for c in res.pinned}
+
+
+def test_fit_write_refreshes_only_calibrated_files_with_four_significant_digits(tmp_path, capsys):
+    """``validate --fit --write --out DIR`` refreshes the calibrated block of the files that carry one, each value to
+    four significant digits, and leaves a file without one (the report's accelerator) alone."""
+    import yaml
+
+    from autopar.cli.main import main
+    from autopar.validation import DEFAULT_CSV
+    csv = tmp_path / "runs.csv"
+    csv.write_text("".join(DEFAULT_CSV.read_text().splitlines(keepends=True)[:4]))
+    out = tmp_path / "hw"
+    assert main(["validate", "--csv", str(csv), "--fit", "--write", "--out", str(out)]) == 0
+    assert "left report_accel_128 as it is" in capsys.readouterr().out
+    assert not (out / "report_accel_128.yaml").exists()
+    eff = yaml.safe_load((out / "h100_sxm.yaml").read_text())["efficiency"]
+    assert eff and all(float(f"{v:.4g}") == v for v in eff.values())

@@ -90,13 +90,15 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
     return {k: (v[0], v[1]) for k, v in parts.items()}
 
 
-def recomputed_parts(L: Layout, parts: dict) -> set[str]:
-    """The parts of a layer whose forward kernels the layout's recompute policy runs again."""
+def recomputed_parts(L: Layout, parts: dict) -> tuple[str, ...]:
+    """The parts of a layer whose forward kernels the layout's recompute policy runs again, in ``parts``' order
+    (a fixed order keeps the floating-point sums identical from run to run, whatever the string hash seed)."""
     if L.recompute == "full":
-        return set(parts)
+        return tuple(parts)
     if L.recompute == "none":
-        return set()
-    return {p for mod in L.recompute_modules for p in RECOMPUTE_PARTS.get(mod, ()) if p in parts}
+        return ()
+    chosen = {p for mod in L.recompute_modules for p in RECOMPUTE_PARTS.get(mod, ())}
+    return tuple(p for p in parts if p in chosen)
 
 
 def _layer_times(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: TrainingSpec, tokens: float,

@@ -8,7 +8,8 @@ Every kernel is priced by what the hardware does with it, not by one "efficiency
   :class:`autopar.specs.hardware.KernelModel`; the backward pass is two GEMMs of the same size (input gradient
   M x K x N, weight gradient K x N x M; Narayanan et al. 2021, arXiv 2104.04473 sec. 5.1: backward = 2x
   forward), whose shape factors are the same product.
-* **Grouped GEMM** (routed experts): the same, per local expert of M_e tokens, times ``grouped_gemm``.
+* **Grouped GEMM** (routed experts): the same, per local expert of M_e tokens, times ``grouped_gemm`` of the
+  precision.
 * **Attention core** (QK^T, softmax, AV in one flash kernel; Dao 2023, arXiv 2307.08691): forward F at
   eff_attn(span, d) of the attention peak, backward 2.5·F (FlashAttention-2 sec. 4: the backward runs 5 GEMMs
   to the forward's 2) at the backward efficiency.
@@ -52,6 +53,7 @@ class Kernels:
         self.hbm_bytes_per_s = hw.hbm_tbps * 1e12 * km.hbm
         self.fp8 = tr.precision in FP8_FAMILY
         self.half_m, self.half_nk = km.gemm_half_m, km.gemm_half_nk
+        self.grouped_max = km.grouped_max(tr.precision)
         self.cache: dict = {}   # compute.layer_parts results, keyed by the layout axes they depend on
         self._attn: dict = {}
 
@@ -66,7 +68,7 @@ class Kernels:
         ``weight_elems`` = all local experts' weights). wb, gb: bytes per weight and per weight gradient."""
         if m <= 0:
             return 0.0, 0.0
-        eff = self.gemm_eff(m, n, k, hi) * (self.km.grouped_gemm if grouped else 1.0)
+        eff = self.gemm_eff(m, n, k, hi) * (self.grouped_max if grouped else 1.0)
         flops = 2.0 * m * n * k * (weight_elems / (n * k) if grouped else 1.0)
         rate = (self.peak_hi if hi else self.peak) * eff
         bw = self.hbm_bytes_per_s

@@ -298,7 +298,7 @@ class _Problem:
 LOSSES = ("mae", "log")
 
 
-def fit(rows: Sequence[FitRow], constants: Sequence[Constant], *, loss: str = "mae", starts: int = 4,
+def fit(rows: Sequence[FitRow], constants: Sequence[Constant], *, loss: str = "mae", starts: int = 6,
         samples: int = 24, seed: int = 0, max_nfev: int = 80) -> FitReport:
     """Fit ``constants`` to ``rows`` within :data:`BOUNDS`; see the module docstring. ``starts``: solver runs
     (the current constants, then the best of ``samples`` Latin-hypercube points); ``max_nfev``: residual

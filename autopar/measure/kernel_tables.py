@@ -381,7 +381,9 @@ def kernel_model_from_tables(tables: KernelTables, hardware: HardwareSpec) -> Ke
     if grouped:
         t, n, k, _, tf = (np.array(c, dtype=float) for c in zip(*grouped))
         dense = gemm["bf16"] * shape(t, n, k)
-        upd["grouped_gemm"] = float(f"{min(1.0, float(np.exp(np.mean(np.log(tf / hardware.peak_tflops('bf16') / dense))))):.4g}")
+        bf16 = float(f"{min(1.0, float(np.exp(np.mean(np.log(tf / hardware.peak_tflops('bf16') / dense))))):.4g}")
+        cur = hardware.kernel_model.grouped_gemm    # per-precision entries the benchmark did not measure are kept
+        upd["grouped_gemm"] = {**cur, "bf16": bf16} if isinstance(cur, dict) else bf16
     causal = [r for r in tables.attention.get("bf16", []) if r[2] == 1]
     dims = sorted({int(r[1]) for r in causal})
     if 128 in dims and len(causal) >= 4:

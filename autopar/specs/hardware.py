@@ -105,8 +105,8 @@ class KernelModel(Spec):
 
     of the precision's peak: large GEMMs reach ``gemm``; a small dimension leaves tiles and SMs idle (a
     saturating curve per dimension; the token dimension M saturates sooner than the weight dimensions, whose
-    tiles are deeper). A grouped GEMM (routed experts) runs at ``grouped_gemm`` times a dense GEMM of one
-    expert's shape. The flash-attention core runs at
+    tiles are deeper). A grouped GEMM (routed experts) runs at ``grouped_gemm[precision]`` times a dense GEMM of
+    one expert's shape (the quantisation kernels of FP8/MXFP8 recipes are priced apart, as memory-bound casts). The flash-attention core runs at
 
         eff_attn(s, d) = attention_{fwd|bwd} · s / (s + attention_half_seq) · attention_head_dim[d]
 
@@ -126,8 +126,10 @@ class KernelModel(Spec):
                                description="Token count M at which the M factor is 1/2.")
     gemm_half_nk: float = Field(default=490.0, gt=0, le=65536,
                                 description="Weight dimension N or K at which its factor is 1/2.")
-    grouped_gemm: float = Field(default=0.52, gt=0, le=1,
-                                description="Grouped-GEMM throughput / dense GEMM of the same shape.")
+    grouped_gemm: Annotated[float, Field(gt=0, le=1)] | dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default=0.52,
+        description="Grouped-GEMM throughput / dense GEMM of the same shape: one figure for every precision, or "
+                    "one per precision (a precision not named takes the 'bf16' entry).")
     attention_fwd: float = Field(default=0.646, gt=0, le=1,
                                  description="Flash-attention causal forward achieved/BF16 peak, long s, d=128.")
     attention_bwd: float = Field(default=0.559, gt=0, le=1,
@@ -154,6 +156,18 @@ class KernelModel(Spec):
         if precision not in self.gemm:
             raise AutoparInputError(f"kernel_model.gemm has no efficiency for precision '{precision}'")
         return self.gemm[precision]
+
+    def grouped_max(self, precision: str) -> float:
+        """``grouped_gemm`` for a precision: the scalar, the precision's entry, or else the BF16 entry."""
+        g = self.grouped_gemm
+        if isinstance(g, dict):
+            if precision in g:
+                return g[precision]
+            if "bf16" in g:
+                return g["bf16"]
+            from autopar.errors import AutoparInputError
+            raise AutoparInputError(f"kernel_model.grouped_gemm has no entry for '{precision}' and no 'bf16' entry")
+        return g
 
     def head_dim_factor(self, d: float) -> float:
         """attention_head_dim interpolated in log2(d); the nearest point beyond the measured range."""
