@@ -31,7 +31,7 @@ from autopar.validation import Case
 
 PER_CHIP: tuple[str, ...] = ()
 SHARED: tuple[str, ...] = ("dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap", "layer_overhead_us",
-                           "moe_dropless_imbalance")
+                            "moe_layer_overhead_us", "moe_dropless_imbalance")
 TIES = {("gb300_nvl72", "mxfp8"): ("gb200_nvl72", "mxfp8")}
 INHERIT = {"h200": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72", "gb300_nvl72": "gb200_nvl72"}
 

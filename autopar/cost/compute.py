@@ -135,9 +135,11 @@ def embedding_grad_time(kern: Kernels, prof: ModelProfile, L: Layout) -> float:
 
 
 def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
-                    overhead_s: float = 0.0, imbalance: float = 1.0) -> tuple[float, float]:
+                    overhead_s: float = 0.0, imbalance: float = 1.0,
+                    moe_overhead_s: float = 0.0) -> tuple[float, float]:
     """(total, forward-only) seconds of one micro-batch's kernels on one GPU of stage ``st``: forward +
-    backward + recomputation of every layer, the head on the last stage, and ``overhead_s`` per layer."""
+    backward + recomputation of every layer, the head on the last stage, ``overhead_s`` per layer and
+    ``moe_overhead_s`` more per MoE layer (:func:`overhead_time`)."""
     tokens = L.micro_batch * tr.seq_len / L.cp
     fwd = bwd = rc = 0.0
     for j, count in prof.kind_counts(st.first, st.last):
@@ -145,7 +147,7 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
         fwd += count * f
         bwd += count * b
         rc += count * r
-    n_layers = st.n_layers
+    over = overhead_time(prof, st, overhead_s, moe_overhead_s)
     if st.is_first:
         bwd += embedding_grad_time(kern, prof, L)
     if st.is_last:
@@ -156,9 +158,22 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
             fwd += prof.mtp_layers * (f + hf)
             bwd += prof.mtp_layers * (b + hb)
             rc += prof.mtp_layers * r
-            n_layers += prof.mtp_layers
-    over = n_layers * overhead_s
     return fwd + bwd + rc + over, fwd + over / 3.0
+
+
+def overhead_time(prof: ModelProfile, st: Stage, overhead_s: float, moe_overhead_s: float) -> float:
+    """Seconds per micro-batch that no kernel accounts for on stage ``st`` (forward + backward): ``overhead_s``
+    for every layer (the MTP layers on the last stage included) and ``moe_overhead_s`` more for every MoE layer
+    (its router, permutation and dispatch add kernel launches, and the all-to-all token dispatcher waits on
+    the host for the tokens per expert before sizing its exchange: a device-to-host synchronisation in the
+    forward and again in the backward pass; Megatron-Core ``MoEAlltoAllTokenDispatcher``)."""
+    n_layers, n_moe = st.n_layers, 0.0
+    for j, count in prof.kind_counts(st.first, st.last):
+        n_moe += count if prof.kinds[j].num_experts else 0.0
+    if st.is_last and prof.mtp_layers:
+        n_layers += prof.mtp_layers
+        n_moe += prof.mtp_layers if prof.kinds[prof.kind_of[-1]].num_experts else 0.0
+    return n_layers * overhead_s + n_moe * moe_overhead_s
 
 
 # Kernel class of each part of a layer (for reports: where the compute time goes).
@@ -170,7 +185,7 @@ KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense
 
 
 def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
-                     overhead_s: float = 0.0, imbalance: float = 1.0) -> dict[str, float]:
+                     overhead_s: float = 0.0, imbalance: float = 1.0, moe_overhead_s: float = 0.0) -> dict[str, float]:
     """Seconds of one micro-batch on stage ``st`` by kernel class (forward + backward + recomputation); the classes
     sum to :func:`microbatch_time`'s total, and the ``recomputation`` entry says how much of them is re-run."""
     tokens = L.micro_batch * tr.seq_len / L.cp
@@ -187,11 +202,10 @@ def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
             out[cls] = out.get(cls, 0.0) + count * (f + b + rc)
             if rc:
                 out["recomputation"] = out.get("recomputation", 0.0) + count * rc
-    n_layers = st.n_layers + (prof.mtp_layers if st.is_last else 0)
     if st.is_first:
         out["memory-bound"] = out.get("memory-bound", 0.0) + embedding_grad_time(kern, prof, L)
     if st.is_last:
         hf, hb = head_time(kern, prof, L, tr, tokens)
         out["LM head + loss"] = (1 + prof.mtp_layers) * (hf + hb)
-    out["per-layer overhead"] = n_layers * overhead_s
+    out["per-layer overhead"] = overhead_time(prof, st, overhead_s, moe_overhead_s)
     return out

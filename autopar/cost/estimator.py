@@ -71,6 +71,7 @@ class Estimator:
         self.kernels = Kernels(hardware, self.training)
         self.peak = hardware.peak_tflops(self.training.precision) * 1e12
         self.layer_overhead_s = hardware.efficiency.layer_overhead_us * 1e-6
+        self.moe_overhead_s = hardware.efficiency.moe_layer_overhead_us * 1e-6
         self.imbalance = (hardware.efficiency.moe_dropless_imbalance if self.training.moe_routing == "dropless"
                           else 1.0)
 
@@ -105,7 +106,7 @@ class Estimator:
         ``st``; the micro-batch time is the sum of all but the forward-only compute."""
         prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
         t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
-                                                self.imbalance)
+                                                self.imbalance, self.moe_overhead_s)
         return (t_tot, tp_time_per_microbatch(prof, st, L, tr, hw, net),
                 cp_time_per_microbatch(prof, st, L, tr, hw, net, self.kernels),
                 ep_time_per_microbatch(prof, st, L, tr, hw, net) * self.imbalance, t_fwd,
@@ -123,7 +124,7 @@ class Estimator:
         dense, expert = stage_params(prof, st, L)
         if t_fwd is None:
             t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
-                                             self.imbalance)[1]
+                                             self.imbalance, self.moe_overhead_s)[1]
         dp_exposed, _ = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd)
         sd, se = shard_groups(L)
         p_local = dense / where(L.zero_stage >= 1, sd, 1) + expert / where(L.zero_stage >= 1, se, 1)
@@ -135,7 +136,7 @@ class Estimator:
         L = layout if resolved else self.resolve(layout)
         slowest = max(self.stages(L.stage_layers), key=lambda st: microbatch_seconds(self.stage_times(L, st)))
         per_mb = _compute.kernel_breakdown(self.profile, slowest, L, self.training, self.kernels,
-                                           self.layer_overhead_s, self.imbalance)
+                                           self.layer_overhead_s, self.imbalance, self.moe_overhead_s)
         return {k: v * L.grad_accum for k, v in per_mb.items()}
 
     def estimate(self, layout: Layout, *, resolved: bool = False) -> Estimate:

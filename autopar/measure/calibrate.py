@@ -64,6 +64,8 @@ BOUNDS: dict[str, Bound] = {
     "pp_overlap": Bound(0.0, 1.0, "a share of the pipeline send/recv"),
     "layer_overhead_us": Bound(0.0, 3000.0, "per layer and micro-batch; 3 ms is ~100 kernel launches' worth of "
                                             "host time at 30 us each, far beyond a CUDA-graph-free layer's launches"),
+    "moe_layer_overhead_us": Bound(0.0, 3000.0, "per MoE layer and micro-batch on top of layer_overhead_us; "
+                                                "the same ceiling"),
     "moe_dropless_imbalance": Bound(1.0, 2.5, "busiest/mean expert rank; 2.5 is beyond what load-balancing "
                                               "losses leave in published traces"),
     "gemm": Bound(0.15, 1.0, "achieved / datasheet dense peak: 1.0 is the datasheet; cuBLAS-class large GEMMs "

@@ -178,7 +178,8 @@ def _hardware_section(hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:
                                f"flash attention {km.attention_fwd:.0%} fwd / {km.attention_bwd:.0%} bwd of the BF16 "
                                f"peak at long sequences; bandwidth NVLink {km.nvlink:.0%}, scale-out "
                                f"{km.scaleout:.0%}, HBM {km.hbm:.0%} of peak ({km.source})"),
-        ("Per-layer overhead", f"{eff.layer_overhead_us:,.0f} µs per layer and micro-batch (calibrated)"),
+        ("Per-layer overhead", f"{eff.layer_overhead_us:,.0f} µs per layer and micro-batch, "
+                               f"{eff.moe_layer_overhead_us:,.0f} µs more per MoE layer (calibrated)"),
         ("Overlap used", f"DP {eff.dp_overlap:.0%}, TP {eff.tp_overlap:.0%}, CP {eff.cp_overlap:.0%}, "
                          f"EP {eff.ep_overlap:.0%}, PP send/recv {eff.pp_overlap:.0%} hidden behind compute"),
     ]

@@ -205,6 +205,11 @@ class Efficiency(Spec):
         default=0.0, ge=0, le=10_000,
         description="Time per transformer layer and micro-batch (forward + backward) that no kernel accounts for: "
                     "launch gaps, host-side framework work, synchronisation (calibrated), microseconds.")
+    moe_layer_overhead_us: float = Field(
+        default=0.0, ge=0, le=10_000,
+        description="Time per MoE layer and micro-batch (forward + backward) on top of layer_overhead_us: the "
+                    "router's, permutation's and dispatcher's extra launches and the dispatcher's host "
+                    "synchronisation on the tokens per expert (calibrated), microseconds.")
 
 
 class HardwareSpec(Spec):

@@ -184,3 +184,19 @@ def test_estimates_are_bit_identical_whatever_the_string_hash_seed():
         outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                 check=True).stdout)
     assert len(outs) == 1, outs
+
+
+def test_moe_layers_carry_their_own_overhead_on_top_of_the_per_layer_one():
+    m = load_model("qwen3_30b_a3b")         # every layer MoE
+    est = Estimator(m, H100, TR, 8)
+    L = est.resolve(Layout(ep=8))
+    st = est.stages(L.stage_layers)[0]
+    a, _ = C.microbatch_time(est.profile, st, L, TR, est.kernels, overhead_s=0.0)
+    b, _ = C.microbatch_time(est.profile, st, L, TR, est.kernels, overhead_s=1e-3, moe_overhead_s=5e-4)
+    assert b - a == pytest.approx(m.num_layers * 1.5e-3)
+    dense = _small_dense()
+    est_d = Estimator(dense, H100, TR, 8)
+    st_d = est_d.stages((4,))[0]
+    assert C.overhead_time(est_d.profile, st_d, 1e-3, 5e-4) == pytest.approx(4e-3)   # no MoE layer: none
+    parts = C.kernel_breakdown(est.profile, st, L, TR, est.kernels, 1e-3, 1.0, 5e-4)
+    assert parts["per-layer overhead"] == pytest.approx(m.num_layers * 1.5e-3)
