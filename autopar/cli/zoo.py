@@ -27,8 +27,19 @@ def _models() -> list[dict]:
                      "active_params_b": round(m.active_params / 1e9, 2), "layers": m.num_layers,
                      "hidden": m.hidden_size, "heads": m.num_attention_heads, "kv_heads": m.kv_heads,
                      "experts": m.moe.num_experts if m.moe else None, "top_k": m.moe.top_k if m.moe else None,
-                     "mla": m.mla is not None, "vocab": m.vocab_size})
+                     "mla": m.mla is not None, "vocab": m.vocab_size, "mixers": _mixers(m)})
     return rows
+
+
+def _mixers(m) -> str:
+    """Token mixers by kind with layer counts, e.g. 'mamba2 x27, attention x4' ('mamba2+attention' for parallel
+    mixers in one layer; layers without a mixer are left out)."""
+    counts: dict[str, int] = {}
+    for i in range(m.num_layers):
+        kinds = "+".join(mx.kind for mx in m.mixers_of(i))
+        if kinds:
+            counts[kinds] = counts.get(kinds, 0) + 1
+    return ", ".join(f"{k} x{n}" for k, n in counts.items())
 
 
 def _hardware() -> list[dict]:
@@ -56,11 +67,12 @@ def run(args: argparse.Namespace) -> int:
     if "models" in out:
         rows = [[r["name"], f"{r['total_params_b']:.1f}", f"{r['active_params_b']:.1f}", str(r["layers"]),
                  str(r["hidden"]), f"{r['heads']}/{r['kv_heads']}",
-                 f"{r['experts']} ({r['top_k']})" if r["experts"] else "-", "yes" if r["mla"] else ""]
+                 f"{r['experts']} ({r['top_k']})" if r["experts"] else "-", "yes" if r["mla"] else "", r["mixers"]]
                 for r in out["models"]]
         c.print(*fitted_table(c.width, "Models (--model NAME)",
-                             ["name", "total B", "active B", "layers", "hidden", "heads/ kv", "experts (top-k)", "MLA"],
-                             rows, left=("name",), optional=("hidden", "heads/ kv", "MLA")))
+                             ["name", "total B", "active B", "layers", "hidden", "heads/ kv", "experts (top-k)", "MLA",
+                              "token mixers (layers)"],
+                             rows, left=("name", "token mixers (layers)"), optional=("hidden", "heads/ kv", "MLA")))
     if "hardware" in out:
         rows = [[r["name"], f"{r['bf16_tflops']:g}", f"{r['fp8_tflops']:g}" if r["fp8_tflops"] else "-",
                  f"{r['fp4_tflops']:g}" if r["fp4_tflops"] else "-", f"{r['hbm_gib']:g}", f"{r['hbm_tbps']:g}",

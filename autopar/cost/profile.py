@@ -81,7 +81,6 @@ class ModelProfile:
         cols: dict[str, list[float]] = {f: [] for f in LayerSums.__dataclass_fields__}
         gated = 3 if m.gated_mlp else 2
         for i in range(m.num_layers):
-            mx = m.mixer_of(i)
             kind = m.channel_of(i)
             is_moe = kind == "moe"
             row = dict.fromkeys(cols, 0.0)
@@ -100,22 +99,27 @@ class ModelProfile:
             n_norms = m.layer_norms(i) / m.norm_params
             row["act_norm_in"] = n_norms * h
             row["act_norm_out"] = n_norms * h
-            if mx is not None and mx.kind == "attention":
-                row["attn_layers"] = 1.0
-                row["kv_params"] = 0.0 if m.mla else 2.0 * h * g * m.dim_per_head
-                if m.mla:
-                    ml = m.mla
-                    row["act_mla_up"] = a * (2 * dq + dv)
-                    row["act_qkv"] = (ml.q_lora_rank or 0) + ml.kv_lora_rank + ml.qk_rope_head_dim + row["act_mla_up"]
+            # Parallel mixers (Falcon-H1) add up: the layer holds both the attention tensors and the scan's.
+            for mx in m.mixers_of(i):
+                if mx.kind == "attention":
+                    row["attn_layers"] = 1.0
+                    row["kv_params"] = 0.0 if m.mla else 2.0 * h * g * m.dim_per_head
+                    if m.mla:
+                        ml = m.mla
+                        row["act_mla_up"] = a * (2 * dq + dv)
+                        row["act_qkv"] += (ml.q_lora_rank or 0) + ml.kv_lora_rank + ml.qk_rope_head_dim \
+                            + row["act_mla_up"]
+                    else:
+                        row["act_qkv"] += a * dq + 2 * g * dq
+                    if mx.output_gate:
+                        row["act_qkv"] += a * dv
+                    row["act_attn_out"] += a * dv
                 else:
-                    row["act_qkv"] = a * dq + 2 * g * dq
-                if mx.output_gate:
-                    row["act_qkv"] += a * dv
-                row["act_attn_out"] = a * dv
-            elif mx is not None:
-                row["state_layers"] = 1.0
-                row["mixer_state_elems"] = mx.state_elems()
-                row["act_qkv"], row["act_attn_out"] = mx.stored_elems()
+                    row["state_layers"] = 1.0
+                    row["mixer_state_elems"] += mx.state_elems()
+                    stored_in, stored_out = mx.stored_elems()
+                    row["act_qkv"] += stored_in
+                    row["act_attn_out"] += stored_out
             if is_moe:
                 mo = m.moe
                 row["act_shared"] = mo.num_shared_experts * mo.shared_ffn * gated

@@ -93,18 +93,19 @@ def layer_kind(m: ModelSpec, i: int, seq_len: int) -> LayerKind:
     Hybrid models (:mod:`autopar.specs.mixers`): a layer without a token mixer has no attention linears or core; a
     linear-attention / SSM mixer has its projections as column-parallel GEMMs (h -> everything split by heads) and a
     row-parallel output GEMM, and its chunked scan (``ModelSpec.mixer_core_flops_per_token``) priced as one more
-    column-parallel GEMM of the same FLOPs with K = its key head dim, in module ``core_attn`` (what selective
-    recomputation redoes) — an approximation until the scan has a kernel class of its own; an attention mixer's
-    output gate is one more column-parallel GEMM h -> a·d_v."""
+    column-parallel GEMM of the same FLOPs with K = its key head dim (Mamba-1: its state size N), in module
+    ``core_attn`` (what selective recomputation redoes) — an approximation until the scan has a kernel class of its
+    own; an attention mixer's output gate is one more column-parallel GEMM h -> a·d_v. A layer with parallel mixers
+    (Falcon-H1) lists the kernels of each."""
     h, a, g = m.hidden_size, m.num_attention_heads, m.kv_heads
-    mx = m.mixer_of(i)
+    mx = m.attention_part(i)
     channel = m.channel_of(i)
     lin: list[Linear] = []
     rope_width = 0
     cast = 0.0
     attn_flops = ctx = 0.0
     window = float(seq_len)
-    if mx is not None and mx.kind == "attention":
+    if mx is not None:
         if m.mla:
             ml = m.mla
             dq = ml.qk_nope_head_dim + ml.qk_rope_head_dim
@@ -129,15 +130,15 @@ def layer_kind(m: ModelSpec, i: int, seq_len: int) -> LayerKind:
         attn_flops = 2.0 * ctx * a * (m.qk_head_dim + m.v_head_dim)
         span = mx.window or mx.chunk
         window = float(min(span, seq_len)) if span else float(seq_len)
-    elif mx is not None:
-        out_w = mx.v_heads * mx.dv if mx.kind in ("gated_deltanet", "kda") else (
-            mx.d_inner if mx.kind == "mamba2" else (mx.num_heads or 0) * mx.dv)
-        in_params = mx.gemm_params(h) - out_w * h
+    for lx in (p for p in m.mixers_of(i) if p.is_linear):     # parallel mixers (Falcon-H1) add their kernels
+        out_w = lx.v_heads * lx.dv if lx.kind in ("gated_deltanet", "kda") else (
+            lx.d_inner if lx.kind in ("mamba2", "mamba1") else (lx.num_heads or 0) * lx.dv)
+        in_params = lx.gemm_params(h) - out_w * h
         lin += [Linear(h, in_params // h, "col", "attn"), Linear(out_w, h, "row", "attn")]
-        scan = m.mixer_core_flops_per_token(i)
-        kdim = max(mx.dk, 1)
+        scan = lx.core_flops()
+        kdim = max(lx.state_size or 1, 1) if lx.kind == "mamba1" else max(lx.dk, 1)
         lin.append(Linear(kdim, int(round(scan / (2.0 * kdim))), "col", "core_attn"))
-        cast = h + in_params // h + out_w + h
+        cast += h + in_params // h + out_w + h
     gated = m.gated_mlp
     act = (3.0, 5.0) if gated else (2.0, 3.0)
     n_in = 2 if gated else 1

@@ -15,12 +15,21 @@ and a **recurrent** reference (one token at a time, the definition), which the t
   T = (I + tril(diag(β) K K^T ⊙ Γ, −1))^{-1}, U = T·(β V), W = T·(β K ⊙ exp G), then per chunk
   v' = U − W S, o = (Q ⊙ exp G) S + (Q K^T ⊙ Γ ⊙ M) v', S' = exp(G_C) S + (K ⊙ exp(G_C − G))^T v'.
 
+- Mamba-1 selective scan (Gu & Dao 2023, arXiv 2312.00752 Alg. 2; HF ``JambaMambaMixer.slow_forward``:
+  h_t = exp(Δ_t·A) ⊙ h_{t-1} + (Δ_t·x_t) B_t per channel, y_t = C_t·h_t + D·x_t): :func:`chunk_selective_scan`,
+  :func:`recurrent_selective_scan`. Its decay is per channel and per state (d x N), so there is no small matmul form;
+  the chunked form runs a parallel prefix scan inside each chunk (Hillis & Steele 1986: log2(C) doubling steps of
+  (a, u) ∘ (a', u') = (a·a', a'·u + u'), in log space for a, so every factor is exp of a sum of log-decays <= 0 and
+  stays finite; the fused mamba_ssm kernel uses a parallel scan too, sec. 3.3.2) and carries h from chunk to chunk.
+
 The :class:`LinearMixer` module packs its projections so the runner's tensor-parallel plan (wq, wk, wv column-
 parallel, wo row-parallel) splits it by heads: every per-head quantity (gates, β, Δt) sits in wv next to that
 head's values, every per-group one (Mamba-2's B, C) in wq/wk. Approximations, reported by :func:`approximations`:
 no short convolutions; KDA's per-channel decay runs as a per-head one; decays are data-dependent log-sigmoid / softplus gates of a learned projection (Lightning's
 fixed per-head decays and Mamba-2's learned A are folded into that projection's bias); per-head RMSNorm without a
-learned scale on the output; no Mamba-2 D skip. The work the cost model prices (projections and the chunked scan)
+learned scale on the output; no Mamba-2 D skip. :class:`Mamba1Mixer` keeps Mamba-1's own projections (in_proj,
+x_proj row-parallel, dt_proj, out_proj), its A and D, and Jamba's Δ/B/C RMSNorms without learned scales, and
+leaves out the convolution. The work the cost model prices (projections and the chunked scan)
 is what runs.
 """
 
@@ -124,6 +133,40 @@ def chunk_gated_delta_rule(q, k, v, beta, log_alpha, chunk: int = 64):
     return torch.stack(outs, dim=2).reshape(b, H, n * chunk, dv)[:, :, :s]
 
 
+# ---- Mamba-1 selective scan -------------------------------------------------------------------------------
+def recurrent_selective_scan(x, dt, A, B, C, D):
+    """Reference, one token at a time. x, dt: [b, d, s] (dt > 0); A: [d, N] (< 0); B, C: [b, s, N]; D: [d].
+    Returns y [b, d, s]."""
+    b, d, s = x.shape
+    h = x.new_zeros(b, d, A.shape[-1])
+    out = []
+    for t in range(s):
+        h = (dt[:, :, t, None] * A).exp() * h + (dt[:, :, t] * x[:, :, t])[..., None] * B[:, None, t, :]
+        out.append((h * C[:, None, t, :]).sum(-1) + D * x[:, :, t])
+    return torch.stack(out, dim=-1)
+
+
+def chunk_selective_scan(x, dt, A, B, C, D, chunk: int = 64):
+    """Chunked form of :func:`recurrent_selective_scan` (same arguments): a prefix scan inside each chunk of
+    ``chunk`` tokens, the state h [b, d, N] carried across chunks."""
+    b, d, s = x.shape
+    h = x.new_zeros(b, d, A.shape[-1])
+    outs = []
+    for start in range(0, s, chunk):
+        xs, ds = x[:, :, start:start + chunk], dt[:, :, start:start + chunk]
+        la = ds[..., None] * A[:, None, :]                          # [b, d, c, N] log-decays, <= 0
+        u = (ds * xs)[..., None] * B[:, None, start:start + chunk, :]   # [b, d, c, N] inputs
+        c, step = xs.shape[-1], 1
+        while step < c:        # after this loop u_t = sum_{j<=t} exp(la_{j+1} + ... + la_t) u_j, la_t = la_1 + ... + la_t
+            u = u + F.pad((la[:, :, step:].exp() * u[:, :, :-step]), (0, 0, step, 0))
+            la = la + F.pad(la[:, :, :-step], (0, 0, step, 0))
+            step *= 2
+        hs = u + la.exp() * h[:, :, None, :]                        # states after each token of the chunk
+        outs.append((hs * C[:, None, start:start + chunk, :]).sum(-1) + D[:, None] * xs)
+        h = hs[:, :, -1]
+    return torch.cat(outs, dim=-1)
+
+
 # ---- the module the runner builds --------------------------------------------------------------------------
 class ChunkScan(nn.Module):
     """The scan of one mixer (its own module, so selective recomputation can checkpoint exactly it)."""
@@ -133,6 +176,8 @@ class ChunkScan(nn.Module):
         self.kind, self.chunk = kind, chunk
 
     def forward(self, q, k, v, decay, beta=None):
+        if self.kind == "mamba1":       # q, k, v, decay, beta = x, dt, A, (B, C), D
+            return chunk_selective_scan(q, k, v, decay[0], decay[1], beta, self.chunk)
         if self.kind == "gated_deltanet":
             return chunk_gated_delta_rule(q, k, v, beta, decay, self.chunk)
         return chunk_decay_attention(q, k, v, decay, self.chunk)
@@ -209,26 +254,79 @@ class LinearMixer(nn.Module):
         return self.wo(o.transpose(1, 2).reshape(b, s, -1))
 
 
-def build_token_mixer(spec: ModelSpec, layer_id: int) -> LinearMixer | None:
-    """The runner's module for layer ``layer_id`` when its mixer is linear attention or an SSM (None: softmax
-    attention, built by autopar.run.model). A layer without a token mixer is not supported by the runner."""
-    mx = spec.mixer_of(layer_id)
-    if mx is None or spec.channel_of(layer_id) == "none":
+class Mamba1Mixer(LinearMixer):
+    """Mamba-1 (HF ``JambaMambaMixer`` without the convolution): in_proj h -> [x, z] per channel (interleaved, so a
+    column-parallel split keeps each channel's pair), x_proj d -> [Δ rank R, B, C] (row-parallel: the TP ranks'
+    partial sums are all-reduced, as vLLM's MambaMixer does), dt_proj R -> d (+ bias), ``ssm`` holds A_log as its
+    weight [d, N] and D as its bias [d] (column-parallel, so both split by channel), out_proj d -> h."""
+
+    def __init__(self, spec: ModelSpec, mx: MixerSpec):
+        nn.Module.__init__(self)
+        h, d, self.N, self.R = spec.hidden_size, mx.d_inner, mx.state_size, mx.dt_rank
+        self.kind, self.bc_norms = "mamba1", mx.bc_norms
+        self.in_proj = nn.Linear(h, 2 * d, bias=False)
+        self.x_proj = nn.Linear(d, self.R + 2 * self.N, bias=False)
+        self.dt_proj = nn.Linear(self.R, d, bias=True)
+        self.ssm = nn.Linear(self.N, d, bias=True)       # weight: A_log, bias: D (never called)
+        self.out_proj = nn.Linear(d, h, bias=False)
+        self.core = ChunkScan("mamba1", mx.chunk_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None):
+        b, s = x.shape[:2]
+        xz = self.in_proj(x).view(b, s, -1, 2)                    # local channels under TP
+        u, z = F.silu(xz[..., 0]), xz[..., 1]                      # SiLU after the (omitted) convolution
+        dt_in, B, C = self.x_proj(u).split([self.R, self.N, self.N], dim=-1)
+        if self.bc_norms:                                          # Jamba's dt/b/c_layernorm, without scales
+            dt_in, B, C = (F.rms_norm(t, (t.shape[-1],)) for t in (dt_in, B, C))
+        dt = F.softplus(self.dt_proj(dt_in))
+        mesh = getattr(self.ssm.weight, "device_mesh", None)
+        if mesh is not None:
+            # Under TP, B and C (replicated after x_proj's all-reduce) feed the scan of this rank's channels only, so
+            # their gradients are partial sums: declared Partial, they are all-reduced on the way back (Megatron's
+            # "copy to tensor-parallel region").
+            from torch.distributed.tensor import DTensor, Partial, Replicate
+            B, C = (DTensor.from_local(t, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+                    for t in (B, C))
+        A_log, D = (_local(p) for p in (self.ssm.weight, self.ssm.bias))
+        y = self.core(u.transpose(1, 2), dt.transpose(1, 2), -A_log.float().exp().to(u.dtype), (B, C), D)
+        return self.out_proj(y.transpose(1, 2) * F.silu(z))
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's local shard (tensor parallelism makes it a DTensor; the scan uses it directly)."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+def build_token_mixer(spec: ModelSpec, mx: MixerSpec) -> LinearMixer | None:
+    """The runner's module for one token mixer when it is linear attention or an SSM (None: softmax attention,
+    built by autopar.run.model)."""
+    if not mx.is_linear:
+        return None
+    return Mamba1Mixer(spec, mx) if mx.kind == "mamba1" else LinearMixer(spec, mx)
+
+
+def check_buildable(spec: ModelSpec, layer_id: int) -> None:
+    """The runner builds blocks with at least one token mixer and a channel mixer."""
+    if not spec.mixers_of(layer_id) or spec.channel_of(layer_id) == "none":
         raise ValueError(f"layer {layer_id} of {spec.name} has no token mixer or no channel mixer; "
                          "the runner builds blocks with both")
-    return LinearMixer(spec, mx) if mx.is_linear else None
 
 
 def is_attention_layer(spec: ModelSpec, layer_id: int) -> bool:
-    mx = spec.mixer_of(layer_id)
-    return mx is not None and mx.kind == "attention"
+    """Layer has softmax attention (alone or next to parallel mixers; it is then the block's ``attention``)."""
+    return spec.attention_part(layer_id) is not None
 
 
 def approximations(spec: ModelSpec) -> list[str]:
     """What the runner's mixers leave out (see the module docstring)."""
-    kinds = sorted({m.kind for m in spec.mixers.values() if m.is_linear and m.kind in
-                    {spec.mixer_of(i).kind for i in range(spec.num_layers) if spec.mixer_of(i) is not None}})
-    if not kinds:
-        return []
-    return [f"{', '.join(kinds)} mixers: chunked scan without short convolutions; decays from a learned gate "
-            "projection; output RMSNorm without a scale"]
+    kinds = sorted({mx.kind for i in range(spec.num_layers) for mx in spec.mixers_of(i) if mx.is_linear})
+    notes = []
+    other = [k for k in kinds if k != "mamba1"]
+    if other:
+        notes.append(f"{', '.join(other)} mixers: chunked scan without short convolutions; decays from a learned "
+                     "gate projection; output RMSNorm without a scale")
+    if "mamba1" in kinds:
+        notes.append("mamba1 mixers: no short convolution; Δ/B/C RMSNorms without learned scales")
+    if any(len(spec.mixers_of(i)) > 1 for i in range(spec.num_layers)):
+        notes.append("parallel mixers summed without Falcon-H1's µP multipliers")
+    return notes

@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autopar.run._scale import scale_model  # noqa: F401  (torch-free; re-exported here)
-from autopar.run.mixers import build_token_mixer, is_attention_layer
+from autopar.run.mixers import build_token_mixer, check_buildable, is_attention_layer
 from autopar.specs.model import ModelSpec
 
 
@@ -242,8 +242,13 @@ class TransformerBlock(nn.Module):
     def __init__(self, spec: ModelSpec, layer_id: int, kv_heads: int):
         super().__init__()
         self.attention_norm = make_norm(spec)
-        # hybrid models: linear-attention / SSM layers get their mixer from autopar/profile/mixers.py
-        self.attention = build_token_mixer(spec, layer_id) or Attention(spec, kv_heads)
+        # hybrid models: linear-attention / SSM layers get their mixer from autopar/run/mixers.py; a layer with
+        # parallel mixers (Falcon-H1) has its first (the softmax attention, if any) as ``attention`` and the others
+        # in ``parallel``, all reading the same normed input, outputs summed
+        check_buildable(spec, layer_id)
+        built = [build_token_mixer(spec, mx) or Attention(spec, kv_heads) for mx in spec.mixers_of(layer_id)]
+        self.attention = built[0]
+        self.parallel = nn.ModuleList(built[1:]) if len(built) > 1 else None
         self.ffn_norm = make_norm(spec)
         if spec.is_moe_layer(layer_id):
             self.moe = MoE(spec)
@@ -251,7 +256,11 @@ class TransformerBlock(nn.Module):
             self.feed_forward = MLP(spec, spec.ffn_hidden_size, bias=spec.linear_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+        normed = self.attention_norm(x)
+        mixed = self.attention(normed, cos, sin)
+        for mixer in self.parallel or ():
+            mixed = mixed + mixer(normed, cos, sin)
+        x = x + mixed
         ffn = self.moe if hasattr(self, "moe") else self.feed_forward
         return x + ffn(self.ffn_norm(x))
 

@@ -48,7 +48,8 @@ def apply_recompute(model: Transformer, layout: Layout) -> list[str]:
     mods = layout.recompute_modules
     for block in model.layers.values():
         if "core_attn" in mods:
-            _wrap(block.attention, "core")
+            for mixer in [block.attention, *(block.parallel or ())]:
+                _wrap(mixer, "core")
         if "layernorm" in mods:
             _wrap(block, "attention_norm")
             _wrap(block, "ffn_norm")

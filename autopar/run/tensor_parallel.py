@@ -1,7 +1,8 @@
 """Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) and sequence parallelism (Korthikanti et al. 2022)
 with torch's DTensor styles, as torchtitan's ``apply_tp``.
 
-- Attention: wq/wk/wv column-parallel (each rank keeps a/tp query heads and g/tp KV heads), wo row-parallel.
+- Attention: wq/wk/wv column-parallel (each rank keeps a/tp query heads and g/tp KV heads), wo row-parallel;
+  linear / SSM mixers the same by heads, Mamba-1 by channels (``_mixer_plan``); parallel mixers each.
 - MLP and shared experts: w1/w3 column-parallel, w2 row-parallel.
 - Embeddings row-parallel over the vocabulary (and the learned position table over positions), LM head
   column-parallel with the logits gathered (no loss parallelism).
@@ -27,6 +28,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                SequenceParallel, parallelize_module)
 
 from autopar.run.mesh import local_grad
+from autopar.run.mixers import Mamba1Mixer
 from autopar.run.model import Transformer
 
 
@@ -39,6 +41,18 @@ def _mlp_plan(prefix: str, sp: bool) -> dict:
     if sp:
         plan[prefix] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     return plan
+
+
+def _mixer_plan(prefix: str, mixer: nn.Module, seq) -> dict:
+    """Attention and the linear mixers: wq/wk/wv column-parallel, wo row-parallel. Mamba-1 (vLLM's MambaMixer
+    split): in_proj, dt_proj and the per-channel A/D holder column-parallel, x_proj row-parallel (its R + 2N
+    outputs all-reduced), out_proj row-parallel."""
+    if isinstance(mixer, Mamba1Mixer):
+        return {f"{prefix}.in_proj": ColwiseParallel(), f"{prefix}.x_proj": RowwiseParallel(),
+                f"{prefix}.dt_proj": ColwiseParallel(), f"{prefix}.ssm": ColwiseParallel(),
+                f"{prefix}.out_proj": RowwiseParallel(output_layouts=seq)}
+    return {f"{prefix}.wq": ColwiseParallel(), f"{prefix}.wk": ColwiseParallel(), f"{prefix}.wv": ColwiseParallel(),
+            f"{prefix}.wo": RowwiseParallel(output_layouts=seq)}
 
 
 def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> None:
@@ -60,17 +74,16 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sp: bool) -> 
         model.output.weight = model.tok_embeddings.weight
 
     for block in model.layers.values():
-        plan: dict = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=seq),
-        }
+        plan: dict = {}
+        mixers = [("attention", block.attention)] + [(f"parallel.{j}", m) for j, m in enumerate(block.parallel or ())]
+        for prefix, mixer in mixers:
+            plan.update(_mixer_plan(prefix, mixer, seq))
+            if sp:
+                plan[prefix] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                  desired_input_layouts=(Replicate(), None, None))
         if sp:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
-            plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                                   desired_input_layouts=(Replicate(), None, None))
         if hasattr(block, "moe"):
             if not sp:
                 raise ValueError("MoE with tp > 1 needs sequence parallelism (Megatron-LM requires it too)")

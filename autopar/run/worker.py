@@ -89,7 +89,9 @@ def classify(err: BaseException) -> str:
 
 
 def approximations(model_spec, layout) -> list[str]:
-    """What this runner does differently from the architecture / layout it was given."""
+    """What this runner does differently from the architecture / layout it was given (the token mixers' part from
+    autopar.run.mixers.approximations)."""
+    from autopar.run.mixers import approximations as mixer_approximations
     notes = []
     if model_spec.mla is not None:
         notes.append("MLA run as multi-head attention with the same head counts (no low-rank projections)")
@@ -102,7 +104,7 @@ def approximations(model_spec, layout) -> list[str]:
     if model_spec.mla is None and model_spec.kv_heads < layout.tp:
         notes.append(f"KV heads copied {layout.tp // model_spec.kv_heads}x to reach tp={layout.tp} "
                      "(copies' gradients summed, so they stay equal)")
-    return notes
+    return notes + mixer_approximations(model_spec)
 
 
 def precision_notes(training, wdtype) -> list[str]:

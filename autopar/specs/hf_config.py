@@ -29,11 +29,12 @@ shipped with the checkpoints; key names as in those classes):
 ``kimi_linear``                        Kimi Linear: Kimi Delta Attention and MLA (``linear_attn_config``), MoE
 ``gemma3``, ``gemma3_text``            Gemma 3 (``text_config``; 5 local sliding-window layers : 1 global,
                                        ``sliding_window_pattern`` or ``layer_types``; tied embeddings)
+``jamba``                              Jamba / Jamba 1.5: Mamba-1 mixers and attention without positional
+                                       encoding every ``attn_layer_period``-th layer (or ``layers_block_type``),
+                                       MoE every ``expert_layer_period``-th layer, dense SwiGLU MLPs elsewhere
+``falcon_h1``                          Falcon-H1: attention and a Mamba-2 mixer in parallel in every layer
+                                       (layer_pattern ``attention+mamba``), SwiGLU MLP
 =====================================  ==========================================================================
-
-Families that are refused with the reason: ``jamba`` (Mamba-1 mixers: a different parameterisation from
-Mamba-2, not modelled), ``falcon_h1`` (attention and Mamba-2 side by side in every layer: one layer, two
-mixers, not modelled).
 
 Weights that exist in these checkpoints but are not modelled by ModelSpec, all under 0.01 % of the total:
 Q/K-norm scales (Qwen3, OLMoE, GLM-4.5: 2·d or (a+g)·d per layer), router and expert-score-correction biases
@@ -96,6 +97,10 @@ _ignore("attention scaling without weights (Llama 4 temperature tuning, L2 Q/K n
         "attn_temperature_tuning", "floor_scale", "attn_scale")
 _ignore("Q/K RMSNorm scales: 2·d weights per layer, below 0.01 % of any supported model",
         "use_qk_norm")
+_ignore("µP scalar multipliers (Falcon-H1): constants on activations, no weights, elementwise FLOPs only",
+        "lm_head_multiplier", "embedding_multiplier", "mlp_multipliers", "key_multiplier",
+        "attention_out_multiplier", "attention_in_multiplier", "ssm_multipliers", "ssm_in_multiplier",
+        "ssm_out_multiplier")
 
 _REQUIRED = object()
 _KINDS = {int: "an integer", bool: "true or false", list: "a list", dict: "a mapping", str: "a string"}
@@ -550,6 +555,99 @@ def _kimi_linear(r: _Reader) -> dict[str, Any]:
 _UNMAPPED_SUB: dict[int, set[str]] = {}
 
 
+def _shortest_period(pattern: list[str]) -> list[str]:
+    """The shortest prefix that repeats to ``pattern`` (ModelSpec repeats a layer_pattern to num_layers)."""
+    n = len(pattern)
+    return next(pattern[:p] for p in range(1, n + 1) if n % p == 0 and pattern == pattern[:p] * (n // p))
+
+
+def _jamba(r: _Reader) -> dict[str, Any]:
+    """Jamba (transformers JambaConfig / modeling_jamba.py, which AI21's checkpoints use): layer i is attention
+    when i % attn_layer_period == attn_layer_offset (or ``layers_block_type`` says so), else a Mamba-1 mixer
+    (``JambaMambaMixer``: d = mamba_expand·h, state mamba_d_state, conv mamba_d_conv, Δ rank mamba_dt_rank, "auto"
+    = ceil(h/16), RMSNorms on Δ, B, C); an MoE block when i % expert_layer_period == expert_layer_offset (or
+    ``layers_num_experts`` > 1), else a SwiGLU MLP of intermediate_size; experts are the same MLP. Attention has
+    no positional encoding (JambaAttention applies none) and no biases."""
+    f = _base(r, kv_required=True)
+    f["position_embedding"] = "none"
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    n, h = f["num_layers"], f["hidden_size"]
+    if r.get("sliding_window", None, nullable=True) is not None:
+        r.used.discard("sliding_window")     # a windowed Jamba is not modelled: report the key
+    types = r.get("layers_block_type", None, kind=list, nullable=True)
+    if types is None:
+        period, offset = r.count("attn_layer_period", 8), r.get("attn_layer_offset", 4)
+        types = ["attention" if i % period == offset else "mamba" for i in range(n)]
+    if len(types) != n or not set(types) <= {"attention", "mamba"}:
+        raise r.fail(f"layers_block_type must list 'attention' or 'mamba' for each of the {n} layers")
+    experts = r.get("layers_num_experts", None, kind=list, nullable=True)
+    if experts is None:
+        period, offset = r.count("expert_layer_period", 2), r.get("expert_layer_offset", 1)
+        num = r.count("num_experts", 16, bound="experts")
+        experts = [num if i % period == offset else 1 for i in range(n)]
+    if len(experts) != n:
+        raise r.fail(f"layers_num_experts has {len(experts)} entries but num_hidden_layers is {n}")
+    r.mark("num_experts")
+    moe_layers = [i for i, e in enumerate(experts) if e > 1]
+    if "mamba" in types:
+        rank = r.data.get("mamba_dt_rank", "auto")
+        r.mark("mamba_dt_rank")
+        if rank == "auto":
+            rank = -(-h // 16)          # JambaConfig: math.ceil(hidden_size / 16)
+        elif not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise r.fail(f"key 'mamba_dt_rank' must be a positive integer or \"auto\", got {rank!r}")
+        if r.get("mamba_proj_bias", False, kind=bool):
+            r.used.discard("mamba_proj_bias")    # in/out projection biases are not modelled: report the key
+        r.mark("mamba_conv_bias")                # the convolution bias is counted (MixerSpec.other_params)
+        f["mixers"] = {"mamba": dict(kind="mamba1", inner_size=r.count("mamba_expand", 2) * h,
+                                     state_size=r.count("mamba_d_state", 16), conv_kernel=r.count("mamba_d_conv", 4),
+                                     dt_rank=rank, bc_norms=True)}
+    f["layer_pattern"] = _shortest_period(types)      # one Jamba block of attn_layer_period layers
+    if moe_layers:
+        if len({e for e in experts if e > 1}) != 1:
+            raise r.fail(f"layers_num_experts {experts}: MoE layers with different expert counts are not modelled")
+        first_dense, interval = _moe_from_lists(r, n, moe_layers, "expert_layer_period / expert_layer_offset")
+        f["moe"] = dict(num_experts=experts[moe_layers[0]], top_k=r.get("num_experts_per_tok"),
+                        expert_ffn_hidden_size=f["ffn_hidden_size"], first_dense_layers=first_dense,
+                        moe_layer_interval=interval)
+    else:
+        r.mark("num_experts_per_tok")
+    return f
+
+
+def _falcon_h1(r: _Reader) -> dict[str, Any]:
+    """Falcon-H1 (transformers FalconH1Config / modeling_falcon_h1.py): every layer runs softmax attention (GQA,
+    RoPE, ``head_dim``) and a Mamba-2 mixer (``FalconH1Mixer``: d_ssm = mamba_d_ssm or mamba_expand·h channels in
+    mamba_n_heads heads of mamba_d_head, mamba_n_groups groups, state mamba_d_state, conv mamba_d_conv) side by side
+    on the same normed input, outputs summed; then a SwiGLU MLP. The µP multipliers are constants (ignored).
+    Counted although absent when ``mamba_rms_norm`` is false: the Mamba-2 gated norm, d_ssm weights per layer
+    (< 0.01 %)."""
+    f = _base(r, kv_required=True)
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    h = f["hidden_size"]
+    for key in ("attention_bias", "mlp_bias", "projectors_bias", "mamba_proj_bias"):
+        if r.get(key, False, kind=bool):
+            r.used.discard(key)                  # biases on these projections are not modelled: report the key
+    d_ssm = r.get("mamba_d_ssm", None, nullable=True)
+    if d_ssm is None:
+        d_ssm = r.count("mamba_expand", 2) * h
+    r.mark("mamba_expand")
+    heads = r.count("mamba_n_heads", bound="heads")
+    head_dim = r.data.get("mamba_d_head", "auto")
+    r.mark("mamba_d_head")
+    if head_dim == "auto":
+        head_dim = d_ssm // heads
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or heads * head_dim != d_ssm:
+        raise r.fail(f"mamba_n_heads·mamba_d_head = {heads}·{head_dim!r} must equal the SSM width {d_ssm} "
+                     "(mamba_d_ssm, or mamba_expand·hidden_size)")
+    r.mark("mamba_conv_bias", "mamba_rms_norm", "mamba_norm_before_gate")
+    f["mixers"] = {"mamba": dict(kind="mamba2", num_heads=heads, head_dim=head_dim,
+                                 state_size=r.count("mamba_d_state"), n_groups=r.count("mamba_n_groups", 1),
+                                 conv_kernel=r.count("mamba_d_conv", 4), chunk_size=r.count("mamba_chunk_size", 256))}
+    f["layer_pattern"] = ["attention+mamba"]
+    return f
+
+
 def _refuse(why: str):
     def family(r: _Reader) -> dict[str, Any]:
         raise r.fail(why)
@@ -561,14 +659,9 @@ _FAMILIES = {
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "olmoe": _olmoe, "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek, "kimi_k2": _deepseek, "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss,
     "llama4_text": _llama4_text, "qwen3_next": _qwen3_next, "nemotron_h": _nemotron_h, "gemma3_text": _gemma3_text,
-    "kimi_linear": _kimi_linear,
+    "kimi_linear": _kimi_linear, "jamba": _jamba, "falcon_h1": _falcon_h1,
 }
-_REFUSED = {
-    "jamba": "model_type 'jamba' uses Mamba-1 mixers, which autopar does not model (it models Mamba-2: "
-             "MixerSpec kind mamba2); write a ModelSpec YAML if a Mamba-2 stand-in is acceptable",
-    "falcon_h1": "model_type 'falcon_h1' runs attention and a Mamba-2 mixer side by side in every layer; autopar "
-                 "models one token mixer per layer",
-}
+_REFUSED: dict[str, str] = {}
 _WRAPPERS = {"llama4": ("llama4_text", _llama4_text), "gemma3": ("gemma3_text", _gemma3_text)}
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted([*_FAMILIES, *_WRAPPERS]))
 

@@ -17,6 +17,16 @@ or a key of ``mixers`` (linear attention, SSM, or attention with its own window/
 sources in :mod:`autopar.specs.mixers`). ``mlp_pattern`` names each layer's channel mixer (dense, moe, none)
 where the MoE placement rule of :class:`MoESpec` cannot say it. Both repeat to num_layers.
 
+Parallel mixers (Falcon-H1, arXiv 2507.22448; HF ``FalconH1DecoderLayer``): a layer_pattern entry may join
+several mixer names with ``+`` (``attention+mamba``): the mixers read the same normed input and their outputs are
+summed into the residual stream (Falcon-H1 scales each output by a constant µP multiplier first: no weights, no
+FLOPs worth counting). Why a pattern syntax and not a "parallel" mixer kind: every per-mixer formula keeps its
+one home (the mixer's own kind, or the model's attention), and a layer's parameters, FLOPs, activations and
+recurrent state are plainly the sum over its mixers (:meth:`ModelSpec.mixers_of`); a combined kind would need a
+second copy of each part's formulas or a mixer that refers to other mixers. One pre-norm serves all of a layer's
+mixers. TP and CP rules are those of every part (the intersection of what each allows): each part is split by its
+own heads, and under CP attention parts exchange K, V while linear parts pass their state.
+
 Symbols used below: h = hidden size, L = layers, a = attention heads, g = KV heads, d = head dim,
 f = dense FFN hidden, E = routed experts, k = routed experts per token (top-k), f_e = expert FFN hidden,
 V = vocabulary.
@@ -115,7 +125,9 @@ class ModelSpec(Spec):
                                           "attention variants); see autopar.specs.mixers.")
     layer_pattern: tuple[str, ...] | None = Field(
         default=None, description="Token mixer of each layer, repeated to num_layers: 'attention' (the model's own), "
-                                  "'none', or a key of mixers. None = 'attention' on every layer.")
+                                  "'none', a key of mixers, or several of these joined by '+' (run in parallel on "
+                                  "the same input, outputs summed: Falcon-H1's 'attention+mamba'). None = "
+                                  "'attention' on every layer.")
     mlp_pattern: tuple[ChannelKind, ...] | None = Field(
         default=None, description="Channel mixer of each layer (dense | moe | none), repeated to num_layers; "
                                   "None = the MoE placement of moe (first_dense_layers, moe_layer_interval).")
@@ -129,21 +141,30 @@ class ModelSpec(Spec):
                                  f"({self.num_layers}); give one entry per layer or a period dividing it")
         if self.layer_pattern is not None:
             known = {"attention", "none", *self.mixers}
-            bad = sorted({n for n in self.layer_pattern if n not in known})
+            bad = sorted({n for entry in self.layer_pattern for n in entry.split("+") if n not in known})
             if bad:
                 raise ValueError(f"layer_pattern names unknown mixer(s) {bad}; known: {sorted(known)}")
             reserved = {"attention", "none"} & set(self.mixers)
             if reserved:
                 raise ValueError(f"mixers may not be named {sorted(reserved)} (reserved for the model's own "
                                  "attention and for no mixer)")
-        unused = sorted(set(self.mixers) - set(self.layer_pattern or ()))
+            for entry in self.layer_pattern:
+                parts = entry.split("+")
+                if len(parts) > 1 and ("none" in parts or len(set(parts)) != len(parts)):
+                    raise ValueError(f"layer_pattern entry '{entry}': parallel mixers are distinct names, none of "
+                                     "them 'none'")
+                kinds = [self._named_mixer(n).kind for n in parts if n != "none"]
+                if kinds.count("attention") > 1:
+                    raise ValueError(f"layer_pattern entry '{entry}': at most one softmax attention per layer")
+        used = {n for entry in (self.layer_pattern or ()) for n in entry.split("+")}
+        unused = sorted(set(self.mixers) - used)
         if unused:
             raise ValueError(f"mixers {unused} are defined but no layer_pattern entry uses them")
         if self.mlp_pattern is not None and "moe" in self.mlp_pattern and self.moe is None:
             raise ValueError("mlp_pattern places 'moe' layers but moe is not set")
         if self.mlp_pattern is not None and self.moe is not None and "moe" not in self.mlp_pattern:
             raise ValueError("moe is set but mlp_pattern places no 'moe' layer")
-        if any(self.mixer_of(i) is None and self.channel_of(i) == "none" for i in range(self.num_layers)):
+        if any(not self.mixers_of(i) and self.channel_of(i) == "none" for i in range(self.num_layers)):
             raise ValueError("a layer has neither a token mixer nor a channel mixer (layer_pattern 'none' where "
                              "mlp_pattern is 'none')")
         a, g = self.num_attention_heads, self.kv_heads
@@ -200,41 +221,60 @@ class ModelSpec(Spec):
         return sum(self.channel_of(i) == "dense" for i in range(self.num_layers))
 
     def mixer_name(self, i: int) -> str:
-        """Name of layer i's token mixer in layer_pattern ('attention' without a pattern)."""
+        """Name of layer i's token mixer in layer_pattern ('attention' without a pattern; 'a+b' for parallel
+        mixers)."""
         return "attention" if self.layer_pattern is None else self.layer_pattern[i % len(self.layer_pattern)]
 
-    def mixer_of(self, i: int) -> MixerSpec | None:
-        """Token mixer of 0-based layer i (None: the layer has none). The model's own attention comes back as an
-        ``attention`` mixer carrying the layer's sliding window."""
+    def _named_mixer(self, name: str) -> MixerSpec:
+        return MixerSpec(kind="attention") if name == "attention" else self.mixers[name]
+
+    def mixers_of(self, i: int) -> tuple[MixerSpec, ...]:
+        """Token mixers of 0-based layer i: none, one, or several run in parallel (softmax attention first). The
+        model's own attention comes back as an ``attention`` mixer carrying the layer's sliding window."""
         return self._layer_mixers[i]
 
+    def mixer_of(self, i: int) -> MixerSpec | None:
+        """The token mixer of a layer with at most one (None: the layer has none). Layers with parallel mixers
+        raise: use :meth:`mixers_of`."""
+        parts = self._layer_mixers[i]
+        if len(parts) > 1:
+            raise ValueError(f"layer {i} of {self.name} has parallel mixers ({self.mixer_name(i)}); use mixers_of")
+        return parts[0] if parts else None
+
     @cached_property
-    def _layer_mixers(self) -> tuple[MixerSpec | None, ...]:
+    def _layer_mixers(self) -> tuple[tuple[MixerSpec, ...], ...]:
         plain, windowed = MixerSpec(kind="attention"), None
-        out: list[MixerSpec | None] = []
+        out: list[tuple[MixerSpec, ...]] = []
         for i in range(self.num_layers):
-            name = self.mixer_name(i)
-            if name == "none":
-                out.append(None)
-            elif name == "attention" and self.is_windowed_layer(i):
-                # the model's standard attention over its sliding window
-                windowed = windowed or MixerSpec(kind="attention", window=self.sliding_window)
-                out.append(windowed)
-            else:
-                out.append(plain if name == "attention" else self.mixers[name])
+            parts: list[MixerSpec] = []
+            for name in self.mixer_name(i).split("+"):
+                if name == "none":
+                    continue
+                if name == "attention" and self.is_windowed_layer(i):
+                    # the model's standard attention over its sliding window
+                    windowed = windowed or MixerSpec(kind="attention", window=self.sliding_window)
+                    parts.append(windowed)
+                else:
+                    parts.append(plain if name == "attention" else self.mixers[name])
+            parts.sort(key=lambda m: m.kind != "attention")     # softmax attention first (stable)
+            out.append(tuple(parts))
         return tuple(out)
+
+    def attention_part(self, i: int) -> MixerSpec | None:
+        """Layer i's softmax-attention mixer, if it has one (alone or next to parallel mixers)."""
+        return next((m for m in self.mixers_of(i) if m.kind == "attention"), None)
 
     @cached_property
     def is_hybrid(self) -> bool:
-        """Layers differ in their token-mixer kind (linear attention or SSM next to softmax attention, or
-        mixer-less layers): pipeline stages are then balanced by cost, not by layer count."""
-        kinds = {None if (m := self.mixer_of(i)) is None else m.kind for i in range(self.num_layers)}
-        return len(kinds) > 1 or kinds != {"attention"}
+        """Layers differ in their token-mixer kind (linear attention or SSM next to softmax attention, parallel
+        mixers, or mixer-less layers): pipeline stages are then balanced by cost, not by layer count."""
+        kinds = {tuple(m.kind for m in self.mixers_of(i)) for i in range(self.num_layers)}
+        return kinds != {("attention",)}
 
     @cached_property
     def attention_layers(self) -> tuple[int, ...]:
         """Layers with softmax attention (those that hold a KV cache and exchange K, V under CP)."""
-        return tuple(i for i in range(self.num_layers) if (m := self.mixer_of(i)) is not None and m.kind == "attention")
+        return tuple(i for i in range(self.num_layers) if self.attention_part(i) is not None)
 
     def is_windowed_layer(self, i: int) -> bool:
         """Whether the model's own attention is windowed on layer i (sliding_window / sliding_window_every)."""
@@ -293,29 +333,29 @@ class ModelSpec(Spec):
             return 0
         return self.hidden_size * m.num_experts + m.num_shared_experts * self.mlp_params(m.shared_ffn)
 
-    def mixer_params(self, i: int) -> int:
-        """Token-mixer weights of layer i (norm excluded): the model's attention (+ sinks a, + output gate
-        h·a·d_v for an attention mixer that has them), or a linear/SSM mixer's projections and small weights."""
-        mx = self.mixer_of(i)
-        if mx is None:
-            return 0
+    def _part_params(self, mx: MixerSpec) -> int:
+        """One token mixer's weights (norm excluded): the model's attention (+ sinks a, + output gate h·a·d_v for
+        an attention mixer that has them), or a linear/SSM mixer's projections and small weights."""
         if mx.kind == "attention":
             a = self.num_attention_heads
             return (self.attention_params + (a if mx.sinks else 0)
                     + (self.hidden_size * a * self.v_head_dim if mx.output_gate else 0))
         return mx.gemm_params(self.hidden_size) + mx.other_params()
 
+    def mixer_params(self, i: int) -> int:
+        """Token-mixer weights of layer i (norm excluded): the sum over its mixers (parallel mixers add up)."""
+        return sum(self._part_params(mx) for mx in self.mixers_of(i))
+
     def mixer_gemm_params(self, i: int) -> int:
         """The GEMM part of :meth:`mixer_params` (2 FLOPs per weight per token): everything for attention
         (biases and sinks are below 0.01 % and kept, as before), the projections for linear/SSM mixers."""
-        mx = self.mixer_of(i)
-        if mx is None or mx.kind == "attention":
-            return self.mixer_params(i)
-        return mx.gemm_params(self.hidden_size)
+        return sum(self._part_params(mx) if mx.kind == "attention" else mx.gemm_params(self.hidden_size)
+                   for mx in self.mixers_of(i))
 
     def layer_norms(self, i: int) -> int:
-        """Norm weights of layer i: one pre-norm per sub-block present (mixer, channel mixer)."""
-        return self.norm_params * ((self.mixer_of(i) is not None) + (self.channel_of(i) != "none"))
+        """Norm weights of layer i: one pre-norm per sub-block present (the token mixers, however many run in
+        parallel, share one; the channel mixer has its own)."""
+        return self.norm_params * (bool(self.mixers_of(i)) + (self.channel_of(i) != "none"))
 
     def channel_nonexpert_params(self, i: int) -> int:
         """Channel-mixer weights of layer i outside the routed experts: dense MLP, or router + shared experts."""
@@ -392,8 +432,8 @@ class ModelSpec(Spec):
         """Average number of keys a query attends to in layer i: causal s/2; sliding window min(w, s/2);
         chunked attention (chunk c, a token sees the earlier tokens of its chunk) c/2 when c < s. 0 for layers
         without softmax attention."""
-        mx = self.mixer_of(i)
-        if mx is None or mx.kind != "attention":
+        mx = self.attention_part(i)
+        if mx is None:
             return 0.0
         ctx = seq_len / 2
         if mx.window is not None:
@@ -408,10 +448,9 @@ class ModelSpec(Spec):
                                                                                           + self.v_head_dim)
 
     def mixer_core_flops_per_token(self, i: int) -> float:
-        """Chunked linear-attention / SSM scan and short convolution of layer i per token (0 for attention);
-        formulas in :mod:`autopar.specs.mixers`."""
-        mx = self.mixer_of(i)
-        return mx.core_flops() if mx is not None and mx.is_linear else 0.0
+        """Chunked linear-attention / SSM scan and short convolution of layer i per token (0 for attention; summed
+        over parallel mixers); formulas in :mod:`autopar.specs.mixers`."""
+        return sum(mx.core_flops() for mx in self.mixers_of(i) if mx.is_linear)
 
     def channel_forward_flops_per_token(self, i: int) -> float:
         """Dense MLP, or MoE router (2·h·E) + k routed + shared experts, of layer i per token."""

@@ -66,6 +66,10 @@ def test_zoo_lists_every_model_and_hardware_file_with_their_figures():
     assert [h["name"] for h in d["hardware"]] == zoo_names("hardware")
     v3 = next(m for m in d["models"] if m["name"] == "deepseek_v3")
     assert v3["total_params_b"] == pytest.approx(671, rel=0.02) and v3["experts"] == 256 and v3["mla"]
+    mixers = {m["name"]: m["mixers"] for m in d["models"]}
+    assert mixers["nemotron_h_8b"] == "mamba2 x24, attention x4"          # 24 MLP-only layers have no mixer
+    assert mixers["falcon_h1_7b"] == "attention+mamba2 x44" and mixers["llama3_8b"] == "attention x32"
+    assert mixers["jamba_v0_1"] == "mamba1 x28, attention x4"
     table = run("zoo", "hardware")
     assert table.returncode == 0 and "h100_sxm" in table.stdout and "deepseek_v3" not in table.stdout
 

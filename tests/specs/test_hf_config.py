@@ -243,6 +243,15 @@ NEMOTRON3_NANO = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemo
 GEMMA3_27B = {"architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3", "text_config": {"attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": None, "cache_implementation": "hybrid", "final_logit_softcapping": None, "head_dim": 128, "hidden_activation": "gelu", "hidden_size": 5376, "initializer_range": 0.02, "intermediate_size": 21504, "max_position_embeddings": 163840, "model_type": "gemma3_text", "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16, "query_pre_attn_scalar": 168, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "rope_theta": 10000.0, "sliding_window": 1024, "sliding_window_pattern": 6, "use_cache": True, "vocab_size": 262144}, "torch_dtype": "bfloat16", "vision_config": {"attention_dropout": 0.0, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "image_size": 896, "intermediate_size": 4304, "layer_norm_eps": 1e-06, "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_channels": 3, "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}}
 GPT_OSS_20B = {"architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02, "intermediate_size": 2880, "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999, "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096, "rope_theta": 150000, "rope_type": "yarn", "truncate": False}, "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0", "use_cache": True, "vocab_size": 201088}
 KIMI_LINEAR = {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "hidden_act": "silu", "q_lora_rank": None, "mla_use_nope": True, "moe_router_activation_func": "sigmoid", "num_expert_group": 1, "topk_group": 1, "moe_layer_freq": 1, "tie_word_embeddings": False, "hidden_size": 2304, "num_hidden_layers": 27, "vocab_size": 163840, "rms_norm_eps": 1e-5, "num_attention_heads": 32, "num_key_value_heads": 32, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "num_experts": 256, "num_experts_per_token": 8, "num_shared_experts": 1, "moe_intermediate_size": 1024, "routed_scaling_factor": 2.446, "moe_renormalize": True, "first_k_dense_replace": 1, "intermediate_size": 9216, "eos_token_id": 163586, "linear_attn_config": {"full_attn_layers": [4, 8, 12, 16, 20, 24, 27], "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26], "head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4}}
+# KEYS, Jamba-v0.1: the structural keys of ai21labs/Jamba-v0.1's config.json as a public config-parser test trims it
+# (attn/expert periods and offsets, Mamba sizes, experts, vocabulary), plus intermediate_size and mamba_dt_rank from
+# transformers' JambaConfig defaults, which its docstring says reproduce Jamba-v0.1.
+JAMBA_V01 = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "attn_layer_offset": 4, "attn_layer_period": 8, "expert_layer_offset": 1, "expert_layer_period": 2, "mamba_d_conv": 4, "mamba_d_state": 16, "mamba_expand": 2, "mamba_dt_rank": 256, "mamba_conv_bias": True, "mamba_proj_bias": False, "num_experts": 16, "num_experts_per_tok": 2, "vocab_size": 65536, "max_position_embeddings": 262144, "tie_word_embeddings": False, "use_mamba_kernels": True, "torch_dtype": "bfloat16"}
+# KEYS, Falcon-H1-7B-Base: the shape in transformers' falcon_h1 docs table, the other keys as a public test fixture
+# copies the config (FALCON_H1_7B_HF), plus the µP multipliers every Falcon-H1 config carries (values illustrative).
+FALCON_H1_7B = {"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "hidden_size": 3072, "num_hidden_layers": 44, "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128, "intermediate_size": 12288, "vocab_size": 130048, "tie_word_embeddings": False, "mamba_d_state": 256, "mamba_n_groups": 1, "mamba_n_heads": 24, "mamba_d_head": 128, "mamba_d_ssm": 3072, "mamba_expand": 2, "mamba_d_conv": 4, "mamba_chunk_size": 128, "max_position_embeddings": 262144, "mamba_conv_bias": True, "mamba_proj_bias": False, "mamba_rms_norm": False, "mamba_norm_before_gate": False, "projectors_bias": False, "attention_bias": False, "mlp_bias": False, "attention_in_multiplier": 1.0, "attention_out_multiplier": 1.0, "key_multiplier": 1.0, "ssm_in_multiplier": 1.0, "ssm_out_multiplier": 1.0, "ssm_multipliers": [1.0, 1.0, 1.0, 1.0, 1.0], "mlp_multipliers": [1.0, 1.0], "embedding_multiplier": 1.0, "lm_head_multiplier": 1.0, "rope_theta": 1e11}
+# KEYS, Nemotron-H-56B-Base-8K: Megatron-Bridge's NemotronHModelProvider56B shape written as config.json keys.
+NEMOTRON_H_56B = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", "hidden_size": 8192, "num_hidden_layers": 118, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 32768, "mamba_num_heads": 256, "mamba_head_dim": 64, "n_groups": 8, "ssm_state_size": 256, "conv_kernel": 4, "expand": 2, "chunk_size": 128, "vocab_size": 131072, "tie_word_embeddings": False, "max_position_embeddings": 8192}
 
 
 def _counts(m: ModelSpec) -> tuple:
@@ -277,6 +286,9 @@ ROUND_TRIP = [
     ("gemma3", GEMMA3_27B, "gemma3_27b"),
     ("gpt_oss", GPT_OSS_20B, "gpt_oss_20b"),
     ("kimi_linear", KIMI_LINEAR, "kimi_linear_48b_a3b"),
+    ("jamba", JAMBA_V01, "jamba_v0_1"),
+    ("falcon_h1", FALCON_H1_7B, "falcon_h1_7b"),
+    ("nemotron_h", NEMOTRON_H_56B, "nemotron_h_56b"),
 ]
 
 
@@ -568,8 +580,34 @@ def test_kimi_linear_layers_follow_linear_attn_config():
         _map(bad)
 
 
-@pytest.mark.parametrize("model_type, needle", [("jamba", "Mamba-1"), ("falcon_h1", "side by side")])
-def test_hybrids_autopar_cannot_model_are_refused_with_the_reason(model_type, needle):
-    with pytest.raises(AutoparInputError) as err:
-        _map({"model_type": model_type, "hidden_size": 64})
-    assert WHERE in str(err.value) and needle in str(err.value)
+def test_jamba_maps_to_mamba1_layers_with_attention_every_eighth():
+    m, unmapped = _map(JAMBA_V01)
+    assert unmapped == set()
+    assert m.attention_layers == (4, 12, 20, 28) and m.position_embedding == "none"
+    mx = m.mixers["mamba"]
+    assert (mx.kind, mx.d_inner, mx.state_size, mx.dt_rank, mx.conv_kernel, mx.bc_norms) == ("mamba1", 8192, 16, 256,
+                                                                                             4, True)
+    assert [m.is_moe_layer(i) for i in range(4)] == [False, True, False, True] and m.num_moe_layers == 16
+    # "auto" Δ rank is ceil(h / 16); explicit block-type lists give the same model
+    assert _map({**JAMBA_V01, "mamba_dt_rank": "auto"})[0].mixers["mamba"].dt_rank == 256
+    listed = {**JAMBA_V01, "layers_block_type": ["attention" if i % 8 == 4 else "mamba" for i in range(32)],
+              "layers_num_experts": [16 if i % 2 else 1 for i in range(32)]}
+    assert _counts(_map(listed)[0]) == _counts(m)
+    with pytest.raises(AutoparInputError, match="mamba_dt_rank' must be a positive integer"):
+        _map({**JAMBA_V01, "mamba_dt_rank": "big"})
+    assert _map({**JAMBA_V01, "mamba_proj_bias": True})[1] == {"mamba_proj_bias"}
+
+
+def test_falcon_h1_runs_attention_and_mamba2_in_parallel_in_every_layer():
+    m, unmapped = _map(FALCON_H1_7B)
+    assert unmapped == set()                     # the µP multipliers are known and ignored
+    assert m.mixer_counts() == {"attention+mamba": 44} and m.attention_layers == tuple(range(44))
+    kinds = [mx.kind for mx in m.mixers_of(0)]
+    assert kinds == ["attention", "mamba2"] and m.mixers["mamba"].d_inner == 3072
+    # one layer = both mixers + one shared pre-norm + the MLP and its norm
+    assert m.layer_nonexpert_params(0) == (m.attention_params + m.mixers["mamba"].gemm_params(3072)
+                                           + m.mixers["mamba"].other_params() + m.mlp_params(12288) + 2 * 3072)
+    with pytest.raises(AutoparInputError, match=r"mamba_n_heads·mamba_d_head = 24·100 must equal the SSM width 3072"):
+        _map({**FALCON_H1_7B, "mamba_d_head": 100})
+    auto = {k: v for k, v in FALCON_H1_7B.items() if k not in ("mamba_d_ssm", "mamba_d_head")}
+    assert _map(auto)[0].mixers["mamba"].d_inner == 2 * 3072        # mamba_expand·h, head dim "auto"

@@ -203,3 +203,85 @@ def test_cp_passes_the_state_for_linear_layers():
     assert t_lin == pytest.approx(M * 2 * 3 * (state_bytes * c + 4 * t0))   # forward + backward, cp - 1 = 3 hops
     t_att = Estimator(att, H100, tr, 4).estimate(L).time_s.cp
     assert t_att > 0 and t_att != t_lin
+
+
+# ---- Mamba-1 (Jamba) and parallel mixers (Falcon-H1) ----------------------------------------------------------------
+def test_mamba1_parameters_flops_state_and_tp_by_hand():
+    """Jamba-v0.1's Mamba-1 mixer: h 4096, d = 8192, N 16, R 256, conv 4, Δ/B/C norms (HF JambaMambaMixer)."""
+    m = MixerSpec(kind="mamba1", inner_size=8192, state_size=16, dt_rank=256, conv_kernel=4, bc_norms=True)
+    h, d, N, R = 4096, 8192, 16, 256
+    in_proj, x_proj, dt_proj, out_proj = h * 2 * d, d * (R + 2 * N), R * d, d * h
+    assert m.gemm_params(h) == in_proj + x_proj + dt_proj + out_proj
+    conv, conv_b, dt_b, A_log, D, norms = 4 * d, d, d, d * N, d, R + 2 * N
+    assert m.other_params() == conv + conv_b + dt_b + A_log + D + norms
+    # per channel: 7 per state (Δ·A, exp, (Δx)·B, dA·h + ·, C·h accumulated) + Δ·x + D skip (2); conv 2·K
+    assert m.core_flops() == 2 * 4 * d + d * (7 * N + 3)
+    assert m.state_elems() == d * N + 3 * d
+    inputs, out = m.stored_elems()
+    assert (inputs, out) == (d + d + d + d + R + 2 * N + R + 2 * N, d)     # conv in, u, z, Δ, Δ rank, B, C, norms
+    assert m.tp_problem(8, "m") is None and "inner_size (8192) not divisible by tp (3)" in m.tp_problem(3, "m")
+
+
+@pytest.mark.parametrize("fields, needle", [
+    (dict(kind="mamba1", state_size=16, dt_rank=8), r"needs inner_size \(d\), state_size \(N\) and dt_rank"),
+    (dict(kind="mamba1", inner_size=64, state_size=16, dt_rank=8, num_heads=4), "have no heads"),
+    (dict(kind="mamba2", num_heads=4, head_dim=16, state_size=16, dt_rank=8), "are mamba1 fields"),
+])
+def test_mamba1_fields_are_checked(fields, needle):
+    with pytest.raises(ValueError, match=needle):
+        MixerSpec(**fields)
+
+
+def test_parallel_mixers_sum_their_parts_and_share_one_norm():
+    mamba = {"kind": "mamba2", "num_heads": 16, "head_dim": 128, "state_size": 128, "n_groups": 1, "conv_kernel": 4}
+    par = hybrid({"mamba": mamba}, ["attention+mamba"] * 2)
+    att = hybrid({"mamba": mamba}, ["attention", "mamba"])
+    s = 4096
+    assert par.mixers_of(0)[0].kind == "attention" and par.mixers_of(0)[1].kind == "mamba2"
+    assert par.mixer_params(0) == att.mixer_params(0) + att.mixer_params(1)
+    assert par.layer_norms(0) == 2 * par.norm_params                       # one for both mixers, one for the MLP
+    assert par.mixer_core_flops_per_token(0) == att.mixer_core_flops_per_token(1)
+    assert par.attention_core_flops_per_token(0, s) == att.attention_core_flops_per_token(0, s)
+    assert par.layer_forward_flops_per_token(0, s) == pytest.approx(
+        att.layer_forward_flops_per_token(0, s) + att.layer_forward_flops_per_token(1, s)
+        - att.channel_forward_flops_per_token(1))                          # one MLP, not two
+    assert par.attention_layers == (0, 1) and par.is_hybrid
+    with pytest.raises(ValueError, match="parallel mixers"):
+        par.mixer_of(0)
+    # TP must split every part: the attention heads (16) and the Mamba-2 groups (1)
+    tr = TrainingSpec(seq_len=4096, global_batch=64)
+    found = check_layout(Layout(tp=2), par, tr, 8)
+    assert any("n_groups (1) not divisible by tp (2)" in p for p in found), found
+
+
+def test_parallel_layers_add_both_cp_exchanges():
+    mamba = {"kind": "mamba2", "num_heads": 16, "head_dim": 128, "state_size": 128, "n_groups": 2}
+    tr = TrainingSpec(seq_len=8192, global_batch=64)
+    L = Layout(cp=4)
+    t = {p: Estimator(hybrid({} if p == "attention" else {"mamba": mamba}, [p] * 4), H100, tr, 4).estimate(L).time_s.cp
+         for p in ("attention", "mamba", "attention+mamba")}
+    assert t["attention+mamba"] > max(t["attention"], t["mamba"])
+    assert t["attention+mamba"] == pytest.approx(t["attention"] + t["mamba"], rel=1e-9)
+
+
+@pytest.mark.parametrize("pattern, needle", [
+    (["attention+attention"], "parallel mixers are distinct names"),
+    (["attention+none"], "none of them 'none'"),
+    (["attention+swa"], "at most one softmax attention per layer"),
+])
+def test_bad_parallel_entries_are_one_clear_error(pattern, needle):
+    data = dict(name="bad", num_layers=2, hidden_size=256, ffn_hidden_size=512, num_attention_heads=4, vocab_size=100,
+                mixers={"swa": {"kind": "attention", "window": 64}}, layer_pattern=pattern)
+    if "swa" not in pattern[0]:
+        data["mixers"] = {}
+    with pytest.raises(AutoparInputError) as err:
+        build_spec(ModelSpec, data, "model.yaml")
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["jamba_v0_1", "falcon_h1_7b", "nemotron_h_56b"])
+def test_new_hybrids_estimate_end_to_end(name):
+    m = load_model(name)
+    tr = TrainingSpec(seq_len=4096, global_batch=256)
+    r = Estimator(m, H100, tr, 64).estimate(Layout(tp=2, pp=2) if name != "falcon_h1_7b" else Layout(pp=2))
+    assert r.time_s.total > 0 and r.memory_gib.total > 0

@@ -88,6 +88,13 @@ PUBLISHED: list[tuple[str, str, str, float, str]] = [
     ("gpt_oss_20b", "total", "20.91", B, "gpt-oss model card arXiv 2508.10925"),
     ("gpt_oss_20b", "active_no_input_emb", "3.61", B, "gpt-oss model card arXiv 2508.10925"),
     ("grok_1", "total", "314", B, "xai-org/grok-1 README (314B parameters)"),
+    ("jamba_v0_1", "total", "52", B, "Jamba paper arXiv 2403.19887 (52B available parameters); model card"),
+    ("jamba_v0_1", "active", "12", B, "Jamba paper arXiv 2403.19887 (12B active); model card"),
+    ("jamba_1_5_large", "total", "398", B, "Jamba-1.5 paper arXiv 2408.12570 (398B total)"),
+    ("jamba_1_5_large", "active", "94", B, "Jamba-1.5 paper arXiv 2408.12570 (94B active)"),
+    ("falcon_h1_7b", "total", "7.59", B, "tiiuae/Falcon-H1-7B-Base Hugging Face page (7.59B params); not opened from "
+                                         "this machine, the report arXiv 2507.22448 labels it 7B"),
+    ("nemotron_h_56b", "total", "56", B, "Nemotron-H paper arXiv 2504.03624 (Nemotron-H-56B)"),
     ("kimi_linear_48b_a3b", "active_no_emb", "3", B,
      "Kimi Linear report arXiv 2510.26692 (3B activated); convention inferred (ours with embeddings: 3.48B)"),
 ]
