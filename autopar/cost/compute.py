@@ -113,6 +113,20 @@ def _layer_times(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: Train
     return hit
 
 
+def layer_seconds(prof: ModelProfile, j: int, L: Layout, tr: TrainingSpec, kern: Kernels,
+                  imbalance: float = 1.0) -> float:
+    """Forward + backward + recomputation seconds of one layer of kind ``j`` on one GPU for L's micro-batch: the
+    per-layer piece :func:`microbatch_time` sums (it adds the head, the embedding gradient and the per-layer
+    overhead). The search bounds a stage's micro-batch time from below with these."""
+    f, b, r = _layer_times(kern, prof, j, L, tr, gpu_tokens(L, tr), imbalance)
+    return f + b + r
+
+
+def gpu_tokens(L: Layout, tr: TrainingSpec) -> float:
+    """T = b·s/cp: the tokens of one micro-batch each GPU of a stage runs its layers on (module docstring)."""
+    return L.micro_batch * tr.seq_len / L.cp
+
+
 def head_time(kern: Kernels, prof: ModelProfile, L: Layout, tr: TrainingSpec, tokens: float) -> tuple[float, float]:
     """(forward, backward) seconds of the LM head GEMM (BF16) and the cross entropy over V/tp logits."""
     h, v = prof.hidden, prof.vocab
@@ -136,7 +150,7 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
                     overhead_s: float = 0.0, imbalance: float = 1.0) -> tuple[float, float]:
     """(total, forward-only) seconds of one micro-batch's kernels on one GPU of stage ``st``: forward +
     backward + recomputation of every layer, the head on the last stage, and ``overhead_s`` per layer."""
-    tokens = L.micro_batch * tr.seq_len / L.cp
+    tokens = gpu_tokens(L, tr)
     fwd = bwd = rc = 0.0
     for j, count in prof.kind_counts(st.first, st.last):
         f, b, r = _layer_times(kern, prof, j, L, tr, tokens, imbalance)
@@ -171,7 +185,7 @@ def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
                      overhead_s: float = 0.0, imbalance: float = 1.0) -> dict[str, float]:
     """Seconds of one micro-batch on stage ``st`` by kernel class (forward + backward + recomputation); the classes
     sum to :func:`microbatch_time`'s total, and the ``recomputation`` entry says how much of them is re-run."""
-    tokens = L.micro_batch * tr.seq_len / L.cp
+    tokens = gpu_tokens(L, tr)
     out: dict[str, float] = {}
     kinds = list(prof.kind_counts(st.first, st.last))
     if st.is_last and prof.mtp_layers:

@@ -37,6 +37,7 @@
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -144,30 +145,35 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
     else:
         # 1. Memory of every mesh, vectorised over the meshes of one pipeline depth; the (micro-batch,
         #    recompute) pairs with some fully valid layout (batch, interleaving) that fits.
-        for group in t.by_depth():
-            t.fill_memory(group)
-        every = np.arange(nm)
-        _, mem_mib, b_bad, i_bad = t.compose(every, with_time=False)
-        ok = (~b_bad & ~i_bad & (mem_mib <= cap)).reshape(nm, J, R, K, Z)
-        fit = ok.any(axis=(3, 4))   # (nm, J, R): some fully valid layout of the pair fits
+        fit = t.fit_pairs(cap)   # (nm, J, R): some fully valid layout of the pair fits
         fit_jr = {pos: fit[pos] for pos in range(nm) if fit[pos].any()}
         any_fit = bool(fit_jr)
         if any_fit:   # (when nothing fits, nothing is timed: the explanation needs memory only)
             # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound. Bound:
             #    recomputation never makes a micro-batch faster; bubble + p2p at the best valid vpp; the
-            #    DP/optimizer tail >= 0 (see _bound).
+            #    DP/optimizer tail >= 0 (see _bound). That bound times every stage of a mesh, so a cheaper one
+            #    comes first (the layers' kernels alone, see floor_bounds): a mesh's bound is computed only when
+            #    its floor is the lowest key left, and a mesh is visited when its bound is. Both are lower bounds,
+            #    so meshes are visited in the order of the bound, as if every bound had been computed.
             #    tests/search/test_solver.py checks that bounded and unbounded builds agree.
             fitting = list(fit_jr)
-            time_lb = np.array([t.time_lower_bound(pos, fit_jr[pos]) for pos in fitting])
+            floor = t.floor_bounds(fitting, fit[fitting])
+            heap = [(float(floor[i]), i, False) for i in range(len(fitting))]   # (key, order, key is the bound)
+            heapq.heapify(heap)
             best: list[int] = []   # step_us of the fastest fully valid fitting layouts so far (at most top_k)
-            for i in np.argsort(time_lb, kind="stable"):
+            while heap:
+                key, i, is_bound = heap[0]
                 pos, jr = fitting[i], fit_jr[fitting[i]]
                 incumbent = best[top_k - 1] if len(best) >= top_k else None
-                if incumbent is not None and np.rint(time_lb[i] * SCALE_T) > incumbent + 1:
-                    break   # sorted by the bound: no later mesh can beat the incumbent either
+                if incumbent is not None and np.rint(key * SCALE_T) > incumbent + 1:
+                    break   # the lowest key left: no mesh left can beat the incumbent
+                if not is_bound:
+                    heapq.heapreplace(heap, (t.time_lower_bound(pos, jr), i, True))
+                    continue
                 if deadline is not None and best and time.perf_counter() > deadline:
-                    stopped = float(time_lb[i])
+                    stopped = key
                     break
+                heapq.heappop(heap)
                 if incumbent is not None:   # micro-batches whose bound cannot beat the incumbent
                     jr = jr & (np.rint(np.asarray(t.lb_by_mbs[pos]) * SCALE_T) <= incumbent + 1)[:, None]
                 if not jr.any() or (incumbent is not None and
@@ -278,14 +284,61 @@ class _Tables:
         steps = step_seconds(lb, self._stage_max(pos, j, r)[0], self._p2p_bound[pos][j], 0.0)
         return float(np.min(np.where(self.inter_ok[pos, j], steps, np.inf)))   # over the valid interleavings
 
+    def _bound_recompute(self) -> list[int]:
+        """The recompute policies a bound is taken at: none (recomputation never speeds up a micro-batch) if the
+        space has it, else each (and the least of them)."""
+        sp = self.space
+        return [sp.recompute.index("none")] if "none" in sp.recompute else list(range(len(sp.recompute)))
+
     def time_lower_bound(self, pos: int, jr: np.ndarray) -> float:
         """Seconds no layout of this mesh that fits goes below: the bound without recomputation (it never speeds
         up a micro-batch), at the best micro-batch among those with a pair in ``jr`` (J, R) (those that fit)."""
-        sp = self.space
-        rs = [sp.recompute.index("none")] if "none" in sp.recompute else range(len(sp.recompute))
-        by_mbs = [min(self._bound(pos, j, r) for r in rs) if jr[j].any() else float("inf") for j in range(len(sp.mbs))]
+        rs = self._bound_recompute()
+        by_mbs = [min(self._bound(pos, j, r) for r in rs) if jr[j].any() else float("inf")
+                  for j in range(len(self.space.mbs))]
         self.lb_by_mbs[pos] = by_mbs
         return min(by_mbs)
+
+    def floor_bounds(self, positions: list[int], fit: np.ndarray) -> np.ndarray:
+        """A cheaper step-time lower bound per mesh than :meth:`time_lower_bound` (never above it), without a
+        call of ``stage_times``: ``step_seconds`` with t_mb replaced by the slowest stage's layers alone, each
+        layer priced by ``Estimator.layer_seconds`` (kernel time) plus ``layer_overhead_s`` (``stage_times`` adds
+        the head, the embedding gradient and the TP/CP/EP/offload communication, all >= 0, and ``step_seconds``
+        grows with t_mb), no p2p and no tail; at the best micro-batch with a pair in ``fit`` (n, J, R) and the
+        best valid vpp. A layer's kernels depend on tp, cp, ep, etp and the micro-batch, not on pp or dp
+        (``compute.layer_parts``), so they are priced once per (tp, cp, ep, etp) and shared by the depths."""
+        sp, est = self.space, self.est
+        J, nk, rs = len(sp.mbs), len(est.profile.kinds), self._bound_recompute()
+        per_kind: dict[tuple, np.ndarray] = {}   # (tp, cp, ep, etp) -> (J, kinds) seconds per layer
+        layer_s = np.zeros((len(positions), J, nk))
+        for g, pos in enumerate(positions):
+            mi = self.meshes[pos]
+            tp, cp, _, ep, etp = sp.meshes[mi]
+            hit = per_kind.get((tp, cp, ep, etp))
+            if hit is None:
+                by_r = [[sp.layout(mi, mbs, sp.recompute[r], 1, 1) for r in rs] for mbs in sp.mbs]
+                hit = per_kind[(tp, cp, ep, etp)] = np.array(
+                    [[min(est.layer_seconds(L, k) for L in Ls) for k in range(nk)] for Ls in by_r])
+            layer_s[g] = hit
+        pos_arr = np.asarray(positions, np.int64)
+        t_floor = np.zeros((len(positions), J))
+        for split in {self.splits[p] for p in positions}:   # meshes of one split share their stages
+            sel = np.array([self.splits[p] == split for p in positions])
+            stages = self.stages[positions[int(np.argmax(sel))]]
+            counts = np.zeros((len(stages), nk))
+            for s, st in enumerate(stages):
+                for k, n in est.profile.kind_counts(st.first, st.last):
+                    counts[s, k] = n
+            n_layers = np.array([st.n_layers for st in stages], float)
+            per_stage = layer_s[sel] @ counts.T + n_layers * est.layer_overhead_s   # (meshes, J, stages)
+            t_floor[sel] = per_stage.max(axis=2)
+        # 1e-9: the floor sums in another order than stage_times; keep it below the bound in floating point too
+        t_floor *= 1.0 - 1e-9
+        grid = SimpleNamespace(grad_accum=self.M[pos_arr][:, :, None], pp=self.pp[pos_arr][:, None, None],
+                               vpp=self.vpp[None, None, :])
+        steps = step_seconds(grid, t_floor[:, :, None], 0.0, 0.0)
+        ok = self.inter_ok[pos_arr] & fit.any(axis=2)[:, :, None]
+        return np.where(ok, steps, np.inf).min(axis=(1, 2))
 
     def fill(self, pos: int) -> None:
         """Every table of one mesh."""
@@ -320,6 +373,16 @@ class _Tables:
         self.inter_ok[pos] = ((self.vpp[None, None, :] == 1)
                               | ((pp > 1) & (M[:, :, None] % pp == 0) & (self.vpp[None, None, :] <= vmax)))
         self.mem_done[pos] = True
+
+    def fit_pairs(self, cap: int) -> np.ndarray:
+        """(meshes, J, R): the (micro-batch, recompute) pairs of each mesh with a fully valid layout (batch,
+        interleaving) that fits in ``cap`` MiB at some vpp and ZeRO stage. Fills every memory table."""
+        for group in self.by_depth():
+            self.fill_memory(group)
+        nm, J, R, K, Z = (len(self.meshes), len(self.space.mbs), len(self.space.recompute), len(self.space.vpp),
+                          len(self.space.zero))
+        _, mem_mib, b_bad, i_bad = self.compose(np.arange(nm), with_time=False)
+        return (~b_bad & ~i_bad & (mem_mib <= cap)).reshape(nm, J, R, K, Z).any(axis=(3, 4))
 
     def by_depth(self) -> list[np.ndarray]:
         """Mesh positions grouped by pipeline depth (deepest first: the most sharded, usually the smallest)."""
