@@ -149,35 +149,34 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
         fit_jr = {pos: fit[pos] for pos in range(nm) if fit[pos].any()}
         any_fit = bool(fit_jr)
         if any_fit:   # (when nothing fits, nothing is timed: the explanation needs memory only)
-            # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound. Bound:
-            #    recomputation never makes a micro-batch faster; bubble + p2p at the best valid vpp; the
-            #    DP/optimizer tail >= 0 (see _bound). That bound times every stage of a mesh, so a cheaper one
-            #    comes first (the layers' kernels alone, see floor_bounds): a mesh's bound is computed only when
-            #    its floor is the lowest key left, and a mesh is visited when its bound is. Both are lower bounds,
-            #    so meshes are visited in the order of the bound, as if every bound had been computed.
+            # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound per mesh and
+            #    micro-batch (see _bound): recomputation never makes a micro-batch faster; bubble + p2p at the
+            #    best valid vpp; the DP/optimizer tail >= 0. That bound times every stage of the mesh, so a cheaper
+            #    floor under it comes first (the layers' kernels alone, see floors), and a bound is computed only
+            #    when its floor is the lowest key left: meshes are still visited in the order of their bounds.
             #    tests/search/test_solver.py checks that bounded and unbounded builds agree.
             fitting = list(fit_jr)
-            floor = t.floor_bounds(fitting, fit[fitting])
-            heap = [(float(floor[i]), i, False) for i in range(len(fitting))]   # (key, order, key is the bound)
+            t.start_bounds(fitting, fit[fitting])
+            heap = [(t.key(pos)[0], i) for i, pos in enumerate(fitting)]
             heapq.heapify(heap)
             best: list[int] = []   # step_us of the fastest fully valid fitting layouts so far (at most top_k)
             while heap:
-                key, i, is_bound = heap[0]
-                pos, jr = fitting[i], fit_jr[fitting[i]]
+                key, i = heap[0]
+                pos = fitting[i]
                 incumbent = best[top_k - 1] if len(best) >= top_k else None
                 if incumbent is not None and np.rint(key * SCALE_T) > incumbent + 1:
                     break   # the lowest key left: no mesh left can beat the incumbent
-                if not is_bound:
-                    heapq.heapreplace(heap, (t.time_lower_bound(pos, jr), i, True))
+                j = t.key(pos)[1]
+                if j is not None:   # the mesh's lowest key is a floor: replace it by the bound
+                    t.tighten(pos, j)
+                    heapq.heapreplace(heap, (t.key(pos)[0], i))
                     continue
                 if deadline is not None and best and time.perf_counter() > deadline:
                     stopped = key
                     break
                 heapq.heappop(heap)
-                if incumbent is not None:   # micro-batches whose bound cannot beat the incumbent
-                    jr = jr & (np.rint(np.asarray(t.lb_by_mbs[pos]) * SCALE_T) <= incumbent + 1)[:, None]
-                if not jr.any() or (incumbent is not None and
-                                    np.rint(t.lower_bound_of(pos, jr) * SCALE_T) > incumbent + 1):
+                jr = fit_jr[pos] if incumbent is None else t.pairs_within(pos, fit_jr[pos], incumbent + 1)
+                if not jr.any():
                     continue
                 t.fill_time(pos, jr)
                 step_us, mem_mib, b_bad, i_bad = t.compose(np.array([pos]))
@@ -249,7 +248,10 @@ class _Tables:
         self.mem_done = np.zeros(nm, bool)
         self._elems_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._p2p_bound: dict[int, np.ndarray] = {}   # pos -> p2p (J, K)
-        self.lb_by_mbs: dict[int, list[float]] = {}   # pos -> step-time lower bound per micro-batch
+        self.lb_by_mbs: dict[int, np.ndarray] = {}    # pos -> step-time bound per micro-batch (nan: not computed)
+        self._floor: dict[int, np.ndarray] = {}       # pos -> step-time floor per micro-batch
+        self._kernel_s: dict[tuple, np.ndarray] = {}  # (tp, cp, ep, etp, r) -> layer seconds (J, kinds)
+        self._kinds_of: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # split -> layers per kind and stage
         self._times: dict[tuple[int, int, int], tuple[float, dict[int, float]]] = {}   # (pos, j, r) -> t_mb, t_fwd
 
     def _slot_stage(self, pos: int) -> list:
@@ -285,60 +287,96 @@ class _Tables:
         return float(np.min(np.where(self.inter_ok[pos, j], steps, np.inf)))   # over the valid interleavings
 
     def _bound_recompute(self) -> list[int]:
-        """The recompute policies a bound is taken at: none (recomputation never speeds up a micro-batch) if the
-        space has it, else each (and the least of them)."""
+        """The recompute policies a mesh's bound is taken at: none (recomputation never speeds up a micro-batch)
+        if the space has it, else each (and the least of them)."""
         sp = self.space
         return [sp.recompute.index("none")] if "none" in sp.recompute else list(range(len(sp.recompute)))
 
-    def time_lower_bound(self, pos: int, jr: np.ndarray) -> float:
-        """Seconds no layout of this mesh that fits goes below: the bound without recomputation (it never speeds
-        up a micro-batch), at the best micro-batch among those with a pair in ``jr`` (J, R) (those that fit)."""
-        rs = self._bound_recompute()
-        by_mbs = [min(self._bound(pos, j, r) for r in rs) if jr[j].any() else float("inf")
-                  for j in range(len(self.space.mbs))]
-        self.lb_by_mbs[pos] = by_mbs
-        return min(by_mbs)
+    def _layer_kernels(self, pos: int, r: int) -> np.ndarray:
+        """(J, kinds): ``Estimator.layer_seconds`` of one layer of each kind per micro-batch at recompute r. A layer's
+        kernels depend on tp, cp, ep, etp, the micro-batch and recompute, not on pp or dp (``compute.layer_parts``):
+        priced once per (tp, cp, ep, etp, r) and shared by the pipeline depths."""
+        sp = self.space
+        mi = self.meshes[pos]
+        tp, cp, _, ep, etp = sp.meshes[mi]
+        hit = self._kernel_s.get((tp, cp, ep, etp, r))
+        if hit is None:
+            kinds = range(len(self.est.profile.kinds))
+            hit = self._kernel_s[(tp, cp, ep, etp, r)] = np.array(
+                [[self.est.layer_seconds(L, k) for k in kinds] for L in
+                 (sp.layout(mi, b, sp.recompute[r], 1, 1) for b in sp.mbs)])
+        return hit
 
-    def floor_bounds(self, positions: list[int], fit: np.ndarray) -> np.ndarray:
-        """A cheaper step-time lower bound per mesh than :meth:`time_lower_bound` (never above it), without a
-        call of ``stage_times``: ``step_seconds`` with t_mb replaced by the slowest stage's layers alone, each
-        layer priced by ``Estimator.layer_seconds`` (kernel time) plus ``layer_overhead_s`` (``stage_times`` adds
-        the head, the embedding gradient and the TP/CP/EP/offload communication, all >= 0, and ``step_seconds``
-        grows with t_mb), no p2p and no tail; at the best micro-batch with a pair in ``fit`` (n, J, R) and the
-        best valid vpp. A layer's kernels depend on tp, cp, ep, etp and the micro-batch, not on pp or dp
-        (``compute.layer_parts``), so they are priced once per (tp, cp, ep, etp) and shared by the depths."""
-        sp, est = self.space, self.est
-        J, nk, rs = len(sp.mbs), len(est.profile.kinds), self._bound_recompute()
-        per_kind: dict[tuple, np.ndarray] = {}   # (tp, cp, ep, etp) -> (J, kinds) seconds per layer
-        layer_s = np.zeros((len(positions), J, nk))
-        for g, pos in enumerate(positions):
-            mi = self.meshes[pos]
-            tp, cp, _, ep, etp = sp.meshes[mi]
-            hit = per_kind.get((tp, cp, ep, etp))
-            if hit is None:
-                by_r = [[sp.layout(mi, mbs, sp.recompute[r], 1, 1) for r in rs] for mbs in sp.mbs]
-                hit = per_kind[(tp, cp, ep, etp)] = np.array(
-                    [[min(est.layer_seconds(L, k) for L in Ls) for k in range(nk)] for Ls in by_r])
-            layer_s[g] = hit
-        pos_arr = np.asarray(positions, np.int64)
-        t_floor = np.zeros((len(positions), J))
-        for split in {self.splits[p] for p in positions}:   # meshes of one split share their stages
-            sel = np.array([self.splits[p] == split for p in positions])
-            stages = self.stages[positions[int(np.argmax(sel))]]
-            counts = np.zeros((len(stages), nk))
+    def _stage_kinds(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """(layers of each kind per distinct stage (S, kinds), layers per stage (S,)) of the mesh's split."""
+        split = self.splits[pos]
+        hit = self._kinds_of.get(split)
+        if hit is None:
+            stages, prof = self.stages[pos], self.est.profile
+            counts = np.zeros((len(stages), len(prof.kinds)))
             for s, st in enumerate(stages):
-                for k, n in est.profile.kind_counts(st.first, st.last):
+                for k, n in prof.kind_counts(st.first, st.last):
                     counts[s, k] = n
-            n_layers = np.array([st.n_layers for st in stages], float)
-            per_stage = layer_s[sel] @ counts.T + n_layers * est.layer_overhead_s   # (meshes, J, stages)
-            t_floor[sel] = per_stage.max(axis=2)
+            hit = self._kinds_of[split] = (counts, np.array([st.n_layers for st in stages], float))
+        return hit
+
+    def floors(self, positions: list[int], r: int) -> np.ndarray:
+        """(n, J): a step-time floor of each mesh and micro-batch at recompute r, never above :meth:`_bound` and
+        without a call of ``stage_times``: ``step_seconds`` with t_mb replaced by the slowest stage's layers
+        alone, each priced by ``Estimator.layer_seconds`` plus ``layer_overhead_s`` (``stage_times`` adds the
+        head, the embedding gradient and the TP/CP/EP/offload communication, none negative, and ``step_seconds``
+        grows with t_mb), no p2p, no tail, at the best valid vpp (inf: none valid)."""
+        if not positions:
+            return np.zeros((0, len(self.space.mbs)))
+        layer_s = np.stack([self._layer_kernels(p, r) for p in positions])   # (n, J, kinds)
+        t_floor = np.zeros(layer_s.shape[:2])
+        for split in dict.fromkeys(self.splits[p] for p in positions):   # meshes of one split share their stages
+            sel = np.array([self.splits[p] == split for p in positions])
+            counts, n_layers = self._stage_kinds(positions[int(np.argmax(sel))])
+            t_floor[sel] = (layer_s[sel] @ counts.T + n_layers * self.est.layer_overhead_s).max(axis=2)
         # 1e-9: the floor sums in another order than stage_times; keep it below the bound in floating point too
         t_floor *= 1.0 - 1e-9
-        grid = SimpleNamespace(grad_accum=self.M[pos_arr][:, :, None], pp=self.pp[pos_arr][:, None, None],
+        pos = np.asarray(positions, np.int64)
+        grid = SimpleNamespace(grad_accum=self.M[pos][:, :, None], pp=self.pp[pos][:, None, None],
                                vpp=self.vpp[None, None, :])
-        steps = step_seconds(grid, t_floor[:, :, None], 0.0, 0.0)
-        ok = self.inter_ok[pos_arr] & fit.any(axis=2)[:, :, None]
-        return np.where(ok, steps, np.inf).min(axis=(1, 2))
+        return np.where(self.inter_ok[pos], step_seconds(grid, t_floor[:, :, None], 0.0, 0.0), np.inf).min(axis=2)
+
+    def start_bounds(self, positions: list[int], fit: np.ndarray) -> None:
+        """Floors (at the bound's recompute policies) of the micro-batches with a pair in ``fit`` (n, J, R) of each
+        mesh; bounds unknown (nan) until :meth:`tighten`; inf for the micro-batches that cannot fit."""
+        fl = np.min([self.floors(positions, r) for r in self._bound_recompute()], axis=0)
+        can = fit.any(axis=2)
+        for g, pos in enumerate(positions):
+            self._floor[pos] = np.where(can[g], fl[g], np.inf)
+            self.lb_by_mbs[pos] = np.where(can[g], np.nan, np.inf)
+
+    def key(self, pos: int) -> tuple[float, int | None]:
+        """(the mesh's lowest lower bound known now: per micro-batch its bound if computed, else its floor; the
+        micro-batch where that lowest value is only a floor, None when it is a bound)."""
+        lb = self.lb_by_mbs[pos]
+        known = ~np.isnan(lb)
+        cur = np.where(known, lb, self._floor[pos])
+        j = int(np.argmin(cur))
+        return float(cur[j]), (None if known[j] else j)
+
+    def tighten(self, pos: int, j: int) -> None:
+        """The bound of micro-batch j of the mesh, in place of its floor."""
+        self.lb_by_mbs[pos][j] = min(self._bound(pos, j, r) for r in self._bound_recompute())
+
+    def pairs_within(self, pos: int, jr: np.ndarray, limit_us: int) -> np.ndarray:
+        """The (micro-batch, recompute) pairs of ``jr`` (J, R) whose layouts may be as fast as ``limit_us``: those
+        whose micro-batch floor, micro-batch bound and pair bound (each computed only if the one before passed)
+        are within it. The others cannot beat the incumbent (the incumbent cutoff would drop them)."""
+        out = np.zeros_like(jr)
+        within = lambda sec: np.rint(sec * SCALE_T) <= limit_us   # noqa: E731
+        for j, r in zip(*np.nonzero(jr)):
+            j, r = int(j), int(r)
+            if not within(self._floor[pos][j]):
+                continue
+            if np.isnan(self.lb_by_mbs[pos][j]):
+                self.tighten(pos, j)
+            out[j, r] = within(self.lb_by_mbs[pos][j]) and within(self._bound(pos, j, r))
+        return out
 
     def fill(self, pos: int) -> None:
         """Every table of one mesh."""
@@ -463,7 +501,7 @@ def _prune(step: np.ndarray, mem: np.ndarray, b_bad: np.ndarray, i_bad: np.ndarr
     fits = mem <= cap
     order = np.lexsort((np.arange(step.shape[1])[None, :].repeat(step.shape[0], 0), step), axis=1)
     for p in range(step.shape[0]):
-        for st in np.unique(status[p]):
+        for st in np.flatnonzero(np.bincount(status[p], minlength=4)):   # (np.unique would import numpy.ma: 20 ms)
             sel = order[p][status[p][order[p]] == st]
             good = sel[fits[p][sel]][:top_k]
             keep[p, good] = True

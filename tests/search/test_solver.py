@@ -128,10 +128,11 @@ def test_the_floor_bound_is_never_above_the_mesh_bound(name, gpus, seq, offload,
     t = _Tables(space, Estimator(model, hw, tr, gpus), meshes)
     fit = t.fit_pairs(_cap_mib(space))
     fitting = [p for p in range(len(meshes)) if fit[p].any()][::7]   # every 7th: the test stays quick
-    floor = t.floor_bounds(fitting, fit[fitting])
-    bound = np.array([t.time_lower_bound(p, fit[p]) for p in fitting])
-    assert (floor <= bound).all()
-    assert (floor > 0).all() or not fitting
+    for r in range(len(space.recompute)):
+        floors = t.floors(fitting, r)
+        for g, pos in enumerate(fitting):
+            for j in np.nonzero(fit[pos, :, r])[0]:
+                assert 0 < floors[g, j] <= t._bound(pos, int(j), r)
 
 
 def _cpsat_infeasible(cands, groups) -> bool:
