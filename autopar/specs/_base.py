@@ -15,7 +15,7 @@ from autopar.specs.bounds import FIELD_BOUNDS, bound_note
 class Spec(BaseModel):
     """Base class of all autopar input specs (MaxText-style: ``extra="forbid"``, so a typo is an error)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 T = TypeVar("T", bound=BaseModel)
