@@ -101,8 +101,9 @@ def recomputed_parts(L: Layout, parts: dict) -> set[str]:
 
 def _layer_times(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: TrainingSpec, tokens: float,
                  imbalance: float) -> tuple[float, float, float]:
-    """(forward, backward, recompute) seconds of one layer of kind j, cached per layout axes it depends on."""
-    key = (id(prof), j, tokens, L.tp, L.sp, L.ep, L.etp, L.recompute, L.recompute_modules, imbalance)
+    """(forward, backward, recompute) seconds of one layer of kind j, cached per layout axes it depends on (cp too:
+    the attention span is s/cp, so two layouts with the same b·s/cp tokens but other cp differ)."""
+    key = (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep, L.etp, L.recompute, L.recompute_modules, imbalance)
     hit = kern.cache.get(key)
     if hit is None:
         parts = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)

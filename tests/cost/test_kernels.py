@@ -142,3 +142,18 @@ def test_compute_by_kernel_class_sums_to_the_compute_term():
         assert total == pytest.approx(e.time_s.compute, rel=1e-9)
         assert by["grouped GEMM (experts)"] > 0 and by["attention core"] > 0
         assert (by.get("recomputation", 0.0) > 0) == (e.layout.recompute != "none")
+
+
+def test_an_estimate_does_not_depend_on_what_was_estimated_before():
+    """The per-layer kernel cache is keyed by every axis the prices read: cp 1 with micro-batch 1 and cp 2 with
+    micro-batch 2 give each GPU the same b·s/cp tokens but other attention spans (s/cp), so they differ, whatever
+    the order in which one Estimator sees them."""
+    model, tr = load_model("llama3_8b"), TrainingSpec(seq_len=8192, global_batch=64)
+    a = Layout(tp=1, pp=1, cp=1, micro_batch=1, dp=8)
+    b = Layout(tp=1, pp=1, cp=2, micro_batch=2, dp=4)
+
+    def steps(order):
+        est = Estimator(model, H100, tr, 8)
+        return {id(L): est.estimate(L).step_time_s for L in order}
+
+    assert steps([a, b]) == steps([b, a])
