@@ -103,14 +103,19 @@ def _layer_times(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: Train
                  imbalance: float) -> tuple[float, float, float]:
     """(forward, backward, recompute) seconds of one layer of kind j, cached per layout axes it depends on (cp too:
     the attention span is s/cp, so two layouts with the same b·s/cp tokens but other cp differ)."""
-    key = (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep, L.etp, L.recompute, L.recompute_modules, imbalance)
-    hit = kern.cache.get(key)
+    # what layer_parts reads: ep and etp only on layers with routed experts (shapes.layer_kind gives the others
+    # no expert GEMM, permute or expert activation)
+    moe = prof.kinds[j].is_moe
+    key = (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep if moe else 1, L.etp if moe else 1, imbalance)
+    hit = kern.cache.get(key + (L.recompute, L.recompute_modules))
     if hit is None:
-        parts = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
+        parts = kern.cache.get(key)   # the parts do not depend on the recompute policy: priced once for all
+        if parts is None:
+            parts = kern.cache[key] = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
         fwd = sum(v[0] for v in parts.values())
         bwd = sum(v[1] for v in parts.values())
         rc = sum(parts[p][0] for p in recomputed_parts(L, parts))
-        hit = kern.cache[key] = (fwd, bwd, rc)
+        hit = kern.cache[key + (L.recompute, L.recompute_modules)] = (fwd, bwd, rc)
     return hit
 
 
