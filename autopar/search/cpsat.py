@@ -149,11 +149,13 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
         fit_jr = {pos: fit[pos] for pos in range(nm) if fit[pos].any()}
         any_fit = bool(fit_jr)
         if any_fit:   # (when nothing fits, nothing is timed: the explanation needs memory only)
-            # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound per mesh and
-            #    micro-batch (see _bound): recomputation never makes a micro-batch faster; bubble + p2p at the
-            #    best valid vpp; the DP/optimizer tail >= 0. That bound times every stage of the mesh, so a cheaper
-            #    floor under it comes first (the layers' kernels alone, see floors), and a bound is computed only
-            #    when its floor is the lowest key left: meshes are still visited in the order of their bounds.
+            # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound of their
+            #    (micro-batch, recompute) pairs that fit (see _bound): bubble + p2p at the best valid vpp; the
+            #    DP/optimizer tail >= 0. That bound times every stage of the mesh, so a cheaper floor under it comes
+            #    first (the layers' kernels alone, see floors), and a bound is computed only when its floor is the
+            #    lowest key left: meshes are still visited in the order of their bounds. A mesh visited times only
+            #    the pairs whose bound can beat the incumbent. Every layout that can beat the final incumbent is
+            #    tabulated whatever the order, so the candidates after the cutoff do not depend on the bounds used.
             #    tests/search/test_solver.py checks that bounded and unbounded builds agree.
             fitting = list(fit_jr)
             t.start_bounds(fitting, fit[fitting])
@@ -250,6 +252,7 @@ class _Tables:
         self._p2p_bound: dict[int, np.ndarray] = {}   # pos -> p2p (J, K)
         self.lb_by_mbs: dict[int, np.ndarray] = {}    # pos -> step-time bound per micro-batch (nan: not computed)
         self._floor: dict[int, np.ndarray] = {}       # pos -> step-time floor per micro-batch
+        self._fit: dict[int, np.ndarray] = {}         # pos -> (micro-batch, recompute) pairs that can fit
         self._kernel_s: dict[tuple, np.ndarray] = {}  # (tp, cp, ep, etp, r) -> layer seconds (J, kinds)
         self._kinds_of: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # split -> layers per kind and stage
         self._times: dict[tuple[int, int, int], tuple[float, dict[int, float]]] = {}   # (pos, j, r) -> t_mb, t_fwd
@@ -285,12 +288,6 @@ class _Tables:
         lb = SimpleNamespace(grad_accum=self.M[pos, j], pp=self.pp[pos], vpp=self.vpp)
         steps = step_seconds(lb, self._stage_max(pos, j, r)[0], self._p2p_bound[pos][j], 0.0)
         return float(np.min(np.where(self.inter_ok[pos, j], steps, np.inf)))   # over the valid interleavings
-
-    def _bound_recompute(self) -> list[int]:
-        """The recompute policies a mesh's bound is taken at: none (recomputation never speeds up a micro-batch)
-        if the space has it, else each (and the least of them)."""
-        sp = self.space
-        return [sp.recompute.index("none")] if "none" in sp.recompute else list(range(len(sp.recompute)))
 
     def _layer_kernels(self, pos: int, r: int) -> np.ndarray:
         """(J, kinds): ``Estimator.layer_seconds`` of one layer of each kind per micro-batch at recompute r. A layer's
@@ -342,13 +339,28 @@ class _Tables:
         return np.where(self.inter_ok[pos], step_seconds(grid, t_floor[:, :, None], 0.0, 0.0), np.inf).min(axis=2)
 
     def start_bounds(self, positions: list[int], fit: np.ndarray) -> None:
-        """Floors (at the bound's recompute policies) of the micro-batches with a pair in ``fit`` (n, J, R) of each
-        mesh; bounds unknown (nan) until :meth:`tighten`; inf for the micro-batches that cannot fit."""
-        fl = np.min([self.floors(positions, r) for r in self._bound_recompute()], axis=0)
-        can = fit.any(axis=2)
+        """Each mesh's floor per micro-batch: the least :meth:`floors` over its recompute policies that can fit
+        (``fit`` (n, J, R); inf when none can). Recomputation only adds kernels (``compute.recomputed_parts``: none
+        re-runs nothing, full re-runs every part), so a floor at none is below the floor at any policy and full
+        is above any: only the policies those orders leave are priced. Bounds are unknown (nan) until
+        :meth:`tighten`."""
+        rc = self.space.recompute
+        need = fit.copy()
+        if "none" in rc:   # none fits: nothing else lowers the floor
+            need[:, :, [r for r in range(len(rc)) if rc[r] != "none"]] &= ~fit[:, :, [rc.index("none")]]
+        if "full" in rc:   # full counts only where it alone fits
+            others = [r for r in range(len(rc)) if rc[r] != "full"]
+            need[:, :, rc.index("full")] &= ~fit[:, :, others].any(axis=2)
+        fl = np.full(fit.shape, np.inf)
+        for r in range(len(rc)):
+            rows = np.nonzero(need[:, :, r].any(axis=1))[0]
+            if len(rows):
+                fl[rows, :, r] = np.where(need[rows, :, r], self.floors([positions[g] for g in rows], r), np.inf)
+        fl = fl.min(axis=2)
         for g, pos in enumerate(positions):
-            self._floor[pos] = np.where(can[g], fl[g], np.inf)
-            self.lb_by_mbs[pos] = np.where(can[g], np.nan, np.inf)
+            self._fit[pos] = fit[g]
+            self._floor[pos] = fl[g]
+            self.lb_by_mbs[pos] = np.where(np.isinf(fl[g]), np.inf, np.nan)
 
     def key(self, pos: int) -> tuple[float, int | None]:
         """(the mesh's lowest lower bound known now: per micro-batch its bound if computed, else its floor; the
@@ -360,22 +372,15 @@ class _Tables:
         return float(cur[j]), (None if known[j] else j)
 
     def tighten(self, pos: int, j: int) -> None:
-        """The bound of micro-batch j of the mesh, in place of its floor."""
-        self.lb_by_mbs[pos][j] = min(self._bound(pos, j, r) for r in self._bound_recompute())
+        """The bound of micro-batch j of the mesh in place of its floor: the least bound of its pairs that can fit."""
+        self.lb_by_mbs[pos][j] = min(self._bound(pos, j, int(r)) for r in np.nonzero(self._fit[pos][j])[0])
 
     def pairs_within(self, pos: int, jr: np.ndarray, limit_us: int) -> np.ndarray:
-        """The (micro-batch, recompute) pairs of ``jr`` (J, R) whose layouts may be as fast as ``limit_us``: those
-        whose micro-batch floor, micro-batch bound and pair bound (each computed only if the one before passed)
-        are within it. The others cannot beat the incumbent (the incumbent cutoff would drop them)."""
+        """The (micro-batch, recompute) pairs of ``jr`` (J, R) whose layouts may be as fast as ``limit_us`` (their
+        bound is within it). The others cannot beat the incumbent (the incumbent cutoff would drop them)."""
         out = np.zeros_like(jr)
-        within = lambda sec: np.rint(sec * SCALE_T) <= limit_us   # noqa: E731
         for j, r in zip(*np.nonzero(jr)):
-            j, r = int(j), int(r)
-            if not within(self._floor[pos][j]):
-                continue
-            if np.isnan(self.lb_by_mbs[pos][j]):
-                self.tighten(pos, j)
-            out[j, r] = within(self.lb_by_mbs[pos][j]) and within(self._bound(pos, j, r))
+            out[j, r] = np.rint(self._bound(pos, int(j), int(r)) * SCALE_T) <= limit_us
         return out
 
     def fill(self, pos: int) -> None:
@@ -400,8 +405,12 @@ class _Tables:
                                      zero=self.zero[None, :, None])                                       # (G, Z, J)
         by_mbs_vpp = sp.layout_grid(mis, (G, 1, 1, 1), "none", micro_batch=self.mbs[None, None, :, None],
                                     vpp=self.vpp[None, None, None, :])                                    # (G, R, J, K)
+        keys = [sp.meshes[mi][:2] for mi in mis]
+        rep = dict(zip(keys, pos.tolist()))   # (tp, cp) -> a mesh with them: they share stored elements (_elems)
+        col = {k: i for i, k in enumerate(rep)}
+        inv = np.array([col[k] for k in keys])
         for s, st in enumerate(self._slot_stage(pos[0])):
-            kept, working = (np.stack(x) for x in zip(*(self._elems(p, st) for p in pos)))   # (G, R, 1, 1)
+            kept, working = (np.stack(x)[inv] for x in zip(*(self._elems(p, st) for p in rep.values())))  # (G, R, 1, 1)
             self.states[s, pos] = sum(model_state_bytes(prof, st, by_zero, tr))
             self.buf[s, pos] = buffer_bytes(prof, st, by_zero_mbs, tr)
             act = np.broadcast_to(activation_bytes(prof, st, by_mbs_vpp, tr, (kept, working)), (G, R, J, K))
