@@ -8,7 +8,6 @@ from pathlib import Path
 
 from autopar.cli.common import (SCHEMA_VERSION, add_emit_args, add_problem_args, add_search_args, count, dump_json,
                                 fraction, load_problem, search_options)
-from autopar.cli.render import console, fitted_table, header, print_estimate
 from autopar.cost.legend import APPROX_NOTE
 from autopar.errors import AutoparInputError
 
@@ -18,6 +17,12 @@ def _budget_cells(budget) -> list[str]:
     if budget.cost is not None:
         cells.append(f"{budget.cost:,.0f}")
     return cells
+
+
+def _console(stderr: bool = False):
+    """The rich console (imported here: `solve --json` never needs rich, and importing it costs 20 ms)."""
+    from autopar.cli.render import console
+    return console(stderr=stderr)
 
 
 def _search(args, model, hw, training, opts, err):
@@ -73,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         for f in report_paths(args.report):
             if f.exists():
                 raise AutoparInputError(f"{f} already exists; not overwriting it (pass --overwrite)")
-    err = console(stderr=True)
+    err = None if args.json else _console(stderr=True)
     gpus, res, sweep = _search(args, model, hw, training, opts, err)
     res.notes = notes + res.notes
     best = res.plans[0] if res.plans else None
@@ -85,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         written = write_report(res, model, hw, training, gpus, Path(args.report), advice=advice,
                                overwrite=args.overwrite)
-        err.print("report: " + ", ".join(map(str, written)))
+        (err or _console(stderr=True)).print("report: " + ", ".join(map(str, written)))
     if args.json:
         d = {"schema_version": SCHEMA_VERSION, "gpus": gpus, **res.to_dict()}
         d["advice"] = advice
@@ -99,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
                                * 1e12 if b else None} for n, r, b in sweep]
         print(dump_json(d))
         return 0 if res.plans else 1
-    out = console()
+    from autopar.cli.render import fitted_table, header, print_estimate
+    out = _console()
     out.print(header(model, hw, training, gpus))
     if not res.plans:
         out.print("[red bold]No layout fits.[/red bold]")

@@ -103,16 +103,36 @@ def recomputed_parts(L: Layout, parts: dict) -> tuple[str, ...]:
 
 def _layer_times(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: TrainingSpec, tokens: float,
                  imbalance: float) -> tuple[float, float, float]:
-    """(forward, backward, recompute) seconds of one layer of kind j, cached per layout axes it depends on."""
-    key = (id(prof), j, tokens, L.tp, L.sp, L.ep, L.etp, L.recompute, L.recompute_modules, imbalance)
-    hit = kern.cache.get(key)
+    """(forward, backward, recompute) seconds of one layer of kind j, cached per layout axes it depends on (cp too:
+    the attention span is s/cp, so two layouts with the same b·s/cp tokens but other cp differ)."""
+    # what layer_parts reads: ep and etp only on layers with routed experts (shapes.layer_kind gives the others
+    # no expert GEMM, permute or expert activation)
+    moe = prof.kinds[j].is_moe
+    key = (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep if moe else 1, L.etp if moe else 1, imbalance)
+    hit = kern.cache.get(key + (L.recompute, L.recompute_modules))
     if hit is None:
-        parts = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
+        parts = kern.cache.get(key)   # the parts do not depend on the recompute policy: priced once for all
+        if parts is None:
+            parts = kern.cache[key] = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
         fwd = sum(v[0] for v in parts.values())
         bwd = sum(v[1] for v in parts.values())
         rc = sum(parts[p][0] for p in recomputed_parts(L, parts))
-        hit = kern.cache[key] = (fwd, bwd, rc)
+        hit = kern.cache[key + (L.recompute, L.recompute_modules)] = (fwd, bwd, rc)
     return hit
+
+
+def layer_seconds(prof: ModelProfile, j: int, L: Layout, tr: TrainingSpec, kern: Kernels,
+                  imbalance: float = 1.0) -> float:
+    """Forward + backward + recomputation seconds of one layer of kind ``j`` on one GPU for L's micro-batch: the
+    per-layer piece :func:`microbatch_time` sums (it adds the head, the embedding gradient and the per-layer
+    overhead). The search bounds a stage's micro-batch time from below with these."""
+    f, b, r = _layer_times(kern, prof, j, L, tr, gpu_tokens(L, tr), imbalance)
+    return f + b + r
+
+
+def gpu_tokens(L: Layout, tr: TrainingSpec) -> float:
+    """T = b·s/cp: the tokens of one micro-batch each GPU of a stage runs its layers on (module docstring)."""
+    return L.micro_batch * tr.seq_len / L.cp
 
 
 def head_time(kern: Kernels, prof: ModelProfile, L: Layout, tr: TrainingSpec, tokens: float) -> tuple[float, float]:
@@ -140,7 +160,7 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
     """(total, forward-only) seconds of one micro-batch's kernels on one GPU of stage ``st``: forward +
     backward + recomputation of every layer, the head on the last stage, ``overhead_s`` per layer and
     ``moe_overhead_s`` more per MoE layer (:func:`overhead_time`)."""
-    tokens = L.micro_batch * tr.seq_len / L.cp
+    tokens = gpu_tokens(L, tr)
     fwd = bwd = rc = 0.0
     for j, count in prof.kind_counts(st.first, st.last):
         f, b, r = _layer_times(kern, prof, j, L, tr, tokens, imbalance)
@@ -188,7 +208,7 @@ def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
                      overhead_s: float = 0.0, imbalance: float = 1.0, moe_overhead_s: float = 0.0) -> dict[str, float]:
     """Seconds of one micro-batch on stage ``st`` by kernel class (forward + backward + recomputation); the classes
     sum to :func:`microbatch_time`'s total, and the ``recomputation`` entry says how much of them is re-run."""
-    tokens = L.micro_batch * tr.seq_len / L.cp
+    tokens = gpu_tokens(L, tr)
     out: dict[str, float] = {}
     kinds = list(prof.kind_counts(st.first, st.last))
     if st.is_last and prof.mtp_layers:

@@ -112,6 +112,12 @@ class Estimator:
                 ep_time_per_microbatch(prof, st, L, tr, hw, net) * self.imbalance, t_fwd,
                 offload_time_per_microbatch(prof, st, L, tr, hw, t_fwd, t_tot) if L.offload_activations else 0.0)
 
+    def layer_seconds(self, L: Layout, kind: int) -> float:
+        """Kernel seconds (forward + backward + recomputation) of one layer of kind ``kind`` (``profile.kinds``) for
+        one micro-batch: what :meth:`stage_times`' compute sums over a stage's layers before it adds the head, the
+        embedding gradient, ``layer_overhead_s`` per layer and the communication, none of them negative."""
+        return _compute.layer_seconds(self.profile, kind, L, self.training, self.kernels, self.imbalance)
+
     def stage_tail(self, L: Layout, st: Stage, t_fwd: float | None = None) -> tuple[float, float]:
         """(exposed DP/FSDP communication, optimizer) seconds per step of stage ``st``.
 

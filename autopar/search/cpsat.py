@@ -37,6 +37,7 @@
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -144,34 +145,40 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
     else:
         # 1. Memory of every mesh, vectorised over the meshes of one pipeline depth; the (micro-batch,
         #    recompute) pairs with some fully valid layout (batch, interleaving) that fits.
-        for group in t.by_depth():
-            t.fill_memory(group)
-        every = np.arange(nm)
-        _, mem_mib, b_bad, i_bad = t.compose(every, with_time=False)
-        ok = (~b_bad & ~i_bad & (mem_mib <= cap)).reshape(nm, J, R, K, Z)
-        fit = ok.any(axis=(3, 4))   # (nm, J, R): some fully valid layout of the pair fits
+        fit = t.fit_pairs(cap)   # (nm, J, R): some fully valid layout of the pair fits
         fit_jr = {pos: fit[pos] for pos in range(nm) if fit[pos].any()}
         any_fit = bool(fit_jr)
         if any_fit:   # (when nothing fits, nothing is timed: the explanation needs memory only)
-            # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound. Bound:
-            #    recomputation never makes a micro-batch faster; bubble + p2p at the best valid vpp; the
-            #    DP/optimizer tail >= 0 (see _bound).
+            # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound of their
+            #    (micro-batch, recompute) pairs that fit (see _bound): bubble + p2p at the best valid vpp; the
+            #    DP/optimizer tail >= 0. That bound times every stage of the mesh, so a cheaper floor under it comes
+            #    first (the layers' kernels alone, see floors), and a bound is computed only when its floor is the
+            #    lowest key left: meshes are still visited in the order of their bounds. A mesh visited times only
+            #    the pairs whose bound can beat the incumbent. Every layout that can beat the final incumbent is
+            #    tabulated whatever the order, so the candidates after the cutoff do not depend on the bounds used.
             #    tests/search/test_solver.py checks that bounded and unbounded builds agree.
             fitting = list(fit_jr)
-            time_lb = np.array([t.time_lower_bound(pos, fit_jr[pos]) for pos in fitting])
+            t.start_bounds(fitting, fit[fitting])
+            heap = [(t.key(pos)[0], i) for i, pos in enumerate(fitting)]
+            heapq.heapify(heap)
             best: list[int] = []   # step_us of the fastest fully valid fitting layouts so far (at most top_k)
-            for i in np.argsort(time_lb, kind="stable"):
-                pos, jr = fitting[i], fit_jr[fitting[i]]
+            while heap:
+                key, i = heap[0]
+                pos = fitting[i]
                 incumbent = best[top_k - 1] if len(best) >= top_k else None
-                if incumbent is not None and np.rint(time_lb[i] * SCALE_T) > incumbent + 1:
-                    break   # sorted by the bound: no later mesh can beat the incumbent either
+                if incumbent is not None and np.rint(key * SCALE_T) > incumbent + 1:
+                    break   # the lowest key left: no mesh left can beat the incumbent
+                j = t.key(pos)[1]
+                if j is not None:   # the mesh's lowest key is a floor: replace it by the bound
+                    t.tighten(pos, j)
+                    heapq.heapreplace(heap, (t.key(pos)[0], i))
+                    continue
                 if deadline is not None and best and time.perf_counter() > deadline:
-                    stopped = float(time_lb[i])
+                    stopped = key
                     break
-                if incumbent is not None:   # micro-batches whose bound cannot beat the incumbent
-                    jr = jr & (np.rint(np.asarray(t.lb_by_mbs[pos]) * SCALE_T) <= incumbent + 1)[:, None]
-                if not jr.any() or (incumbent is not None and
-                                    np.rint(t.lower_bound_of(pos, jr) * SCALE_T) > incumbent + 1):
+                heapq.heappop(heap)
+                jr = fit_jr[pos] if incumbent is None else t.pairs_within(pos, fit_jr[pos], incumbent + 1)
+                if not jr.any():
                     continue
                 t.fill_time(pos, jr)
                 step_us, mem_mib, b_bad, i_bad = t.compose(np.array([pos]))
@@ -243,7 +250,11 @@ class _Tables:
         self.mem_done = np.zeros(nm, bool)
         self._elems_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._p2p_bound: dict[int, np.ndarray] = {}   # pos -> p2p (J, K)
-        self.lb_by_mbs: dict[int, list[float]] = {}   # pos -> step-time lower bound per micro-batch
+        self.lb_by_mbs: dict[int, np.ndarray] = {}    # pos -> step-time bound per micro-batch (nan: not computed)
+        self._floor: dict[int, np.ndarray] = {}       # pos -> step-time floor per micro-batch
+        self._fit: dict[int, np.ndarray] = {}         # pos -> (micro-batch, recompute) pairs that can fit
+        self._kernel_s: dict[tuple, np.ndarray] = {}  # (tp, cp, ep, etp, r) -> layer seconds (J, kinds)
+        self._kinds_of: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # split -> layers per kind and stage
         self._times: dict[tuple[int, int, int], tuple[float, dict[int, float]]] = {}   # (pos, j, r) -> t_mb, t_fwd
 
     def _slot_stage(self, pos: int) -> list:
@@ -278,14 +289,99 @@ class _Tables:
         steps = step_seconds(lb, self._stage_max(pos, j, r)[0], self._p2p_bound[pos][j], 0.0)
         return float(np.min(np.where(self.inter_ok[pos, j], steps, np.inf)))   # over the valid interleavings
 
-    def time_lower_bound(self, pos: int, jr: np.ndarray) -> float:
-        """Seconds no layout of this mesh that fits goes below: the bound without recomputation (it never speeds
-        up a micro-batch), at the best micro-batch among those with a pair in ``jr`` (J, R) (those that fit)."""
+    def _layer_kernels(self, pos: int, r: int) -> np.ndarray:
+        """(J, kinds): ``Estimator.layer_seconds`` of one layer of each kind per micro-batch at recompute r. A layer's
+        kernels depend on tp, cp, ep, etp, the micro-batch and recompute, not on pp or dp (``compute.layer_parts``):
+        priced once per (tp, cp, ep, etp, r) and shared by the pipeline depths."""
         sp = self.space
-        rs = [sp.recompute.index("none")] if "none" in sp.recompute else range(len(sp.recompute))
-        by_mbs = [min(self._bound(pos, j, r) for r in rs) if jr[j].any() else float("inf") for j in range(len(sp.mbs))]
-        self.lb_by_mbs[pos] = by_mbs
-        return min(by_mbs)
+        mi = self.meshes[pos]
+        tp, cp, _, ep, etp = sp.meshes[mi]
+        hit = self._kernel_s.get((tp, cp, ep, etp, r))
+        if hit is None:
+            kinds = range(len(self.est.profile.kinds))
+            hit = self._kernel_s[(tp, cp, ep, etp, r)] = np.array(
+                [[self.est.layer_seconds(L, k) for k in kinds] for L in
+                 (sp.layout(mi, b, sp.recompute[r], 1, 1) for b in sp.mbs)])
+        return hit
+
+    def _stage_kinds(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """(layers of each kind per distinct stage (S, kinds), layers per stage (S,)) of the mesh's split."""
+        split = self.splits[pos]
+        hit = self._kinds_of.get(split)
+        if hit is None:
+            stages, prof = self.stages[pos], self.est.profile
+            counts = np.zeros((len(stages), len(prof.kinds)))
+            for s, st in enumerate(stages):
+                for k, n in prof.kind_counts(st.first, st.last):
+                    counts[s, k] = n
+            hit = self._kinds_of[split] = (counts, np.array([st.n_layers for st in stages], float))
+        return hit
+
+    def floors(self, positions: list[int], r: int) -> np.ndarray:
+        """(n, J): a step-time floor of each mesh and micro-batch at recompute r, never above :meth:`_bound` and
+        without a call of ``stage_times``: ``step_seconds`` with t_mb replaced by the slowest stage's layers
+        alone, each priced by ``Estimator.layer_seconds`` plus ``layer_overhead_s`` (``stage_times`` adds the
+        head, the embedding gradient and the TP/CP/EP/offload communication, none negative, and ``step_seconds``
+        grows with t_mb), no p2p, no tail, at the best valid vpp (inf: none valid)."""
+        if not positions:
+            return np.zeros((0, len(self.space.mbs)))
+        layer_s = np.stack([self._layer_kernels(p, r) for p in positions])   # (n, J, kinds)
+        t_floor = np.zeros(layer_s.shape[:2])
+        for split in dict.fromkeys(self.splits[p] for p in positions):   # meshes of one split share their stages
+            sel = np.array([self.splits[p] == split for p in positions])
+            counts, n_layers = self._stage_kinds(positions[int(np.argmax(sel))])
+            t_floor[sel] = (layer_s[sel] @ counts.T + n_layers * self.est.layer_overhead_s).max(axis=2)
+        # 1e-9: the floor sums in another order than stage_times; keep it below the bound in floating point too
+        t_floor *= 1.0 - 1e-9
+        pos = np.asarray(positions, np.int64)
+        grid = SimpleNamespace(grad_accum=self.M[pos][:, :, None], pp=self.pp[pos][:, None, None],
+                               vpp=self.vpp[None, None, :])
+        return np.where(self.inter_ok[pos], step_seconds(grid, t_floor[:, :, None], 0.0, 0.0), np.inf).min(axis=2)
+
+    def start_bounds(self, positions: list[int], fit: np.ndarray) -> None:
+        """Each mesh's floor per micro-batch: the least :meth:`floors` over its recompute policies that can fit
+        (``fit`` (n, J, R); inf when none can). Recomputation only adds kernels (``compute.recomputed_parts``: none
+        re-runs nothing, full re-runs every part), so a floor at none is below the floor at any policy and full
+        is above any: only the policies those orders leave are priced. Bounds are unknown (nan) until
+        :meth:`tighten`."""
+        rc = self.space.recompute
+        need = fit.copy()
+        if "none" in rc:   # none fits: nothing else lowers the floor
+            need[:, :, [r for r in range(len(rc)) if rc[r] != "none"]] &= ~fit[:, :, [rc.index("none")]]
+        if "full" in rc:   # full counts only where it alone fits
+            others = [r for r in range(len(rc)) if rc[r] != "full"]
+            need[:, :, rc.index("full")] &= ~fit[:, :, others].any(axis=2)
+        fl = np.full(fit.shape, np.inf)
+        for r in range(len(rc)):
+            rows = np.nonzero(need[:, :, r].any(axis=1))[0]
+            if len(rows):
+                fl[rows, :, r] = np.where(need[rows, :, r], self.floors([positions[g] for g in rows], r), np.inf)
+        fl = fl.min(axis=2)
+        for g, pos in enumerate(positions):
+            self._fit[pos] = fit[g]
+            self._floor[pos] = fl[g]
+            self.lb_by_mbs[pos] = np.where(np.isinf(fl[g]), np.inf, np.nan)
+
+    def key(self, pos: int) -> tuple[float, int | None]:
+        """(the mesh's lowest lower bound known now: per micro-batch its bound if computed, else its floor; the
+        micro-batch where that lowest value is only a floor, None when it is a bound)."""
+        lb = self.lb_by_mbs[pos]
+        known = ~np.isnan(lb)
+        cur = np.where(known, lb, self._floor[pos])
+        j = int(np.argmin(cur))
+        return float(cur[j]), (None if known[j] else j)
+
+    def tighten(self, pos: int, j: int) -> None:
+        """The bound of micro-batch j of the mesh in place of its floor: the least bound of its pairs that can fit."""
+        self.lb_by_mbs[pos][j] = min(self._bound(pos, j, int(r)) for r in np.nonzero(self._fit[pos][j])[0])
+
+    def pairs_within(self, pos: int, jr: np.ndarray, limit_us: int) -> np.ndarray:
+        """The (micro-batch, recompute) pairs of ``jr`` (J, R) whose layouts may be as fast as ``limit_us`` (their
+        bound is within it). The others cannot beat the incumbent (the incumbent cutoff would drop them)."""
+        out = np.zeros_like(jr)
+        for j, r in zip(*np.nonzero(jr)):
+            out[j, r] = np.rint(self._bound(pos, int(j), int(r)) * SCALE_T) <= limit_us
+        return out
 
     def fill(self, pos: int) -> None:
         """Every table of one mesh."""
@@ -309,8 +405,12 @@ class _Tables:
                                      zero=self.zero[None, :, None])                                       # (G, Z, J)
         by_mbs_vpp = sp.layout_grid(mis, (G, 1, 1, 1), "none", micro_batch=self.mbs[None, None, :, None],
                                     vpp=self.vpp[None, None, None, :])                                    # (G, R, J, K)
+        keys = [sp.meshes[mi][:2] for mi in mis]
+        rep = dict(zip(keys, pos.tolist()))   # (tp, cp) -> a mesh with them: they share stored elements (_elems)
+        col = {k: i for i, k in enumerate(rep)}
+        inv = np.array([col[k] for k in keys])
         for s, st in enumerate(self._slot_stage(pos[0])):
-            kept, working = (np.stack(x) for x in zip(*(self._elems(p, st) for p in pos)))   # (G, R, 1, 1)
+            kept, working = (np.stack(x)[inv] for x in zip(*(self._elems(p, st) for p in rep.values())))  # (G, R, 1, 1)
             self.states[s, pos] = sum(model_state_bytes(prof, st, by_zero, tr))
             self.buf[s, pos] = buffer_bytes(prof, st, by_zero_mbs, tr)
             act = np.broadcast_to(activation_bytes(prof, st, by_mbs_vpp, tr, (kept, working)), (G, R, J, K))
@@ -320,6 +420,16 @@ class _Tables:
         self.inter_ok[pos] = ((self.vpp[None, None, :] == 1)
                               | ((pp > 1) & (M[:, :, None] % pp == 0) & (self.vpp[None, None, :] <= vmax)))
         self.mem_done[pos] = True
+
+    def fit_pairs(self, cap: int) -> np.ndarray:
+        """(meshes, J, R): the (micro-batch, recompute) pairs of each mesh with a fully valid layout (batch,
+        interleaving) that fits in ``cap`` MiB at some vpp and ZeRO stage. Fills every memory table."""
+        for group in self.by_depth():
+            self.fill_memory(group)
+        nm, J, R, K, Z = (len(self.meshes), len(self.space.mbs), len(self.space.recompute), len(self.space.vpp),
+                          len(self.space.zero))
+        _, mem_mib, b_bad, i_bad = self.compose(np.arange(nm), with_time=False)
+        return (~b_bad & ~i_bad & (mem_mib <= cap)).reshape(nm, J, R, K, Z).any(axis=(3, 4))
 
     def by_depth(self) -> list[np.ndarray]:
         """Mesh positions grouped by pipeline depth (deepest first: the most sharded, usually the smallest)."""
@@ -400,7 +510,7 @@ def _prune(step: np.ndarray, mem: np.ndarray, b_bad: np.ndarray, i_bad: np.ndarr
     fits = mem <= cap
     order = np.lexsort((np.arange(step.shape[1])[None, :].repeat(step.shape[0], 0), step), axis=1)
     for p in range(step.shape[0]):
-        for st in np.unique(status[p]):
+        for st in np.flatnonzero(np.bincount(status[p], minlength=4)):   # (np.unique would import numpy.ma: 20 ms)
             sel = order[p][status[p][order[p]] == st]
             good = sel[fits[p][sel]][:top_k]
             keep[p, good] = True

@@ -18,7 +18,6 @@ from pydantic import BaseModel
 from autopar.errors import AutoparInputError
 from autopar.specs._base import build_spec, format_validation_error
 from autopar.specs.hardware import HardwareSpec
-from autopar.specs.hf_config import model_from_hf_config
 from autopar.specs.model import ModelSpec
 
 __all__ = ["build_spec", "dump_spec", "format_validation_error", "load_hardware", "load_model",
@@ -186,6 +185,7 @@ def load_model(ref: str | Path | ModelSpec, *, warn: Any = None) -> ModelSpec:
     data = read_structured_file(path)
     if isinstance(data, dict) and ("model_type" in data or "architectures" in data):
         name = (ref.split("/")[-1] if hf_id else path.parent.name if path.name == "config.json" else path.stem)
+        from autopar.specs.hf_config import model_from_hf_config   # only for config.json files (7 ms to import)
         spec, unmapped = model_from_hf_config(data, name=name, where=str(ref if hf_id else path))
         if unmapped:
             (warn or (lambda m: print(m, file=sys.stderr)))(

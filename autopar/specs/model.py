@@ -215,9 +215,9 @@ class ModelSpec(Spec):
     def num_moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 
-    @property
+    @cached_property
     def num_dense_layers(self) -> int:
-        """Layers with a dense MLP."""
+        """Layers with a dense MLP (computed once: the layout rules ask for every mesh the search checks)."""
         return sum(self.channel_of(i) == "dense" for i in range(self.num_layers))
 
     def mixer_name(self, i: int) -> str:

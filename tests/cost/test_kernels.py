@@ -200,3 +200,18 @@ def test_moe_layers_carry_their_own_overhead_on_top_of_the_per_layer_one():
     assert C.overhead_time(est_d.profile, st_d, 1e-3, 5e-4) == pytest.approx(4e-3)   # no MoE layer: none
     parts = C.kernel_breakdown(est.profile, st, L, TR, est.kernels, 1e-3, 1.0, 5e-4)
     assert parts["per-layer overhead"] == pytest.approx(m.num_layers * 1.5e-3)
+
+
+def test_an_estimate_does_not_depend_on_what_was_estimated_before():
+    """The per-layer kernel cache is keyed by every axis the prices read: cp 1 with micro-batch 1 and cp 2 with
+    micro-batch 2 give each GPU the same b·s/cp tokens but other attention spans (s/cp), so they differ, whatever
+    the order in which one Estimator sees them."""
+    model, tr = load_model("llama3_8b"), TrainingSpec(seq_len=8192, global_batch=64)
+    a = Layout(tp=1, pp=1, cp=1, micro_batch=1, dp=8)
+    b = Layout(tp=1, pp=1, cp=2, micro_batch=2, dp=4)
+
+    def steps(order):
+        est = Estimator(model, H100, tr, 8)
+        return {id(L): est.estimate(L).step_time_s for L in order}
+
+    assert steps([a, b]) == steps([b, a])

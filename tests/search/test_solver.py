@@ -109,6 +109,38 @@ def test_branch_and_bound_on_deepseek_v3_skips_most_meshes_and_keeps_the_optimum
     assert _best_steps(bounded, 3) == _best_steps(full, 3)
 
 
+@settings(max_examples=10, deadline=None)
+@given(name=st.sampled_from(["deepseek_v3", "gpt_oss_20b", "nemotron_h_8b", "qwen3_next_80b_a3b", "llama3_8b",
+                             "mixtral_8x7b"]),
+       gpus=st.sampled_from([8, 64, 256]), seq=st.sampled_from([4096, 32768]), offload=st.sampled_from([0.0, 0.5]),
+       recompute=st.sampled_from([None, ["selective", "full"], ["full", "mlp,moe_act", "core_attn,mlp"]]))
+def test_the_floor_bound_is_never_above_the_mesh_bound(name, gpus, seq, offload, recompute):
+    """The cheap floors the branch and bound sorts meshes by first never exceed a step-time bound: per (micro-batch,
+    recompute) pair, and per micro-batch over the pairs that fit (where only some policies are priced); on zoo
+    models with MoE, sliding windows, linear attention and SSM layers, long context, offloading and spaces
+    without recompute 'none' or with module lists. (A floor above a bound could skip a layout that wins.)"""
+    from autopar.search.cpsat import _cap_mib, _mesh_validity, _Tables
+    from autopar.search.space import build_space
+    from autopar.specs.loaders import load_model
+    model, hw = load_model(name), load_hardware("h100_sxm")
+    tr = TrainingSpec(seq_len=seq, global_batch=max(gpus, 64))
+    space = build_space(model, hw, tr, gpus, SearchOptions(offload_activations=offload, recompute=recompute))
+    meshes, _, _ = _mesh_validity(space)
+    t = _Tables(space, Estimator(model, hw, tr, gpus), meshes)
+    fit = t.fit_pairs(_cap_mib(space))
+    fitting = [p for p in range(len(meshes)) if fit[p].any()][::7]   # every 7th: the test stays quick
+    for r in range(len(space.recompute)):
+        floors = t.floors(fitting, r)
+        for g, pos in enumerate(fitting):
+            for j in np.nonzero(fit[pos, :, r])[0]:
+                assert 0 < floors[g, j] <= t._bound(pos, int(j), r)
+    t.start_bounds(fitting, fit[fitting])
+    for pos in fitting:
+        for j in range(len(space.mbs)):
+            bounds = [t._bound(pos, j, r) for r in np.nonzero(fit[pos, j])[0]]
+            assert t._floor[pos][j] <= min(bounds, default=np.inf)
+
+
 def _cpsat_infeasible(cands, groups) -> bool:
     """Reference: CP-SAT with only ``groups`` enforced (their assumption literals) proves infeasibility."""
     from ortools.sat.python import cp_model_helper as cp
