@@ -7,9 +7,12 @@ plus a reduce-scatter of the same total volume (Korthikanti et al. 2022 sec. 4.2
 MoE layers keep the attention's 2 but replace the MLP's with expert all-to-alls (autopar.cost.ep) — Megatron
 requires SP for MoE with TP, so routed tokens are already split across the TP group. Full recomputation
 repeats the forward collectives (+1 per block). The last stage adds 1 for the LM head's gathered input.
+Hybrid layers count the blocks they have (``LayerSums.tp_blocks``): a Mamba-only or MLP-only layer of
+Nemotron-H reduces once per pass, not twice.
 
-    T_tp = n_ar · AR(b·(s/cp)·h·e bytes, tp ranks, stride 1),   exposed fraction 1 − tp_overlap when the
-    framework overlaps TP communication (training.tp_comm_overlap), all of it otherwise.
+    T_tp = n_ar · AR(b·(s/cp)·h·e bytes, tp ranks, stride 1),   n_ar = (2 or 3) · Σ_layers tp_blocks (+1 last),
+    exposed fraction 1 − tp_overlap when the framework overlaps TP communication (training.tp_comm_overlap),
+    all of it otherwise.
 """
 
 from __future__ import annotations
@@ -27,8 +30,7 @@ def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     if L.tp == 1:
         return 0.0
     per_block = 3 if L.recompute == "full" else 2
-    n_moe = st.sum(prof, "moe_layers")
-    n_ar = per_block * (st.n_layers + (st.n_layers - n_moe)) + (1 if st.is_last else 0)
+    n_ar = per_block * st.sum(prof, "tp_blocks") + (1 if st.is_last else 0)
     nbytes = L.micro_batch * (tr.seq_len / L.cp) * prof.hidden * tr.activation_bytes
     exposed = 1.0 - hw.efficiency.tp_overlap if tr.tp_comm_overlap else 1.0
     return exposed * n_ar * net.time("all_reduce", nbytes, L.tp, 1)

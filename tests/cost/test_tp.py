@@ -1,0 +1,42 @@
+"""Tensor-parallel communication (autopar/cost/tp.py): one reduction per block a layer actually has."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.cost import Estimator
+from autopar.cost.tp import tp_time_per_microbatch
+from autopar.specs.layout import Layout
+from autopar.specs.loaders import load_hardware, load_model
+from autopar.specs.training import TrainingSpec
+
+H100 = load_hardware("h100_sxm")
+TR = TrainingSpec(seq_len=4096, global_batch=64, tp_comm_overlap=False)   # all of it exposed
+
+
+def _reductions(model_name: str, **lay) -> float:
+    """TP time of the whole model on one stage, in units of one h-wide all-reduce of the micro-batch."""
+    m = load_model(model_name)
+    est = Estimator(m, H100, TR, 8)
+    L = est.resolve(Layout(tp=8, **lay))
+    st = est.stages(L.stage_layers)[0]
+    one = est.net.time("all_reduce", L.micro_batch * TR.seq_len * m.hidden_size * TR.activation_bytes, 8, 1)
+    return tp_time_per_microbatch(est.profile, st, L, TR, H100, est.net) / one
+
+
+def test_dense_layers_reduce_twice_per_pass_plus_the_head():
+    m = load_model("llama3_8b")
+    assert _reductions("llama3_8b") == pytest.approx(2 * 2 * m.num_layers + 1)
+    assert _reductions("llama3_8b", recompute="full") == pytest.approx(3 * 2 * m.num_layers + 1)
+
+
+def test_hybrid_layers_reduce_once_per_block_they_have():
+    m = load_model("nemotron_h_8b")     # 52 layers, each one block: Mamba-2, attention or MLP
+    blocks = sum((1 if m.mixers_of(i) else 0) + (1 if m.channel_of(i) == "dense" else 0) for i in range(m.num_layers))
+    assert blocks == m.num_layers == 52
+    assert _reductions("nemotron_h_8b") == pytest.approx(2 * blocks + 1)
+
+
+def test_moe_layers_leave_their_channel_to_the_all_to_all():
+    m = load_model("qwen3_30b_a3b")     # every layer MoE: only the attention block reduces
+    assert _reductions("qwen3_30b_a3b", ep=8) == pytest.approx(2 * m.num_layers + 1)
