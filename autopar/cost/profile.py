@@ -38,7 +38,8 @@ class LayerSums:
     moe_layers: list[float]        # 1 for MoE layers
     tp_blocks: list[float]         # blocks whose output TP reduces (one all-reduce, or reduce-scatter with SP, per pass):
     #                                1 for a token mixer (parallel mixers add their row-parallel partial sums before
-    #                                one reduce) + 1 for a dense MLP; a MoE block's tokens travel by the expert
+    #                                one reduce) + 1 for a dense MLP or a MoE block's shared experts (a TP-split MLP:
+    #                                Megatron-Core's SharedExpertMLP); the routed tokens travel by the expert
     #                                all-to-all instead (autopar.cost.tp)
     moe_mlp_flops: list[float]     # forward FLOPs per token of routed + shared experts (MoE layers only)
     routed_flops: list[float]      # forward FLOPs per token of the k routed experts (grouped GEMMs)
@@ -94,7 +95,8 @@ class ModelProfile:
             row.update(dense_params=m.layer_nonexpert_params(i), expert_params=m.layer_expert_params(i))
             if is_moe:
                 row.update(moe_layers=1.0, moe_mlp_flops=mlp_f, routed_flops=2.0 * m.moe.top_k * m.expert_params)
-            row["tp_blocks"] = (1.0 if m.mixers_of(i) else 0.0) + (1.0 if kind == "dense" else 0.0)
+            shared = is_moe and m.moe.num_shared_experts > 0
+            row["tp_blocks"] = (1.0 if m.mixers_of(i) else 0.0) + (1.0 if kind == "dense" or shared else 0.0)
             row["fwd_flops"] = m.layer_forward_flops_per_token(i, s)
             row["mlp_flops"] = mlp_f
             # Stored activations (elements per token), derived tensor by tensor for a pre-norm block with

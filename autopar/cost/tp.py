@@ -5,7 +5,8 @@ Megatron-LM tensor parallelism (Shoeybi et al. 2019, arXiv 1909.08053 sec. 3; Na
 after the MLP) and 2 in the backward pass. With sequence parallelism each all-reduce becomes an all-gather
 plus a reduce-scatter of the same total volume (Korthikanti et al. 2022 sec. 4.2.2), so the time is the same.
 MoE layers keep the attention's 2 but replace the MLP's with expert all-to-alls (autopar.cost.ep) — Megatron
-requires SP for MoE with TP, so routed tokens are already split across the TP group. Full recomputation
+requires SP for MoE with TP, so routed tokens are already split across the TP group — except for their shared
+experts, a TP-split MLP (Megatron-Core ``SharedExpertMLP``) that gathers and reduce-scatters like a dense one. Full recomputation
 repeats the forward collectives (+1 per block). The last stage adds 1 for the LM head's gathered input.
 Hybrid layers count the blocks they have (``LayerSums.tp_blocks``): a Mamba-only or MLP-only layer of
 Nemotron-H reduces once per pass, not twice.

@@ -40,3 +40,9 @@ def test_hybrid_layers_reduce_once_per_block_they_have():
 def test_moe_layers_leave_their_channel_to_the_all_to_all():
     m = load_model("qwen3_30b_a3b")     # every layer MoE: only the attention block reduces
     assert _reductions("qwen3_30b_a3b", ep=8) == pytest.approx(2 * m.num_layers + 1)
+
+
+def test_shared_experts_reduce_like_a_dense_mlp():
+    m = load_model("deepseek_v3")       # 3 dense layers, 58 MoE layers with one shared expert each
+    assert m.moe.num_shared_experts == 1
+    assert _reductions("deepseek_v3", ep=8, pp=1) == pytest.approx(2 * 2 * m.num_layers + 1)
