@@ -5,6 +5,8 @@ Re-exported as ``autopar.run.model.scale_model``.
 
 from __future__ import annotations
 
+import math
+
 from pydantic import ValidationError
 
 from autopar.errors import AutoparInputError
@@ -20,7 +22,9 @@ def scale_model(model: ModelSpec, *, layers: int | None = None, hidden: int | No
     ``ffn`` sets the dense FFN width AND the routed/shared expert width. When ``hidden`` or ``heads``
     changes, the head dim becomes hidden / heads (MLA head dims are scaled by the same ratio). ``experts``
     sets the routed expert count (top_k is clamped to it). Leading dense MoE layers are scaled in proportion
-    to ``layers``. Divisibility by the layout's degrees is checked later by ``resolve_layout``."""
+    to ``layers``. Hybrid models: linear-attention / SSM mixers keep their head dims and state size and scale
+    their width (heads; Mamba-1's inner width, Δ rank and gate ranks) with ``hidden``; fewer ``layers`` keep
+    the mix of layer kinds (:func:`_sample_patterns`). Divisibility by the layout's degrees is checked later by ``resolve_layout``."""
     given = {"num_layers": layers, "vocab_size": vocab, "ffn_hidden_size": ffn, "hidden_size": hidden,
              "num_attention_heads": heads, "num_kv_heads": kv_heads}
     upd: dict = {"name": f"{model.name}_scaled", "mtp_layers": 0,
@@ -42,6 +46,11 @@ def scale_model(model: ModelSpec, *, layers: int | None = None, hidden: int | No
                 "qk_nope_head_dim": max(1, round(m.qk_nope_head_dim * r)),
                 "qk_rope_head_dim": max(2, 2 * round(m.qk_rope_head_dim * r / 2)),
                 "v_head_dim": max(1, round(m.v_head_dim * r))})
+    if layers is not None and model.layer_pattern is not None and layers < model.num_layers:
+        upd.update(_sample_patterns(model, layers))
+    if model.mixers and hidden is not None and hidden != model.hidden_size:
+        upd["mixers"] = {name: _scale_mixer(mx, hidden / model.hidden_size)
+                         for name, mx in upd.get("mixers", model.mixers).items()}
     if model.moe is not None:
         m = model.moe
         mu: dict = {}
@@ -61,3 +70,65 @@ def scale_model(model: ModelSpec, *, layers: int | None = None, hidden: int | No
     except ValidationError as err:
         raise AutoparInputError(f"cannot scale {model.name}: " + format_validation_error(err, "scaled model")) \
             from None
+
+
+def _scale_mixer(mx, r: float):
+    """A linear-attention / SSM mixer with its width scaled by r (heads, keeping d_k, d_v, N and the chunk)."""
+    if mx.kind == "attention":
+        return mx
+    upd: dict = {}
+    if mx.kind == "mamba1":
+        upd["inner_size"] = max(1, round(mx.inner_size * r))
+        upd["dt_rank"] = max(1, round(mx.dt_rank * r))
+    else:
+        heads = max(1, round(mx.num_heads * r))
+        if mx.num_heads & (mx.num_heads - 1) == 0:       # a power of two stays one (TP degrees divide it)
+            heads = 1 << max(0, round(math.log2(mx.num_heads * r)))
+        if mx.kind == "gated_deltanet" and mx.num_value_heads:
+            per = mx.num_value_heads // mx.num_heads       # value heads per key head, kept
+            upd["num_value_heads"] = heads * per
+        if mx.kind == "mamba2":
+            groups = min(mx.n_groups, heads)
+            while heads % groups:
+                groups -= 1
+            upd["n_groups"] = groups
+        upd["num_heads"] = heads
+        if mx.gate_low_rank:
+            upd["gate_low_rank"] = max(1, round(mx.gate_low_rank * r))
+    return mx.model_copy(update=upd)
+
+
+def _sample_patterns(model: ModelSpec, layers: int) -> dict:
+    """layer_pattern / mlp_pattern of a ``layers``-layer model with the mix of the full pattern's layer kinds (a
+    kind = its mixer and channel entries): largest-remainder shares, and every kind at least one layer where
+    there are layers enough; the layers are then taken in the full pattern's order. Mixers no layer uses are
+    dropped."""
+    n = model.num_layers
+    mlp = model.mlp_pattern
+    full = [(model.layer_pattern[i % len(model.layer_pattern)], mlp[i % len(mlp)] if mlp else None) for i in range(n)]
+    counts: dict = {}
+    for k in full:
+        counts[k] = counts.get(k, 0) + 1
+    kinds = list(counts)
+    share = {k: layers * counts[k] / n for k in kinds}
+    quota = {k: int(share[k]) for k in kinds}
+    for k in sorted(kinds, key=lambda k: share[k] - quota[k], reverse=True)[:layers - sum(quota.values())]:
+        quota[k] += 1
+    for k in sorted(kinds, key=lambda k: -counts[k]):     # a kind left out takes a layer from the largest one
+        if quota[k] == 0 and sum(1 for v in quota.values() if v) < layers:
+            quota[max(kinds, key=lambda j: quota[j])] -= 1
+            quota[k] = 1
+    picked: list = []
+    i = 0
+    while len(picked) < layers:
+        k = full[i % n]
+        if quota.get(k, 0) > 0:
+            quota[k] -= 1
+            picked.append(k)
+        i += 1
+    out: dict = {"layer_pattern": tuple(k[0] for k in picked)}
+    if mlp is not None:
+        out["mlp_pattern"] = tuple(k[1] for k in picked)
+    used = {name for entry in out["layer_pattern"] for name in entry.split("+")}
+    out["mixers"] = {name: mx for name, mx in model.mixers.items() if name in used}
+    return out
