@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from autopar.run.mesh import local_grad
 from autopar.run.mixers import Mamba1Mixer
-from autopar.run.model import Transformer
+from autopar.run.model import Attention, Transformer
 
 
 def _mlp_plan(prefix: str, sp: bool) -> dict:
@@ -111,9 +111,11 @@ def kv_replica_group(tp_mesh: DeviceMesh, kv_heads: int) -> dist.ProcessGroup | 
 
 @torch.no_grad()
 def sync_kv_replica_grads(model: nn.Module, group: dist.ProcessGroup | None) -> None:
-    """Sum the gradients of replicated K/V projections over the ranks holding copies of the same head."""
+    """Sum the gradients of replicated K/V projections over the ranks holding copies of the same head: softmax
+    attention's only (a linear or SSM mixer's wk/wv are split by heads, never replicated)."""
     if group is None:
         return
-    for name, p in model.named_parameters():
-        if ".wk." in name or ".wv." in name:
-            dist.all_reduce(local_grad(p), group=group)
+    for mod in model.modules():          # the same order on every rank
+        if isinstance(mod, Attention):
+            for p in (*mod.wk.parameters(), *mod.wv.parameters()):
+                dist.all_reduce(local_grad(p), group=group)

@@ -209,3 +209,20 @@ def test_new_hybrid_losses_match_the_single_process_run(spec, world, layout):
     assert ref.ok, (ref.failure, ref.log_path)
     assert got.ok, (got.failure, got.log_path)
     assert got.losses == pytest.approx(ref.losses, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_replicated_kv_heads_sync_only_softmax_attention_grads():
+    """kv_heads (1) < tp (2): the K/V copies of softmax attention sum their gradients over the ranks sharing a
+    head; the linear mixers' own wk/wv (split by heads, not replicated) and a parallel Mamba's must not."""
+    from autopar.run.launch import run_layout
+    from autopar.run.worker import OPTIMIZER_ENV
+    tr = TrainingSpec(seq_len=32, global_batch=8)
+    hybrid = HYBRID.model_copy(update={"num_kv_heads": 1})
+    falcon = FALCON_LIKE.model_copy(update={"num_kv_heads": 1})
+    with mock.patch.dict(os.environ, {OPTIMIZER_ENV: "sgd"}):
+        for spec in (hybrid, falcon):
+            ref = run_layout(spec, Layout(), tr, world=1, steps=3, timeout_s=180)
+            got = run_layout(spec, Layout(tp=2, sequence_parallel=False), tr, world=2, steps=3, timeout_s=180)
+            assert ref.ok and got.ok, (ref.failure, got.failure, got.log_path)
+            assert got.losses == pytest.approx(ref.losses, rel=1e-5), spec.name
