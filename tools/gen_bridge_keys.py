@@ -43,6 +43,10 @@ SECTIONS = {
     "dist": (["megatron.training.config.common_config:DistributedInitConfig"],
              ["training/config.py:DistributedInitConfig"]),
     "comm_overlap": ([], ["training/comm_overlap.py:CommOverlapConfig"]),
+    # the model section of a hybrid (Mamba / GDN) recipe: HybridModelProvider instead of GPTModelProvider
+    "model_hybrid": (["megatron.core.transformer.transformer_config:TransformerConfig"],
+                     ["models/transformer_config.py:TransformerConfig",
+                      "models/hybrid/hybrid_provider.py:HybridModelProvider"]),
 }
 
 

@@ -141,10 +141,14 @@ def run(args: argparse.Namespace) -> int:
     if batch:
         out.print(f"[yellow]warning: {batch.message(training.seq_len, gpus)}[/yellow]")
     if args.emit:
-        from autopar.emit import emit
+        from autopar.emit import emit, emit_refusal
         out.print(f"\n[bold]{args.emit} settings[/bold]")
-        print(emit(args.emit, best.layout, model, training, gpus, hw, torchtitan_version=args.torchtitan_version),
-              end="")
+        refusal = emit_refusal(args.emit, model)   # the model, not the layout: a note, and the table still prints
+        if refusal:
+            out.print(f"[yellow]note: no {args.emit} settings: {refusal}[/yellow]", soft_wrap=True)
+        else:
+            print(emit(args.emit, best.layout, model, training, gpus, hw,
+                       torchtitan_version=args.torchtitan_version), end="")
     headers = ["#", "layout", "step s", "tok/s/GPU", "MFU", "mem GiB", "W+G+O", "act", "compute", "tp", "cp",
                "ep", "dp", "bubble", "bottleneck"]
     if tokens:

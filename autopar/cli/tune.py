@@ -60,6 +60,12 @@ def run(args: argparse.Namespace) -> int:
             raise AutoparInputError(f"folder {Path(path).parent} does not exist (for {path})")
     if args.emit_out and not args.emit:
         raise AutoparInputError("--emit-out needs --emit megatron|bridge|torchtitan|env")
+    if args.emit:   # refuse before the (long) tuning run when the launcher cannot train the model at all
+        from autopar.emit import emit_refusal
+        from autopar.specs.loaders import load_model
+        refusal = emit_refusal(args.emit, load_model(args.model))
+        if refusal:
+            raise AutoparInputError(f"--emit {args.emit}: {refusal}")
     say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from autopar.emit.bridge import bridge_overrides, format_bridge
 from autopar.emit.env import env_vars, format_env
+from autopar.emit import megatron_hybrid, torchtitan
 from autopar.emit.megatron import format_megatron, format_megatron_launch, megatron_args, megatron_launch
 from autopar.emit.torchtitan import TORCHTITAN_VERSION, TORCHTITAN_VERSIONS, torchtitan_config
 from autopar.errors import AutoparInputError
@@ -20,9 +21,22 @@ from autopar.specs.layout import Layout, resolve_layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
-__all__ = ["EMIT_KINDS", "bridge_overrides", "format_bridge", "TORCHTITAN_VERSION", "TORCHTITAN_VERSIONS", "emit", "env_vars", "format_env", "format_megatron", "format_megatron_launch", "megatron_args", "megatron_launch", "torchtitan_config"]
+__all__ = ["EMIT_KINDS", "emit_refusal", "bridge_overrides", "format_bridge", "TORCHTITAN_VERSION", "TORCHTITAN_VERSIONS", "emit", "env_vars", "format_env", "format_megatron", "format_megatron_launch", "megatron_args", "megatron_launch", "torchtitan_config"]
 
 EMIT_KINDS = ("megatron", "bridge", "torchtitan", "env")
+
+
+def emit_refusal(kind: str, model: ModelSpec) -> str | None:
+    """Why launcher ``kind`` cannot train ``model`` at all, whatever the layout (None: it can): hybrid layers that
+    Megatron-Core's HybridModel (megatron, bridge) or torchtitan (no Mamba / linear-attention model) lacks.
+    :func:`emit` raises AutoparInputError with this reason; ``solve`` prints it as a note instead of the settings."""
+    if kind in ("megatron", "bridge") and model.is_hybrid:
+        why = megatron_hybrid.hybrid_refusal(model)
+        return f"Megatron-LM cannot train {model.name}: {why}" if why else None
+    if kind == "torchtitan":
+        why = torchtitan.hybrid_refusal(model)
+        return f"torchtitan cannot train this model: {why}" if why else None
+    return None
 
 
 def emit(kind: str, layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,

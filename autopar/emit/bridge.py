@@ -13,6 +13,16 @@ docs/megatron-lm-to-megatron-bridge.md table do (``--tensor-model-parallel-size 
 ``--seq-length N`` -> ``model.seq_length=N dataset.seq_length=N``, ``--bf16`` -> ``mixed_precision=bf16_mixed`` ...).
 Overlap switches are set on ``model`` / ``ddp`` directly; a recipe whose ``comm_overlap`` section is set may change
 them again when Bridge finalises the config (a note says so).
+
+Hybrid models (Mamba-2 / Gated DeltaNet / attention / MLP / MoE, :mod:`autopar.emit.megatron_hybrid`): the recipe's
+``model`` is then Bridge's ``HybridModelProvider`` (src/megatron/bridge/models/hybrid/hybrid_provider.py; the
+NemotronH and Nemotron 3 recipes in src/megatron/bridge/recipes/nemotronh use it), whose fields are checked against
+the fixture's ``model_hybrid`` section. ``--hybrid-layer-pattern`` -> ``model.hybrid_layer_pattern`` (with the same
+``|`` stage segments: Bridge's pinned Megatron-LM 2a75ac12c54b has the same ``select_pipeline_segment``), the mixer
+shape flags -> the TransformerConfig fields of the same name, ``--spec`` is dropped (the provider builds its default
+hybrid stack spec), and ``model.mamba_chunk_size`` carries the model's SSD chunk (a provider field with no Megatron-LM
+flag). The same mixers are refused as for Megatron-LM, and also virtual pipeline stages: ``HybridModelProvider.provide``
+asserts ``virtual_pipeline_model_parallel_size is None`` ("temporarily unsupported in Hybrid models").
 """
 
 from __future__ import annotations
@@ -50,6 +60,16 @@ _VALUE = {
     "--recompute-method": ["model.recompute_method"],
     "--recompute-num-layers": ["model.recompute_num_layers"],
     "--activation-offload-fraction": ["model.activation_offload_fraction"],
+    "--hybrid-layer-pattern": ["model.hybrid_layer_pattern"],
+    "--mamba-num-heads": ["model.mamba_num_heads"],
+    "--mamba-head-dim": ["model.mamba_head_dim"],
+    "--mamba-state-dim": ["model.mamba_state_dim"],
+    "--mamba-num-groups": ["model.mamba_num_groups"],
+    "--linear-num-key-heads": ["model.linear_num_key_heads"],
+    "--linear-num-value-heads": ["model.linear_num_value_heads"],
+    "--linear-key-head-dim": ["model.linear_key_head_dim"],
+    "--linear-value-head-dim": ["model.linear_value_head_dim"],
+    "--linear-conv-kernel-dim": ["model.linear_conv_kernel_dim"],
 }
 _LIST = {"--recompute-modules": "model.recompute_modules", "--offload-modules": "model.offload_modules"}
 # Megatron-LM switch -> Bridge key=value pairs.
@@ -68,6 +88,7 @@ _SWITCH = {
     "--fine-grained-activation-offloading": [("model.fine_grained_activation_offloading", "true")],
     "--grad-reduce-in-bf16": [("ddp.grad_reduce_in_fp32", "false")],
     "--accumulate-allreduce-grads-in-fp32": [("ddp.grad_reduce_in_fp32", "true")],
+    "--attention-output-gate": [("model.attention_output_gate", "true")],
 }
 # Megatron-LM precision flags (as precision_args writes them) -> Bridge mixed-precision recipe.
 _PRECISION = {
@@ -101,11 +122,17 @@ def _hydra_value(text: str) -> str:
 def bridge_overrides(layout: Layout, model: ModelSpec, training: TrainingSpec, hardware: HardwareSpec | None = None,
                      ) -> tuple[list[str], MegatronLaunch]:
     """``section.field=value`` overrides for a resolved layout, and the Megatron launch they were translated from
-    (its ``env`` and ``notes`` apply unchanged)."""
+    (its ``env`` and ``notes`` apply). For a hybrid model the ``model`` keys are HybridModelProvider's."""
+    if model.is_hybrid and layout.vpp > 1:
+        raise AutoparInputError(f"Megatron-Bridge cannot run {model.name} with virtual pipeline stages "
+                                f"({layout.short()}): HybridModelProvider.provide asserts "
+                                "virtual_pipeline_model_parallel_size is None; pick a layout with vpp 1")
     launch = megatron_launch(layout, model, training, hardware)
     overrides: list[str] = []
     precision: list[str] = []
     for flag, values in _groups(launch.args):
+        if flag == "--spec":     # HybridModelProvider builds its own default hybrid stack spec
+            continue
         if flag in _PRECISION_FLAGS:
             precision += [flag, *values]
         elif flag == "--num-layers-per-virtual-pipeline-stage":
@@ -125,14 +152,20 @@ def bridge_overrides(layout: Layout, model: ModelSpec, training: TrainingSpec, h
     overrides.append(f"mixed_precision={_PRECISION[tuple(precision)]}")
     if "--sequence-parallel" not in launch.args:
         overrides.append("model.sequence_parallel=false")
+    chunks = {mx.chunk_size for i in range(model.num_layers) for mx in model.mixers_of(i) if mx.kind == "mamba2"}
+    if chunks:   # one mamba2 shape per model (megatron_hybrid.hybrid_refusal)
+        overrides.append(f"model.mamba_chunk_size={chunks.pop()}")
+        launch.notes = [n for n in launch.notes if "chunks of" not in n]   # Bridge sets the chunk: no mismatch
     return overrides, launch
 
 
 def format_bridge(overrides: list[str], launch: MegatronLaunch, title: str) -> str:
     """A bash fragment: comments (target, notes), ``export`` lines and ``AUTOPAR_BRIDGE_OVERRIDES=( ... )`` to append
     to ``run_recipe.py --recipe <recipe> "${AUTOPAR_BRIDGE_OVERRIDES[@]}"``."""
+    hybrid = any(o.startswith("model.hybrid_layer_pattern=") for o in overrides)
     out = [f"# {title}", f"# target: {BRIDGE_TARGET}, scripts/training/run_recipe.py overrides; the recipe gives the "
-                         "model shape, data and optimizer",
+                         "model shape, data and optimizer"
+                         + ("; use a HybridModelProvider recipe (e.g. recipes/nemotronh)" if hybrid else ""),
            "# note: a recipe that sets comm_overlap may change the overlap switches below when Bridge finalises it"]
     out += [f"# note: {n}" for n in launch.notes]
     out += [f"export {k}={shlex.quote(v)}" for k, v in launch.env.items()]

@@ -60,6 +60,8 @@ import shlex
 from dataclasses import dataclass, field
 
 from autopar.emit._common import require_resolved, virtual_chunks
+from autopar.emit.megatron_hybrid import (HYBRID_SCRIPT, HYBRID_SPEC, hybrid_layer_pattern, hybrid_mixer_args,
+                                          hybrid_notes)
 from autopar.errors import AutoparInputError
 from autopar.specs.hardware import Efficiency, HardwareSpec
 from autopar.specs.layout import Layout
@@ -76,12 +78,13 @@ _FP8_RECIPE = {"fp8": "delayed", "fp8_block": "blockwise", "mxfp8": "mxfp8"}
 
 @dataclass
 class MegatronLaunch:
-    """``pretrain_gpt.py`` argv tokens, the environment they need, and notes where Megatron cannot do what the
-    prediction assumes."""
+    """Argv tokens for ``script`` (``pretrain_gpt.py``, or ``pretrain_hybrid.py`` for hybrid Mamba / linear-attention
+    models), the environment they need, and notes where Megatron cannot do what the prediction assumes."""
 
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    script: str = "pretrain_gpt.py"
 
 
 def precision_args(precision: str) -> list[str]:
@@ -203,7 +206,12 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
     megatron_fsdp = (L.fsdp or L.zero_stage == 3) and fsdp_impl == "megatron"
 
     args = ["--tensor-model-parallel-size", str(L.tp), "--pipeline-model-parallel-size", str(L.pp)]
-    args += _pipeline_args(L, model)
+    if model.is_hybrid:   # HybridModel: the pattern carries the layers and the stage split (megatron_hybrid.py)
+        mixer_args = hybrid_mixer_args(L, model)   # raises for a model Megatron-Core cannot build
+        args += ["--spec", *HYBRID_SPEC, "--hybrid-layer-pattern", hybrid_layer_pattern(L, model), *mixer_args]
+        notes += hybrid_notes(model)
+    else:
+        args += _pipeline_args(L, model)
     args += ["--context-parallel-size", str(L.cp)]
     ep_overlap = False
     if model.is_moe:
@@ -245,7 +253,8 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
     args += precision_args(training.precision)
     if (L.tp > 1 or L.cp > 1) and not (torch_fsdp or megatron_fsdp or ep_overlap):
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
-    return MegatronLaunch(args=args, env=env, notes=notes)
+    return MegatronLaunch(args=args, env=env, notes=notes,
+                          script=HYBRID_SCRIPT if model.is_hybrid else "pretrain_gpt.py")
 
 
 def megatron_args(layout: Layout, model: ModelSpec, training: TrainingSpec, hardware: HardwareSpec | None = None,
@@ -266,9 +275,10 @@ def format_megatron(args: list[str]) -> str:
 
 
 def format_megatron_launch(launch: MegatronLaunch, title: str) -> str:
-    """A bash fragment: comments (target version, notes), ``export`` lines, then ``AUTOPAR_MEGATRON_ARGS=( ... )``
-    with one flag per line, to pass as ``pretrain_gpt.py ... "${AUTOPAR_MEGATRON_ARGS[@]}"``."""
-    out = [f"# {title}", f"# target: {MEGATRON_TARGET}, pretrain_gpt.py; add the model-shape, data and optimizer "
+    """A bash fragment: comments (target version and script, notes), ``export`` lines, then
+    ``AUTOPAR_MEGATRON_ARGS=( ... )`` with one flag per line, to pass as
+    ``<launch.script> ... "${AUTOPAR_MEGATRON_ARGS[@]}"``."""
+    out = [f"# {title}", f"# target: {MEGATRON_TARGET}, {launch.script}; add the model-shape, data and optimizer "
                          "flags of your recipe"]
     out += [f"# note: {n}" for n in launch.notes]
     out += [f"export {k}={shlex.quote(v)}" for k, v in launch.env.items()]

@@ -33,17 +33,23 @@ How autopar's layout maps onto torchtitan's:
 - Recompute: none -> ``activation_checkpoint=None``; full -> ``FullAC.Config()``; Megatron's "selective" and module
   lists -> torchtitan's op-level ``SelectiveAC.Config()``, the nearest it has (note).
 - Precision other than bf16 and activation offload have no config field (model converters / a wrapper); a note says so.
+- Hybrid models (Mamba, linear attention, parallel or mixer-less layers) are refused (:func:`hybrid_refusal`): torchtitan
+  0.2.2 ships no such model (its models: llama3, llama3_ft, llama4, deepseek_v3, qwen3, gpt_oss, flux, moe), and
+  0.3.0's only one is Qwen3.5 (``torchtitan/models/qwen3_5``: GatedDeltaNet + gated attention, ``qwen35_*`` configs),
+  which is not in autopar's zoo; none has a Mamba, GLA, KDA or Lightning layer (both wheels checked 2026-11-24).
 """
 
 from __future__ import annotations
 
 from autopar.emit._common import require_resolved, virtual_chunks
+from autopar.errors import AutoparInputError
 from autopar.specs.hardware import Efficiency, HardwareSpec
 from autopar.specs.layout import Layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
-__all__ = ["TORCHTITAN_MODELS", "TORCHTITAN_VERSION", "TORCHTITAN_VERSIONS", "model_parts", "torchtitan_config"]
+__all__ = ["TORCHTITAN_MODELS", "TORCHTITAN_VERSION", "TORCHTITAN_VERSIONS", "hybrid_refusal", "model_parts",
+           "torchtitan_config"]
 
 TORCHTITAN_VERSION = "0.3.0"
 TORCHTITAN_VERSIONS = ("0.3.0", "0.2.2")
@@ -59,6 +65,16 @@ TORCHTITAN_MODELS: dict[str, tuple[str, str]] = {
     "gpt_oss_120b": ("torchtitan.models.gpt_oss.config_registry", "gpt_oss_120b"),
     "moonlight_16b_a3b": ("torchtitan.models.kimi_k2_7.config_registry", "moonlight_16b_a3b"),
 }
+
+
+def hybrid_refusal(model: ModelSpec) -> str | None:
+    """Why torchtitan cannot train ``model`` (None unless it is a hybrid)."""
+    if not model.is_hybrid:
+        return None
+    kinds = sorted({"+".join(m.kind for m in model.mixers_of(i)) or "none" for i in range(model.num_layers)})
+    return (f"{model.name} is a hybrid model (layer kinds {', '.join(kinds)}); torchtitan has no Mamba or "
+            f"linear-attention model for it (0.3.0's only hybrid is Qwen3.5, GatedDeltaNet + gated attention, "
+            f"torchtitan/models/qwen3_5; 0.2.2 has none)")
 
 
 def model_parts(layout: Layout, model: ModelSpec) -> list[list[str]]:
@@ -148,10 +164,12 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
     0.3.0), or the TOML job file sections (``version="0.2.2"``). A model or layout torchtitan cannot run gets
     comment lines saying why instead."""
     require_resolved(layout, model)
+    why = hybrid_refusal(model)
+    if why:
+        raise AutoparInputError(f"torchtitan cannot train this model: {why}")
     if version == "0.2.2":
         return _toml_v022(layout, model, training)
     if version != TORCHTITAN_VERSION:
-        from autopar.errors import AutoparInputError
         raise AutoparInputError(f"unknown torchtitan version '{version}' (choose {', '.join(TORCHTITAN_VERSIONS)})")
     L = layout
     eff = hardware.efficiency if hardware is not None else Efficiency()

@@ -72,3 +72,59 @@ def test_text_is_a_bash_array(dsv3_layout):
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert out == bridge_overrides(dsv3_layout, DSV3, TRAIN, NVL72_CAL)[0]
     assert "model.num_layers_in_first_pipeline_stage=3" in out
+
+
+@pytest.mark.parametrize("name, gpus, kw", [("nemotron_h_8b", 64, dict(tp=2, pp=2)),
+                                            ("nemotron3_nano_30b_a3b", 64, dict(tp=1, ep=8)),
+                                            ("qwen3_next_80b_a3b", 256, dict(tp=4, pp=4, ep=8))])
+def test_hybrid_overrides_are_hybrid_model_provider_fields(name, gpus, kw):
+    """Hybrid recipes hold a HybridModelProvider (fixture section model_hybrid, from hybrid_provider.py): every model
+    key is one of its fields, and the pattern and shape equal the Megatron-LM argv's."""
+    from autopar.emit.megatron import megatron_launch
+    from autopar.specs.layout import Layout, resolve_layout
+    from autopar.specs.loaders import load_model
+
+    from .conftest import TRAIN
+    from .megatron_parser import parse
+    from .test_megatron_parser import H100_CAL
+
+    model = load_model(name)
+    layout = resolve_layout(Layout(**kw), model, TRAIN, gpus)
+    overrides, _ = bridge_overrides(layout, model, TRAIN, H100_CAL)
+    keys = dict(o.split("=", 1) for o in overrides)
+    assert len(keys) == len(overrides)
+    for key in keys:
+        section, _, field = key.partition(".")
+        if section == "model":
+            assert field in FIXTURE["sections"]["model_hybrid"], f"{key} is not a HybridModelProvider field"
+        elif section != "mixed_precision":
+            assert field in FIXTURE["sections"][section], key
+    ns = parse(megatron_launch(layout, model, TRAIN, H100_CAL).args)
+    assert keys["model.hybrid_layer_pattern"] == f'"{ns.hybrid_layer_pattern}"'
+    if ns.mamba_num_heads:
+        assert keys["model.mamba_num_heads"] == str(ns.mamba_num_heads)
+        assert keys["model.mamba_chunk_size"] == "128"
+    if ns.linear_num_value_heads:
+        assert keys["model.linear_num_value_heads"] == str(ns.linear_num_value_heads)
+        assert keys["model.attention_output_gate"] == "true"
+    assert not any(k.startswith("model.spec") for k in keys)
+
+
+def test_hybrid_with_virtual_stages_is_refused():
+    """HybridModelProvider.provide (Bridge 067f987df03b) asserts virtual_pipeline_model_parallel_size is None."""
+    from autopar.errors import AutoparInputError
+    from autopar.specs.layout import Layout, resolve_layout
+    from autopar.specs.loaders import load_model
+
+    from .conftest import TRAIN
+
+    model = load_model("nemotron_h_8b")
+    with pytest.raises(AutoparInputError, match="virtual_pipeline_model_parallel_size is None"):
+        bridge_overrides(resolve_layout(Layout(tp=2, pp=2, vpp=2), model, TRAIN, 64), model, TRAIN)
+
+
+def test_fixture_model_hybrid_is_the_hybrid_provider():
+    """The model_hybrid section has the fields only HybridModelProvider declares, the plain model section lacks them."""
+    hybrid, gpt = FIXTURE["sections"]["model_hybrid"], FIXTURE["sections"]["model"]
+    assert {"hybrid_layer_pattern", "mamba_chunk_size"} <= set(hybrid)
+    assert "hybrid_layer_pattern" not in gpt

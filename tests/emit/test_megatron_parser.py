@@ -61,7 +61,9 @@ def check_megatron_rules(ns) -> None:
         assert not (ns.recompute_modules and "moe" in ns.recompute_modules)
         assert ns.bf16 or ns.fp16
         if ns.pipeline_model_parallel_size > 1:
-            assert ns.num_layers_per_virtual_pipeline_stage or ns.pipeline_model_parallel_layout
+            hybrid_vpp = ns.hybrid_layer_pattern and ns.hybrid_layer_pattern.count("|") + 1 > \
+                ns.pipeline_model_parallel_size   # validate_args derives VPP from the pattern's '|' segments
+            assert ns.num_layers_per_virtual_pipeline_stage or ns.pipeline_model_parallel_layout or hybrid_vpp
     vpp_flags = [ns.num_layers_per_virtual_pipeline_stage, ns.num_virtual_stages_per_pipeline_rank,
                  ns.pipeline_model_parallel_layout]
     assert sum(v is not None for v in vpp_flags) <= 1

@@ -118,3 +118,17 @@ def test_torchtitan_builds_its_own_config(case, tmp_path, monkeypatch):
     dims = ParallelDims.from_config(cfg.parallelism, layout.world)
     assert (dims.tp, dims.pp, dims.cp, dims.ep) == (layout.tp, layout.pp, layout.cp, layout.ep)
     assert cfg.training.global_batch_size == TRAIN.global_batch and cfg.training.seq_len == TRAIN.seq_len
+
+
+@pytest.mark.parametrize("version", ["0.3.0", "0.2.2"])
+def test_hybrid_models_are_refused(version):
+    """torchtitan has no Mamba / linear-attention model autopar's zoo could map to (docstring of
+    autopar/emit/torchtitan.py): an error naming the layer kinds, not a config or a generic 'no config' note."""
+    from autopar.specs.loaders import load_model
+
+    model = load_model("nemotron_h_8b")
+    layout = resolve_layout(Layout(tp=2), model, TRAIN, 64)
+    with pytest.raises(AutoparInputError, match=r"hybrid model \(layer kinds attention, mamba2, none\)"):
+        torchtitan_config(layout, model, TRAIN, H100_CAL, version=version)
+    llama = torchtitan_config(resolve_layout(Layout(tp=2), LLAMA3_8B, TRAIN, 8), LLAMA3_8B, TRAIN, H100_CAL)
+    assert "def autopar_config" in llama
