@@ -52,6 +52,10 @@ def _search(args, model, hw, training, opts, err):
     return best[0], best[1], rows
 
 
+def _reasons(refused: dict[str, list[str]]) -> str:
+    return "; ".join(f"{', '.join(ranks)}: {why}" for why, ranks in refused.items())
+
+
 def run(args: argparse.Namespace) -> int:
     from autopar.cost import Estimator
     from autopar.search.advice import advise
@@ -68,6 +72,13 @@ def run(args: argparse.Namespace) -> int:
         if len(rc) < len(opts.recompute or [0, 0, 0]):
             notes.append("full recompute left out of the search: Megatron-Core cannot offload activations under it")
         opts.recompute = rc
+    if args.emit == "bridge" and model.is_hybrid and (opts.vpp or [2]) != [1]:
+        # Megatron-Bridge's HybridModelProvider runs no virtual pipeline stages (docs/launchers.md)
+        if opts.vpp and 1 not in opts.vpp:
+            raise AutoparInputError("--vpp with --emit bridge on a hybrid model: Megatron-Bridge's HybridModelProvider "
+                                    "runs no virtual pipeline stages; allow --vpp 1")
+        opts.vpp = [1]
+        notes.append("virtual pipeline stages left out of the search: Megatron-Bridge's hybrid provider has none")
     tokens = parse_tokens(args.tokens) if args.tokens else None
     args.tokens = tokens
     if args.gpu_hour_price is not None and args.gpu_hour_price <= 0:
@@ -147,8 +158,24 @@ def run(args: argparse.Namespace) -> int:
         if refusal:
             out.print(f"[yellow]note: no {args.emit} settings: {refusal}[/yellow]", soft_wrap=True)
         else:
-            print(emit(args.emit, best.layout, model, training, gpus, hw,
-                       torchtitan_version=args.torchtitan_version), end="")
+            # the fastest ranked layout the launcher can run (it may refuse a layout autopar's model allows,
+            # e.g. Megatron-Bridge's hybrid provider and virtual stages)
+            refused: dict[str, list[str]] = {}      # reason -> ranks
+            for plan in res.plans:
+                try:
+                    text = emit(args.emit, plan.layout, model, training, gpus, hw,
+                                torchtitan_version=args.torchtitan_version)
+                except AutoparInputError as why:
+                    refused.setdefault(str(why), []).append(f"#{plan.rank}")
+                    continue
+                if refused:
+                    out.print(f"[yellow]note: {args.emit} settings for #{plan.rank}, the fastest layout it can run; "
+                              f"refused: {_reasons(refused)}[/yellow]", soft_wrap=True)
+                print(text, end="")
+                break
+            else:
+                out.print(f"[yellow]note: no {args.emit} settings: it refuses every ranked layout: "
+                          f"{_reasons(refused)}[/yellow]", soft_wrap=True)
     headers = ["#", "layout", "step s", "tok/s/GPU", "MFU", "mem GiB", "W+G+O", "act", "compute", "tp", "cp",
                "ep", "dp", "bubble", "bottleneck"]
     if tokens:

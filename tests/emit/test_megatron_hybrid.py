@@ -160,3 +160,30 @@ def test_solve_prints_a_note_and_tune_refuses_up_front():
                          capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.startswith("autopar: error: --emit bridge: Megatron-LM cannot train")
     assert "mamba1" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_solve_emits_the_fastest_layout_the_launcher_can_run(monkeypatch, capsys):
+    """A layout the launcher refuses is skipped for the next ranked one, with the reason; Bridge on a hybrid is
+    searched without virtual stages (its HybridModelProvider has none)."""
+    import autopar.emit as E
+    from autopar.cli.main import main
+    real = E.emit
+    calls = []
+
+    def first_refused(kind, layout, *a, **kw):
+        calls.append(layout)
+        if len(calls) == 1:
+            raise AutoparInputError("refused for the test")
+        return real(kind, layout, *a, **kw)
+
+    monkeypatch.setattr(E, "emit", first_refused)
+    assert main(["solve", "--model", "llama3_8b", "--gpus", "8", "--emit", "megatron", "--top-k", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "settings for #2, the fastest layout it can run; refused: #1: refused for the test" in out
+    assert "AUTOPAR_MEGATRON_ARGS" in out and len(calls) == 2
+    monkeypatch.setattr(E, "emit", real)
+    assert main(["solve", "--model", "nemotron_h_8b", "--gpus", "64", "--pp", "2", "--emit", "bridge",
+                 "--top-k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "AUTOPAR_BRIDGE_OVERRIDES" in out and "model.pipeline_model_parallel_size=2" in out
+    assert "PP2v" not in out and "virtual pipeline stages left out of the search" in out
