@@ -23,7 +23,18 @@ and micro-batch that is cp − 1 sequential sends of the state forward and cp �
     STATE = b · state_elems / tp · e bytes    (state_elems: H·d_k·d_v, Mamba-2 H·P·N; heads split by TP),
 
 and it cannot hide behind the scan that needs it (counted fully exposed, an upper bound: LASP overlaps the
-intra-chunk part with it).
+intra-chunk part with it). That is ``training.linear_cp = 'state_pass'`` (autopar's runner).
+
+Megatron-Core runs these layers' CP differently (``training.linear_cp = 'all_to_all'``, the default:
+megatron/core/ssm/mamba_context_parallel.py, gated_delta_net/gdn.py): an all-to-all swaps the sequence split for
+a head split before the convolution and scan, and another swaps back after, so each rank scans the whole
+sequence for H/(tp·cp) heads (as DeepSpeed-Ulysses does for attention, Jacobs et al. 2023, arXiv 2309.14509).
+Per layer and micro-batch: 2 all-to-alls forward and 2 backward (+2 with full recompute), each of
+
+    A2A = b · (s/cp) · (in_width + out_width) / tp · e bytes   over cp ranks tp apart,
+
+with in_width the input projections' output (q, k, v, gates; Mamba's z, x, B, C, dt) and out_width the scan's
+output; on the critical path (counted exposed).
 """
 
 from __future__ import annotations
@@ -56,7 +67,12 @@ def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     attn = fwd + bwd + (fwd if L.recompute == "full" else 0.0)
     t = max(0.0, comm - hw.efficiency.cp_overlap * attn)
     n_state = st.sum(prof, "state_layers")
-    if n_state:
+    if n_state and tr.linear_cp == "all_to_all":
+        a2a_bytes = L.micro_batch * (tr.seq_len / L.cp) * st.sum(prof, "mixer_a2a_elems") / L.tp * tr.activation_bytes
+        c, t0 = net.coefficients("all_to_all", L.cp, L.tp)
+        # 2 per pass; each layer's latency counted once per all-to-all
+        t += 2 * (passes - 1) * (a2a_bytes * c + n_state * t0)
+    elif n_state:
         # all state layers of the stage; the per-layer latency is counted once per layer and pass
         state_bytes = L.micro_batch * st.sum(prof, "mixer_state_elems") / L.tp * tr.activation_bytes
         c, t0 = net.coefficients("send_recv", 2, L.tp)

@@ -47,6 +47,9 @@ class LayerSums:
     state_layers: list[float]      # 1 for linear-attention / SSM layers (they pass a recurrent state between CP ranks)
     mixer_state_elems: list[float]  # recurrent state of ONE sequence per layer, elements (H·d_k·d_v; Mamba-2 H·P·N;
     #                                 + conv tail); per sequence, not per token. Split by TP (by heads).
+    mixer_a2a_elems: list[float]   # per token, the linear/SSM mixers' input-projection output + scan output widths:
+    #                                what all-to-all context parallelism swaps between a sequence and a head split
+    #                                (MixerSpec.in_width + out_width); split by TP
     # Stored activation elements per token, by tensor (see ModelProfile for the derivation):
     act_norm_in: list[float]       # inputs of the layer's norms (h each); split by SP
     act_norm_out: list[float]      # outputs of the norms = inputs of the mixer and MLP linears (h each); split by SP
@@ -124,6 +127,7 @@ class ModelProfile:
                 else:
                     row["state_layers"] = 1.0
                     row["mixer_state_elems"] += mx.state_elems()
+                    row["mixer_a2a_elems"] += mx.in_width(h) + mx.out_width()
                     stored_in, stored_out = mx.stored_elems()
                     row["act_qkv"] += stored_in
                     row["act_attn_out"] += stored_out

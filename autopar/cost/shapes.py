@@ -131,14 +131,12 @@ def layer_kind(m: ModelSpec, i: int, seq_len: int) -> LayerKind:
         span = mx.window or mx.chunk
         window = float(min(span, seq_len)) if span else float(seq_len)
     for lx in (p for p in m.mixers_of(i) if p.is_linear):     # parallel mixers (Falcon-H1) add their kernels
-        out_w = lx.v_heads * lx.dv if lx.kind in ("gated_deltanet", "kda") else (
-            lx.d_inner if lx.kind in ("mamba2", "mamba1") else (lx.num_heads or 0) * lx.dv)
-        in_params = lx.gemm_params(h) - out_w * h
-        lin += [Linear(h, in_params // h, "col", "attn"), Linear(out_w, h, "row", "attn")]
+        out_w, in_w = lx.out_width(), lx.in_width(h)
+        lin += [Linear(h, in_w, "col", "attn"), Linear(out_w, h, "row", "attn")]
         scan = lx.core_flops()
         kdim = max(lx.state_size or 1, 1) if lx.kind == "mamba1" else max(lx.dk, 1)
         lin.append(Linear(kdim, int(round(scan / (2.0 * kdim))), "col", "core_attn"))
-        cast += h + in_params // h + out_w + h
+        cast += h + in_w + out_w + h
     gated = m.gated_mlp
     act = (3.0, 5.0) if gated else (2.0, 3.0)
     n_in = 2 if gated else 1

@@ -294,6 +294,11 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
     # Context parallel: load-balanced (zig-zag) ring attention splits each sequence in 2·cp chunks.
     if L.cp > 1 and training.seq_len % (2 * L.cp):
         add(f"seq_len ({training.seq_len}) % (2·cp) = {training.seq_len} % {2 * L.cp} != 0")
+    if L.cp > 1 and training.linear_cp == "all_to_all":
+        for name, mixer in model.mixers.items():
+            why = mixer.cp_problem(L.tp, L.cp, name)
+            if why:
+                add(why)
     group = "experts"
     # Experts.
     if not model.is_moe:

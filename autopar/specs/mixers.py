@@ -291,6 +291,46 @@ class MixerSpec(Spec):
             return conv_in + d + d + d + R + 2 * N + ((R + 2 * N) if self.bc_norms else 0), d
         return 0.0, 0.0  # pragma: no cover
 
+    # ---- widths of the scan's input and output ----------------------------------------------------------
+    def out_width(self) -> int:
+        """Width of the scan's output, the output projection's input: H_v·d_v (GDN, KDA), d_in (Mamba-1/2),
+        H·d_v (GLA, Lightning)."""
+        if self.kind in ("gated_deltanet", "kda"):
+            return self.v_heads * self.dv
+        if self.kind in ("mamba2", "mamba1"):
+            return self.d_inner
+        return (self.num_heads or 0) * self.dv
+
+    def in_width(self, h: int) -> int:
+        """Width of the input projections' output (everything the scan and its gates read per token)."""
+        return (self.gemm_params(h) - self.out_width() * h) // h
+
+    # ---- context parallel ---------------------------------------------------------------------------------
+    def cp_problem(self, tp: int, cp: int, name: str) -> str | None:
+        """Why this mixer cannot run all-to-all context parallelism over cp ranks (None = it can): the all-to-all
+        hands each of the tp·cp ranks whole heads. Megatron-Core ``MambaContextParallel``: H/tp % cp == 0, and the
+        groups G/tp divide cp or are divided by it; ``GatedDeltaNet``: key and value heads % (tp·cp) == 0. Other
+        kinds: heads (Mamba-1: channels) % (tp·cp) == 0, the same head split."""
+        if not self.is_linear or cp == 1:
+            return None
+        n = tp * cp
+        if self.kind == "mamba1":
+            if self.d_inner % n:
+                return f"mixer '{name}' (mamba1): inner_size ({self.d_inner}) not divisible by tp·cp = {tp}·{cp}"
+            return None
+        if (self.num_heads or 0) % n:
+            return (f"mixer '{name}' ({self.kind}): num_heads ({self.num_heads}) not divisible by tp·cp = {tp}·{cp} "
+                    "(all-to-all context parallel splits heads)")
+        if self.kind == "gated_deltanet" and self.v_heads % n:
+            return (f"mixer '{name}' (gated_deltanet): num_value_heads ({self.v_heads}) not divisible by tp·cp = "
+                    f"{tp}·{cp}")
+        if self.kind == "mamba2":
+            g = self.n_groups // tp
+            if g and (cp % g if g < cp else g % cp):
+                return (f"mixer '{name}' (mamba2): n_groups/tp ({g}) and cp ({cp}) must divide one another "
+                        "(Megatron-Core MambaContextParallel)")
+        return None
+
     # ---- tensor parallel ----------------------------------------------------------------------------------
     def tp_problem(self, tp: int, name: str) -> str | None:
         """Why this mixer cannot be split over tp ranks by heads (None = it can). Megatron-Core's MambaMixer

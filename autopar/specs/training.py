@@ -55,6 +55,12 @@ class TrainingSpec(Spec):
         description="Loss kernel over the vocabulary: 'fused' (Megatron --cross-entropy-loss-fusion, Transformer "
                     "Engine) or 'unfused' (plain torch log-softmax, as autopar's own runner): sets the HBM traffic "
                     "and the fp32 buffers the last stage holds.")
+    linear_cp: Literal["all_to_all", "state_pass"] = Field(
+        default="all_to_all",
+        description="Context parallelism of linear-attention / SSM layers: 'all_to_all' (Megatron-Core's Mamba "
+                    "and GatedDeltaNet CP: an all-to-all swaps the sequence split for a head split around the "
+                    "scan, so heads must divide by tp·cp) or 'state_pass' (each CP rank scans its own tokens and "
+                    "the recurrent states are passed along the sequence: LASP, autopar's runner).")
     activation_dtype: Literal["bf16", "fp16", "fp32"] = Field(
         default="bf16", description="Dtype activations are stored in (FP8 recipes still store most in bf16).")
 

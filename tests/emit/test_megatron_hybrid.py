@@ -114,9 +114,15 @@ def test_qwen3_next_maps_gated_deltanet_and_the_attention_gate():
 
 
 def test_gated_deltanet_heads_must_divide_tp_times_cp():
-    """TransformerConfig.__post_init__: linear_num_key_heads (16) % (tp·cp) == 0."""
-    with pytest.raises(AutoparInputError, match=r"divisible by tp·cp = 8·4 = 32"):
+    """TransformerConfig.__post_init__: linear_num_key_heads (16) % (tp·cp) == 0. The layout rules refuse it under
+    Megatron's all-to-all CP (the default ``linear_cp``); the emitter refuses it even for a state-passing spec."""
+    with pytest.raises(AutoparInputError, match=r"num_heads \(16\) not divisible by tp·cp = 8·4"):
         _launch("qwen3_next_80b_a3b", 256, tp=8, cp=4, ep=8)
+    model = load_model("qwen3_next_80b_a3b")
+    passing = TRAIN.model_copy(update={"linear_cp": "state_pass"})
+    layout = resolve_layout(Layout(tp=8, cp=4, ep=8), model, passing, 256)
+    with pytest.raises(AutoparInputError, match=r"divisible by tp·cp = 8·4 = 32"):
+        megatron_launch(layout, model, passing, H100_CAL)
 
 
 @pytest.mark.parametrize("name, kind", [("jamba_v0_1", "mamba1"), ("kimi_linear_48b_a3b", "kda"),

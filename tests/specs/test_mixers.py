@@ -187,10 +187,10 @@ def test_hybrid_model_pipeline_is_balanced_by_cost_not_count():
     assert _max_stage(costs, r.stage_layers, tail) < _max_stage(costs, (7, 7, 7), tail)
 
 
-# ---- context parallel: linear layers pass a state, attention layers a KV ring -------------------------------------
+# ---- context parallel: linear layers pass a state (or swap sequence for heads), attention layers a KV ring ----------
 def test_cp_passes_the_state_for_linear_layers():
     gla = {"gla": {"kind": "gla", "num_heads": 16, "head_dim": 128}}
-    tr = TrainingSpec(seq_len=8192, global_batch=64)
+    tr = TrainingSpec(seq_len=8192, global_batch=64, linear_cp="state_pass")
     lin = hybrid(gla, ["gla"] * 4)
     att = hybrid(gla, ["gla", "gla", "gla", "attention"])
     L = Layout(cp=4)
@@ -203,6 +203,37 @@ def test_cp_passes_the_state_for_linear_layers():
     assert t_lin == pytest.approx(M * 2 * 3 * (state_bytes * c + 4 * t0))   # forward + backward, cp - 1 = 3 hops
     t_att = Estimator(att, H100, tr, 4).estimate(L).time_s.cp
     assert t_att > 0 and t_att != t_lin
+
+
+def test_all_to_all_cp_swaps_the_mixer_activations_twice_per_pass():
+    """Megatron-Core's linear-layer CP (the default): 2 all-to-alls of the scan's input and output widths per pass,
+    over cp ranks; more traffic than passing the state, and heads must divide by tp·cp."""
+    gla = {"gla": {"kind": "gla", "num_heads": 16, "head_dim": 128}}
+    lin = hybrid(gla, ["gla"] * 4)
+    mx = lin.mixers["gla"]
+    tr = TrainingSpec(seq_len=8192, global_batch=64)
+    assert tr.linear_cp == "all_to_all"
+    est = Estimator(lin, H100, tr, 4)
+    t = est.estimate(Layout(cp=4)).time_s.cp
+    c, t0 = est.net.coefficients("all_to_all", 4, 1)
+    a2a = 4 * (8192 / 4) * (mx.in_width(lin.hidden_size) + mx.out_width()) * tr.activation_bytes   # 4 layers
+    assert t == pytest.approx(64 * 2 * 2 * (a2a * c + 4 * t0))         # 64 micro-batches, fwd + bwd, 2 each
+    passing = Estimator(lin, H100, tr.model_copy(update={"linear_cp": "state_pass"}), 4).estimate(Layout(cp=4))
+    assert t > passing.time_s.cp
+    # the head split: 16 heads over tp·cp
+    assert check_layout(Layout(tp=4, cp=4), lin, tr, 16) == []
+    found = check_layout(Layout(tp=4, cp=8), lin, tr, 32)
+    assert any("num_heads (16) not divisible by tp·cp = 4·8" in p for p in found), found
+    assert check_layout(Layout(tp=4, cp=8), lin, tr.model_copy(update={"linear_cp": "state_pass"}), 32) == []
+
+
+@pytest.mark.parametrize("groups, tp, cp, ok", [(8, 8, 2, True), (8, 2, 2, True), (8, 2, 8, True), (8, 4, 4, True), (8, 2, 3, False),
+                                                (2, 1, 4, True), (2, 1, 3, False)])
+def test_mamba2_all_to_all_cp_group_rule(groups, tp, cp, ok):
+    """Megatron-Core MambaContextParallel: n_groups/tp and cp divide one another (heads: 48 / tp % cp)."""
+    m = MixerSpec(kind="mamba2", num_heads=48, head_dim=64, state_size=128, n_groups=groups)
+    why = m.cp_problem(tp, cp, "m")
+    assert (why is None) == ok, why
 
 
 # ---- Mamba-1 (Jamba) and parallel mixers (Falcon-H1) ----------------------------------------------------------------
@@ -256,7 +287,7 @@ def test_parallel_mixers_sum_their_parts_and_share_one_norm():
 
 def test_parallel_layers_add_both_cp_exchanges():
     mamba = {"kind": "mamba2", "num_heads": 16, "head_dim": 128, "state_size": 128, "n_groups": 2}
-    tr = TrainingSpec(seq_len=8192, global_batch=64)
+    tr = TrainingSpec(seq_len=8192, global_batch=64, linear_cp="state_pass")
     L = Layout(cp=4)
     t = {p: Estimator(hybrid({} if p == "attention" else {"mamba": mamba}, [p] * 4), H100, tr, 4).estimate(L).time_s.cp
          for p in ("attention", "mamba", "attention+mamba")}
