@@ -102,6 +102,10 @@ def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpu
     g.add_argument("--grad-dtype", choices=("bf16", "fp32"), default="bf16",
                    help="gradient buffer dtype (default: bf16 as Megatron-Core; fp32 = "
                         "--accumulate-allreduce-grads-in-fp32)")
+    g.add_argument("--linear-cp", choices=("all_to_all", "state_pass"), default="all_to_all",
+                   help="context parallelism of linear-attention / SSM layers (default: all_to_all, as Megatron-Core "
+                        "runs it: heads split over tp·cp; state_pass: recurrent states passed between CP ranks, as "
+                        "autopar's runner)")
 
 
 def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, TrainingSpec, list[str]]:
@@ -127,7 +131,8 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
     training = build_spec(TrainingSpec, dict(
         seq_len=args.seq_len, global_batch=gb, precision=args.precision,
         grad_dtype="fp16" if args.precision == "fp16" and args.grad_dtype == "bf16" else args.grad_dtype,
-        weight_dtype="fp16" if args.precision == "fp16" else "bf16"), "training flags")
+        weight_dtype="fp16" if args.precision == "fp16" else "bf16",
+        linear_cp=getattr(args, "linear_cp", "all_to_all")), "training flags")
     hw.peak_tflops(training.precision)  # fails early, naming the precision, if the chip lacks it
     return model, hw, training, notes
 

@@ -14,7 +14,7 @@ MEMORY_LEGEND = {
 TIME_LEGEND = {
     "compute": "GEMMs + attention of all micro-batches, recompute included",
     "tp": "exposed tensor/sequence-parallel collectives",
-    "cp": "exposed ring-attention KV exchange",
+    "cp": "exposed context-parallel exchange (attention KV ring; linear/SSM layers: all-to-all or state pass)",
     "ep": "exposed expert all-to-all (dispatch + combine)",
     "dp": "exposed gradient reduce / ZeRO-FSDP gathers",
     "pp_bubble": "pipeline fill + drain: (PP-1)/(VPP*M+PP-1) of the step",

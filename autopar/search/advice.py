@@ -266,9 +266,10 @@ def bottleneck_hint(est: Estimator, plan_estimate: Estimate, items: list[Advice]
                  f"(efficiency.tp_overlap is {hw.efficiency.tp_overlap:.0%}) help")
         return text
     if name == "cp":
-        return (f"exposed ring-attention KV exchange is {secs:.3f} s ({share:.0%} of the step) at CP={L.cp}: "
-                f"{hw.efficiency.cp_overlap:.0%} of it is assumed hidden behind attention; a smaller CP "
-                "(memory from recompute or PP instead) helps")
+        return (f"exposed context-parallel exchange is {secs:.3f} s ({share:.0%} of the step) at CP={L.cp}: "
+                f"{hw.efficiency.cp_overlap:.0%} of the attention KV ring is assumed hidden behind attention (a "
+                "linear/SSM layer's all-to-all or state pass is not); a smaller CP (memory from recompute or PP "
+                "instead) helps")
     if name == "ep":
         return (f"exposed expert all-to-all is {secs:.3f} s ({share:.0%} of the step) at EP·ETP = {L.ep * L.etp} "
                 f"(NVLink domain {hw.nvlink_domain_size}): a smaller EP (fewer domains for each token to reach), "
