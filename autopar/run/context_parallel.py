@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_nn
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -172,11 +171,32 @@ class RingAttention(nn.Module):
         return _RingAttention.apply(q, k, v, self.group, self.rank, self.size)
 
 
+class _AllGather(torch.autograd.Function):
+    """[n] -> [cp, n], every rank's ``flat`` in CP-rank order; backward: reduce-scatter of the [cp, n] gradient.
+    Not ``torch.distributed.nn.functional.all_gather``: in torch 2.13 its gloo backward emulates reduce-scatter
+    with ``dist.scatter(src=<group rank>)``, which takes a global rank, so it fails for a CP group that is not
+    global ranks 0..cp-1 (any layout with tp > 1; the same mix-up as pytorch/pytorch#130515 for broadcast).
+    Gloo and NCCL both have ``reduce_scatter_tensor``."""
+
+    @staticmethod
+    def forward(ctx, flat, group):
+        ctx.group = group
+        out = flat.new_empty(dist.get_world_size(group) * flat.numel())    # gloo wants it flat
+        dist.all_gather_into_tensor(out, flat.contiguous(), group=group)
+        return out.view(-1, flat.numel())
+
+    @staticmethod
+    def backward(ctx, grad):
+        mine = grad.new_empty(grad.shape[1])
+        dist.reduce_scatter_tensor(mine, grad.contiguous().view(-1), group=ctx.group)
+        return mine, None
+
+
 def chunk_starts(mine: list[ChunkSummary], group: dist.ProcessGroup, rank: int, size: int) -> list[torch.Tensor]:
     """The true initial states of this rank's two zig-zag chunks (r and 2cp-1-r), from every rank's summaries."""
     parts = [t for s in mine for t in (s.transition, s.state)]
     flat = torch.cat([t.reshape(-1) for t in parts])                 # one collective per layer
-    gathered = dist_nn.all_gather(flat, group=group)
+    gathered = _AllGather.apply(flat, group)
     chunks = [None] * (2 * size)
     for j, buf in enumerate(gathered):
         T0, S0, T1, S1 = (t.view_as(p) for t, p in zip(buf.split([p.numel() for p in parts]), parts))
