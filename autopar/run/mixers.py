@@ -179,7 +179,8 @@ def chunk_selective_scan(x, dt, A, B, C, D, chunk: int = 64, initial_state=None,
 # T the chunk's transition (the product of its per-token state maps), Q the queries' view of S0. Context
 # parallelism (autopar/run/context_parallel.py) scans each CP chunk from zero, passes (T, state) between ranks and
 # adds Q·S0 once the true S0 is known (LASP, Sun et al. 2024, arXiv 2404.02882 sec. 3, for decay linear attention;
-# Mamba-2's state passing between chunks, arXiv 2405.21060 sec. 6 step 3, is the same composition).
+# Mamba-2's state passing between chunks, arXiv 2405.21060 sec. 6 step 3, is the same composition, and its sec. 8
+# passes states between GPUs the same way).
 class ChunkSummary:
     """One sequence chunk scanned from a zero state, with T and Q of the maps above (shapes: state [b, H, dk, dv],
     Mamba-1 h as [b, d, N, 1]; T [.., dk, 1] when diagonal (T·S0 is then T ⊙ S0), [.., dk, dk] for the delta rule;

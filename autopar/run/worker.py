@@ -109,8 +109,9 @@ def approximations(model_spec, layout) -> list[str]:
 
 def _cp_description(model_spec) -> str:
     """How context parallelism ran: ring attention for softmax-attention mixers, state passing for linear/SSM ones."""
-    kinds = {mx.is_linear for i in range(model_spec.num_layers) for mx in model_spec.mixers_of(i)}
-    parts = (["ring attention"] if False in kinds else []) + (["state passing (linear/SSM)"] if True in kinds else [])
+    mixers = [mx for i in range(model_spec.num_layers) for mx in model_spec.mixers_of(i)]
+    parts = (["ring attention"] if any(not mx.is_linear for mx in mixers) else []) \
+        + (["state passing (linear/SSM)"] if any(mx.is_linear for mx in mixers) else [])
     return ", ".join(parts) + ", zig-zag split"
 
 
