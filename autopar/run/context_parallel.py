@@ -21,15 +21,17 @@ gives rank r chunks r and 2cp-1-r. :class:`StatePassingScan`: each rank scans it
 summarises each by its transition T and zero-state final state (``mixers.ChunkSummary``: every scan is linear in
 its initial state S0, final = T·S0 + state, output = out + Q·S0; T is diagonal, d_k per head, for GLA, Lightning,
 Mamba-2 and Mamba-1, and d_k x d_k per head for the delta rule of Gated DeltaNet / KDA). One differentiable
-all-gather over the CP group (``torch.distributed.nn.functional.all_gather``: its backward sums each rank's
-gradient back to the owner) hands every rank all 2·cp summaries; each rank runs the recurrence over the chunk
+all-gather over the CP group (:class:`_AllGather`: its backward reduce-scatters, summing every rank's gradient of a
+summary back to the rank that made it) hands every rank all 2·cp summaries; each rank runs the recurrence over the chunk
 summaries in sequence order, S0(j+1) = T_j·S0(j) + state_j from S0(0) = 0, and adds Q·S0 to its chunks' outputs.
 
 Why one all-gather and not LASP's ring of states (arXiv 2404.02882 sec. 3, what autopar/cost/cp.py prices): under
 the zig-zag split the chain of chunks visits ranks 0, 1, .., cp-1, cp-1, .., 0, so a ring would be 2(cp-1)
 dependent hops, each waiting for the previous rank; the all-gather is one collective, and the fold over 2·cp small
-summaries is cheap. It moves more bytes: 2 chunks x (state + T) per rank, T = H·d_k (diagonal) or H·d_k² (delta
-rule) elements, against one state per hop. The short convolutions of these mixers are not built by the runner
+summaries is cheap. It moves more bytes: each rank receives (cp-1) x 2 chunks x (state + T) per pass, against
+the (cp-1) states of LASP's chain. T is H (scalar decay: Lightning, Mamba-2) or H·d_k (GLA) elements, small
+next to the H·d_k·d_v state, so about 2x the bytes; H·d_k² for the delta rule and d·N for Mamba-1, as large as
+the state, so about 4x. The short convolutions of these mixers are not built by the runner
 (mixers.py), so no halo of K-1 inputs is exchanged.
 """
 
