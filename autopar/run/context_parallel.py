@@ -22,8 +22,9 @@ summarises each by its transition T and zero-state final state (``mixers.ChunkSu
 its initial state S0, final = T·S0 + state, output = out + Q·S0; T is diagonal, d_k per head, for GLA, Lightning,
 Mamba-2 and Mamba-1, and d_k x d_k per head for the delta rule of Gated DeltaNet / KDA). One differentiable
 all-gather over the CP group (:class:`_AllGather`: its backward reduce-scatters, summing every rank's gradient of a
-summary back to the rank that made it) hands every rank all 2·cp summaries; each rank runs the recurrence over the chunk
-summaries in sequence order, S0(j+1) = T_j·S0(j) + state_j from S0(0) = 0, and adds Q·S0 to its chunks' outputs.
+summary back to the rank that made it) hands every rank all 2·cp summaries; each rank runs the recurrence over
+the chunk summaries in sequence order, S0(j+1) = T_j·S0(j) + state_j from S0(0) = 0, and adds Q·S0 to its
+chunks' outputs.
 
 Why one all-gather and not LASP's ring of states (arXiv 2404.02882 sec. 3, what autopar/cost/cp.py prices): under
 the zig-zag split the chain of chunks visits ranks 0, 1, .., cp-1, cp-1, .., 0, so a ring would be 2(cp-1)

@@ -256,16 +256,16 @@ class ChunkScan(nn.Module):
         return chunk_decay_attention(q, k, v, decay, self.chunk)
 
     def summaries(self, q, k, v, decay, beta=None, pieces: int = 2) -> list[ChunkSummary]:
-        """The sequence cut into ``pieces`` equal consecutive parts, each scanned from a zero state and
-        summarised (same arguments as ``forward``; context parallelism: a CP rank's two zig-zag chunks)."""
+        """The sequence cut into ``pieces`` consecutive parts (equal when they divide it), each scanned from a zero
+        state and summarised (same arguments as ``forward``; context parallelism: a CP rank's two zig-zag chunks)."""
         if self.kind == "mamba1":       # x, dt: [b, d, s]; B, C: [b, s, N]; A, D unsplit
             x, dt, A, (B, C), D = q, k, v, decay, beta
             parts = zip(*(t.tensor_split(pieces, -1) for t in (x, dt)), *(t.tensor_split(pieces, 1) for t in (B, C)))
             return [selective_scan_summary(xi, dti, A, Bi, Ci, D, self.chunk) for xi, dti, Bi, Ci in parts]
         cut = [t.tensor_split(pieces, 2) for t in (q, k, v, decay)]
         if self.kind == "gated_deltanet":
-            return [gated_delta_rule_summary(*qkvd[:3], b, qkvd[3], self.chunk)
-                    for *qkvd, b in zip(*cut, beta.tensor_split(pieces, 2))]
+            return [gated_delta_rule_summary(qi, ki, vi, bi, ai, self.chunk)       # decay = log α, beta = β
+                    for qi, ki, vi, ai, bi in zip(*cut, beta.tensor_split(pieces, 2))]
         return [decay_attention_summary(*qkvd, self.chunk) for qkvd in zip(*cut)]
 
 
