@@ -4,7 +4,7 @@
   summaries (transition T, state, Q) composed in sequence order give the full-sequence scan (values, gradients);
 - gloo, 2 and 4 ranks: each rank's zig-zag slice of the output, and its inputs' gradients, equal the single-rank
   full-sequence scan's, for every mixer kind (float64);
-- (slow) hybrid models under CP2 (and CP2·TP2) train to the single-process losses.
+- (slow) hybrid models under CP2, CP4, CP2·TP2 and CP2·PP2 train to the single-process losses.
 """
 
 from __future__ import annotations
@@ -83,7 +83,6 @@ def test_chunked_scan_from_an_initial_state_equals_the_recurrence(kind):
         S0 = _rand(2, 3, 5, 4, seed=9)
         ref = recurrent_decay_attention(*a, initial_state=S0, output_final_state=True)
         got = chunk_decay_attention(*a, chunk=8, initial_state=S0, output_final_state=True)
-    assert S0.abs().sum() > 0 if kind != "mamba1" else h0.abs().sum() > 0
     for g, r in zip(got, ref):
         torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10)
 
@@ -202,7 +201,7 @@ MODELS = {
 }
 CASES = [("gla_attn", 2, dict(cp=2)), ("mamba2_attn", 2, dict(cp=2)), ("gdn_lit_kda", 2, dict(cp=2)),
          ("jamba_like", 2, dict(cp=2)), ("falcon_h1_like", 2, dict(cp=2, recompute="selective")),
-         ("gla_attn", 4, dict(cp=4)), ("mamba2_attn", 4, dict(cp=2, tp=2))]
+         ("gla_attn", 4, dict(cp=4)), ("mamba2_attn", 4, dict(cp=2, tp=2)), ("gdn_lit_kda", 4, dict(cp=2, pp=2))]
 
 
 @pytest.mark.slow
