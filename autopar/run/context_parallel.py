@@ -14,6 +14,26 @@ Which block is needed, for the rank r holding queries and the K/V of rank j:
 
 The backward pass is the ring again: dK/dV accumulate while travelling with their K/V and arrive back home
 after cp hops. torch's own ``context_parallel`` needs CUDA; this one runs on gloo and NCCL alike.
+
+Linear-attention and SSM layers (autopar/run/mixers.py) keep no K/V; their scan is a recurrence that must see
+chunks 0..2cp-1 in order, while the zig-zag split (kept, since the attention layers of a hybrid model need it)
+gives rank r chunks r and 2cp-1-r. :class:`StatePassingScan`: each rank scans its two chunks from a zero state and
+summarises each by its transition T and zero-state final state (``mixers.ChunkSummary``: every scan is linear in
+its initial state S0, final = T·S0 + state, output = out + Q·S0; T is diagonal, d_k per head, for GLA, Lightning,
+Mamba-2 and Mamba-1, and d_k x d_k per head for the delta rule of Gated DeltaNet / KDA). One differentiable
+all-gather over the CP group (:class:`_AllGather`: its backward reduce-scatters, summing every rank's gradient of a
+summary back to the rank that made it) hands every rank all 2·cp summaries; each rank runs the recurrence over
+the chunk summaries in sequence order, S0(j+1) = T_j·S0(j) + state_j from S0(0) = 0, and adds Q·S0 to its
+chunks' outputs.
+
+Why one all-gather and not LASP's ring of states (arXiv 2404.02882 sec. 3, what autopar/cost/cp.py prices): under
+the zig-zag split the chain of chunks visits ranks 0, 1, .., cp-1, cp-1, .., 0, so a ring would be 2(cp-1)
+dependent hops, each waiting for the previous rank; the all-gather is one collective, and the fold over 2·cp small
+summaries is cheap. It moves more bytes: each rank receives (cp-1) x 2 chunks x (state + T) per pass, against
+the (cp-1) states of LASP's chain. T is H (scalar decay: Lightning, Mamba-2) or H·d_k (GLA) elements, small
+next to the H·d_k·d_v state, so about 2x the bytes; H·d_k² for the delta rule and d·N for Mamba-1, as large as
+the state, so about 4x. The short convolutions of these mixers are not built by the runner
+(mixers.py), so no halo of K-1 inputs is exchanged.
 """
 
 from __future__ import annotations
@@ -23,6 +43,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from autopar.run.mixers import ChunkScan, ChunkSummary, LinearMixer, advance
 from autopar.run.model import Transformer
 
 
@@ -153,14 +174,70 @@ class RingAttention(nn.Module):
         return _RingAttention.apply(q, k, v, self.group, self.rank, self.size)
 
 
+class _AllGather(torch.autograd.Function):
+    """[n] -> [cp, n], every rank's ``flat`` in CP-rank order; backward: reduce-scatter of the [cp, n] gradient.
+    Not ``torch.distributed.nn.functional.all_gather``: in torch 2.13 its gloo backward emulates reduce-scatter
+    with ``dist.scatter(src=<group rank>)``, which takes a global rank, so it fails for a CP group that is not
+    global ranks 0..cp-1 (any layout with tp > 1; the same mix-up as pytorch/pytorch#130515 for broadcast).
+    Gloo and NCCL both have ``reduce_scatter_tensor``."""
+
+    @staticmethod
+    def forward(ctx, flat, group):
+        ctx.group = group
+        out = flat.new_empty(dist.get_world_size(group) * flat.numel())    # gloo wants it flat
+        dist.all_gather_into_tensor(out, flat.contiguous(), group=group)
+        return out.view(-1, flat.numel())
+
+    @staticmethod
+    def backward(ctx, grad):
+        mine = grad.new_empty(grad.shape[1])
+        dist.reduce_scatter_tensor(mine, grad.contiguous().view(-1), group=ctx.group)
+        return mine, None
+
+
+def chunk_starts(mine: list[ChunkSummary], group: dist.ProcessGroup, rank: int, size: int) -> list[torch.Tensor]:
+    """The true initial states of this rank's two zig-zag chunks (r and 2cp-1-r), from every rank's summaries."""
+    parts = [t for s in mine for t in (s.transition, s.state)]
+    flat = torch.cat([t.reshape(-1) for t in parts])                 # one collective per layer
+    gathered = _AllGather.apply(flat, group)
+    chunks = [None] * (2 * size)
+    for j, buf in enumerate(gathered):
+        T0, S0, T1, S1 = (t.view_as(p) for t, p in zip(buf.split([p.numel() for p in parts]), parts))
+        chunks[j], chunks[2 * size - 1 - j] = (T0, S0), (T1, S1)
+    state, starts = torch.zeros_like(mine[0].state), {}
+    for j in range(2 * size - rank):           # chunks 0 .. 2cp-1-r, in sequence order
+        starts[j] = state
+        if j < 2 * size - 1 - rank:
+            state = advance(*chunks[j], state)
+    return [starts[rank], starts[2 * size - 1 - rank]]
+
+
+class StatePassingScan(nn.Module):
+    """Drop-in replacement of a linear/SSM mixer's ``ChunkScan`` over a CP group (same arguments, this rank's
+    two zig-zag chunks concatenated along the sequence)."""
+
+    def __init__(self, inner: ChunkScan, cp_mesh: DeviceMesh):
+        super().__init__()
+        self.inner = inner
+        self.group, self.rank, self.size = cp_mesh.get_group(), cp_mesh.get_local_rank(), cp_mesh.size()
+
+    def forward(self, *args):
+        mine = self.inner.summaries(*args, pieces=2)
+        starts = chunk_starts(mine, self.group, self.rank, self.size)
+        return torch.cat([s.output(s0) for s, s0 in zip(mine, starts)], dim=self.inner.seq_dim)
+
+
 def apply_context_parallel(model: Transformer, cp_mesh: DeviceMesh, seq_len: int) -> None:
-    """Give the stage the zig-zag positions of this CP rank and ring attention in every block."""
+    """Give the stage the zig-zag positions of this CP rank, ring attention in every softmax-attention mixer and
+    state passing in every linear-attention / SSM mixer (parallel mixers of a block included)."""
     if cp_mesh.size() == 1:
         return
     idx = zigzag_indices(seq_len, cp_mesh.size(), cp_mesh.get_local_rank())
     model.positions = idx.to(model.positions.device)
     for block in model.layers.values():
-        block.attention.core = RingAttention(cp_mesh)
+        for mixer in [block.attention, *(block.parallel or ())]:
+            linear = isinstance(mixer, LinearMixer)
+            mixer.core = StatePassingScan(mixer.core, cp_mesh) if linear else RingAttention(cp_mesh)
 
 
 def shard_sequence(x: torch.Tensor, cp_mesh: DeviceMesh) -> torch.Tensor:

@@ -44,22 +44,24 @@ from autopar.specs.model import ModelSpec
 
 
 # ---- linear attention with decay ---------------------------------------------------------------------------
-def recurrent_decay_attention(q, k, v, log_decay):
+def recurrent_decay_attention(q, k, v, log_decay, initial_state=None, output_final_state=False):
     """Reference, one token at a time. q, k: [b, H, s, dk]; v: [b, H, s, dv]; log_decay: [b, H, s, dk] (per channel)
-    or [b, H, s] (scalar per head), <= 0. Returns o [b, H, s, dv]."""
+    or [b, H, s] (scalar per head), <= 0; initial_state: [b, H, dk, dv] (default zeros). Returns o [b, H, s, dv]
+    (and the final state, with ``output_final_state``, FLA's argument names)."""
     b, H, s, dk = q.shape
     if log_decay.dim() == 3:
         log_decay = log_decay[..., None].expand(b, H, s, dk)
-    S = q.new_zeros(b, H, dk, v.shape[-1])
+    S = q.new_zeros(b, H, dk, v.shape[-1]) if initial_state is None else initial_state
     out = []
     for t in range(s):
         S = S * log_decay[:, :, t, :, None].exp() + k[:, :, t, :, None] * v[:, :, t, None, :]
         out.append((q[:, :, t, None, :] @ S).squeeze(-2))
-    return torch.stack(out, dim=2)
+    return (torch.stack(out, dim=2), S) if output_final_state else torch.stack(out, dim=2)
 
 
-def chunk_decay_attention(q, k, v, log_decay, chunk: int = 64):
-    """Chunked form of :func:`recurrent_decay_attention` (same arguments; s is padded to a multiple of chunk)."""
+def chunk_decay_attention(q, k, v, log_decay, chunk: int = 64, initial_state=None, output_final_state=False):
+    """Chunked form of :func:`recurrent_decay_attention` (same arguments; s is padded to a multiple of chunk with
+    tokens of k = v = 0 and decay 1, which leave the state as it is)."""
     b, H, s, dk = q.shape
     dv = v.shape[-1]
     pad = (-s) % chunk
@@ -79,19 +81,21 @@ def chunk_decay_attention(q, k, v, log_decay, chunk: int = 64):
         qt, kt = q * B.exp(), k * (-B).exp()
         intra = ((qt @ kt.transpose(-1, -2)) * causal) @ v
         q_in, k_out, last = qt, k * (B[..., -1:, :] - B).exp(), B[..., -1, :, None]
-    S = q.new_zeros(b, H, dk, dv)
+    S = q.new_zeros(b, H, dk, dv) if initial_state is None else initial_state
     outs = []
     for i in range(n):
         outs.append(intra[:, :, i] + q_in[:, :, i] @ S)
         S = S * last[:, :, i].exp() + k_out[:, :, i].transpose(-1, -2) @ v[:, :, i]
-    return torch.stack(outs, dim=2).reshape(b, H, n * chunk, dv)[:, :, :s]
+    o = torch.stack(outs, dim=2).reshape(b, H, n * chunk, dv)[:, :, :s]
+    return (o, S) if output_final_state else o
 
 
 # ---- gated delta rule --------------------------------------------------------------------------------------
-def recurrent_gated_delta_rule(q, k, v, beta, log_alpha):
-    """Reference. q, k: [b, H, s, dk] (k L2-normalised by the caller); v: [b, H, s, dv]; beta, log_alpha: [b, H, s]."""
+def recurrent_gated_delta_rule(q, k, v, beta, log_alpha, initial_state=None, output_final_state=False):
+    """Reference. q, k: [b, H, s, dk] (k L2-normalised by the caller); v: [b, H, s, dv]; beta, log_alpha: [b, H, s];
+    initial_state, output_final_state as in :func:`recurrent_decay_attention`."""
     b, H, s, dk = q.shape
-    S = q.new_zeros(b, H, dk, v.shape[-1])
+    S = q.new_zeros(b, H, dk, v.shape[-1]) if initial_state is None else initial_state
     out = []
     for t in range(s):
         S = S * log_alpha[:, :, t, None, None].exp()
@@ -99,10 +103,10 @@ def recurrent_gated_delta_rule(q, k, v, beta, log_alpha):
         pred = (kt[..., None, :] @ S).squeeze(-2)                        # S^T k_t
         S = S + kt[..., :, None] * (bt * (vt - pred))[..., None, :]
         out.append((q[:, :, t, None, :] @ S).squeeze(-2))
-    return torch.stack(out, dim=2)
+    return (torch.stack(out, dim=2), S) if output_final_state else torch.stack(out, dim=2)
 
 
-def chunk_gated_delta_rule(q, k, v, beta, log_alpha, chunk: int = 64):
+def chunk_gated_delta_rule(q, k, v, beta, log_alpha, chunk: int = 64, initial_state=None, output_final_state=False):
     """Chunked (UT-transform) form of :func:`recurrent_gated_delta_rule`, same arguments."""
     b, H, s, dk = q.shape
     dv = v.shape[-1]
@@ -123,34 +127,35 @@ def chunk_gated_delta_rule(q, k, v, beta, log_alpha, chunk: int = 64):
     U = T @ (v * beta[..., None])
     W = T @ (kb * G[..., None].exp())
     qk = (q @ k.transpose(-1, -2)) * gamma
-    S = q.new_zeros(b, H, dk, dv)
+    S = q.new_zeros(b, H, dk, dv) if initial_state is None else initial_state
     outs = []
     for i in range(n):
         v_new = U[:, :, i] - W[:, :, i] @ S
         outs.append((q[:, :, i] * G[:, :, i, :, None].exp()) @ S + qk[:, :, i] @ v_new)
         g_last = G[:, :, i, -1, None, None]
         S = S * g_last.exp() + (k[:, :, i] * (g_last[..., 0] - G[:, :, i])[..., None].exp()).transpose(-1, -2) @ v_new
-    return torch.stack(outs, dim=2).reshape(b, H, n * chunk, dv)[:, :, :s]
+    o = torch.stack(outs, dim=2).reshape(b, H, n * chunk, dv)[:, :, :s]
+    return (o, S) if output_final_state else o
 
 
 # ---- Mamba-1 selective scan -------------------------------------------------------------------------------
-def recurrent_selective_scan(x, dt, A, B, C, D):
-    """Reference, one token at a time. x, dt: [b, d, s] (dt > 0); A: [d, N] (< 0); B, C: [b, s, N]; D: [d].
-    Returns y [b, d, s]."""
+def recurrent_selective_scan(x, dt, A, B, C, D, initial_state=None, output_final_state=False):
+    """Reference, one token at a time. x, dt: [b, d, s] (dt > 0); A: [d, N] (< 0); B, C: [b, s, N]; D: [d];
+    initial_state: h [b, d, N] (default zeros). Returns y [b, d, s] (and the final h with ``output_final_state``)."""
     b, d, s = x.shape
-    h = x.new_zeros(b, d, A.shape[-1])
+    h = x.new_zeros(b, d, A.shape[-1]) if initial_state is None else initial_state
     out = []
     for t in range(s):
         h = (dt[:, :, t, None] * A).exp() * h + (dt[:, :, t] * x[:, :, t])[..., None] * B[:, None, t, :]
         out.append((h * C[:, None, t, :]).sum(-1) + D * x[:, :, t])
-    return torch.stack(out, dim=-1)
+    return (torch.stack(out, dim=-1), h) if output_final_state else torch.stack(out, dim=-1)
 
 
-def chunk_selective_scan(x, dt, A, B, C, D, chunk: int = 64):
+def chunk_selective_scan(x, dt, A, B, C, D, chunk: int = 64, initial_state=None, output_final_state=False):
     """Chunked form of :func:`recurrent_selective_scan` (same arguments): a prefix scan inside each chunk of
     ``chunk`` tokens, the state h [b, d, N] carried across chunks."""
     b, d, s = x.shape
-    h = x.new_zeros(b, d, A.shape[-1])
+    h = x.new_zeros(b, d, A.shape[-1]) if initial_state is None else initial_state
     outs = []
     for start in range(0, s, chunk):
         xs, ds = x[:, :, start:start + chunk], dt[:, :, start:start + chunk]
@@ -164,7 +169,74 @@ def chunk_selective_scan(x, dt, A, B, C, D, chunk: int = 64):
         hs = u + la.exp() * h[:, :, None, :]                        # states after each token of the chunk
         outs.append((hs * C[:, None, start:start + chunk, :]).sum(-1) + D[:, None] * xs)
         h = hs[:, :, -1]
-    return torch.cat(outs, dim=-1)
+    return (torch.cat(outs, dim=-1), h) if output_final_state else torch.cat(outs, dim=-1)
+
+
+# ---- a chunk's dependence on its initial state (context parallelism) --------------------------------------
+# Every recurrence above is linear in its initial state S0. A sequence chunk scanned from a zero state therefore
+# needs only two linear maps to give the result it would have given from any S0:
+#     final state = T·S0 + state,      output = out + Q·S0,
+# T the chunk's transition (the product of its per-token state maps), Q the queries' view of S0. Context
+# parallelism (autopar/run/context_parallel.py) scans each CP chunk from zero, passes (T, state) between ranks and
+# adds Q·S0 once the true S0 is known (LASP, Sun et al. 2024, arXiv 2404.02882 sec. 3, for decay linear attention;
+# Mamba-2's state passing between chunks, arXiv 2405.21060 sec. 6 step 3, is the same composition, and its sec. 8
+# passes states between GPUs the same way).
+class ChunkSummary:
+    """One sequence chunk scanned from a zero state, with T and Q of the maps above (shapes: state [b, H, dk, dv],
+    Mamba-1 h as [b, d, N, 1]; T [.., dk, 1] when diagonal (T·S0 is then T ⊙ S0), [.., dk, dk] for the delta rule;
+    Q [b, H, s, dk], Mamba-1 [b, d, s, N])."""
+
+    def __init__(self, out: torch.Tensor, state: torch.Tensor, transition: torch.Tensor, query: torch.Tensor):
+        self.out, self.state, self.transition, self.query = out, state, transition, query
+
+    def output(self, start: torch.Tensor) -> torch.Tensor:
+        """The chunk's output had it started from ``start`` (S0)."""
+        return self.out + (self.query @ start).view_as(self.out)
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in at least fp32 (a cumulative sum over a long chunk in bf16 loses the small terms)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def advance(transition: torch.Tensor, state: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """Final state of a chunk with summary (transition, state) that starts from ``start``: T·S0 + state."""
+    moved = transition * start if transition.shape[-1] == 1 else transition @ start
+    return moved + state
+
+
+def decay_attention_summary(q, k, v, log_decay, chunk: int = 64) -> ChunkSummary:
+    """:func:`chunk_decay_attention` from zero, and T, Q in closed form: S_t = diag(exp B_t)·S0 + (zero-state
+    S_t) with B_t = Σ_{j<=t} log α_j (GLA eq. 3 unrolled), so T = diag(exp B_s) and Q = q ⊙ exp B_t.
+    exp B_t <= 1 (B_t <= 0): no overflow; the cumulative sum runs in fp32 (bf16 runs)."""
+    o, S = chunk_decay_attention(q, k, v, log_decay, chunk, output_final_state=True)
+    B = _wide(log_decay).cumsum(2).exp().to(q.dtype)                # [b, H, s] or [b, H, s, dk]
+    if log_decay.dim() == 3:
+        return ChunkSummary(o, S, B[:, :, -1, None, None], q * B[..., None])
+    return ChunkSummary(o, S, B[:, :, -1, :, None], q * B)
+
+
+def gated_delta_rule_summary(q, k, v, beta, log_alpha, chunk: int = 64) -> ChunkSummary:
+    """:func:`chunk_gated_delta_rule` from zero, with T (d_k x d_k, the product of α_t (I − β_t k_t k_t^T)) and Q
+    from the same scan: the recurrence acts on each column of S on its own, so scanning the values [0 | v]
+    (d_k zero columns in front) from [I | 0] carries [P_t | S_t]: its output is [q_t^T P_t | o_t], its final
+    state [T | state]. Costs d_k more value columns in the one scan."""
+    b, H, s, dk = k.shape
+    dv = v.shape[-1]
+    eye = torch.eye(dk, dtype=v.dtype, device=v.device).expand(b, H, dk, dk)
+    o, S = chunk_gated_delta_rule(q, k, torch.cat([v.new_zeros(b, H, s, dk), v], -1), beta, log_alpha, chunk,
+                                  initial_state=torch.cat([eye, v.new_zeros(b, H, dk, dv)], -1),
+                                  output_final_state=True)
+    return ChunkSummary(o[..., dk:], S[..., dk:], S[..., :dk], o[..., :dk])
+
+
+def selective_scan_summary(x, dt, A, B, C, D, chunk: int = 64) -> ChunkSummary:
+    """:func:`chunk_selective_scan` from zero, and T, Q in closed form: h_t = exp(A·Σ_{j<=t} Δ_j) ⊙ h0 + (zero-
+    state h_t) (Mamba-1 Alg. 2 unrolled), y_t = C_t·h_t + D x_t, so with each channel d a "head" of d_k = N,
+    d_v = 1: T = exp(A·ΣΔ), Q[d, t, n] = C_t[n]·exp(A[d, n]·Σ_{j<=t} Δ_j)."""
+    y, h = chunk_selective_scan(x, dt, A, B, C, D, chunk, output_final_state=True)
+    decay = (_wide(dt).cumsum(-1)[..., None] * _wide(A)[:, None, :]).exp().to(x.dtype)   # [b, d, s, N]
+    return ChunkSummary(y, h[..., None], decay[:, :, -1, :, None], C[:, None] * decay)
 
 
 # ---- the module the runner builds --------------------------------------------------------------------------
@@ -174,6 +246,7 @@ class ChunkScan(nn.Module):
     def __init__(self, kind: str, chunk: int):
         super().__init__()
         self.kind, self.chunk = kind, chunk
+        self.seq_dim = -1 if kind == "mamba1" else 2      # of the output and of x, dt (mamba1) / q, k, v, gates
 
     def forward(self, q, k, v, decay, beta=None):
         if self.kind == "mamba1":       # q, k, v, decay, beta = x, dt, A, (B, C), D
@@ -181,6 +254,19 @@ class ChunkScan(nn.Module):
         if self.kind == "gated_deltanet":
             return chunk_gated_delta_rule(q, k, v, beta, decay, self.chunk)
         return chunk_decay_attention(q, k, v, decay, self.chunk)
+
+    def summaries(self, q, k, v, decay, beta=None, pieces: int = 2) -> list[ChunkSummary]:
+        """The sequence cut into ``pieces`` consecutive parts (equal when they divide it), each scanned from a zero
+        state and summarised (same arguments as ``forward``; context parallelism: a CP rank's two zig-zag chunks)."""
+        if self.kind == "mamba1":       # x, dt: [b, d, s]; B, C: [b, s, N]; A, D unsplit
+            x, dt, A, (B, C), D = q, k, v, decay, beta
+            parts = zip(*(t.tensor_split(pieces, -1) for t in (x, dt)), *(t.tensor_split(pieces, 1) for t in (B, C)))
+            return [selective_scan_summary(xi, dti, A, Bi, Ci, D, self.chunk) for xi, dti, Bi, Ci in parts]
+        cut = [t.tensor_split(pieces, 2) for t in (q, k, v, decay)]
+        if self.kind == "gated_deltanet":
+            return [gated_delta_rule_summary(qi, ki, vi, bi, ai, self.chunk)       # decay = log α, beta = β
+                    for qi, ki, vi, ai, bi in zip(*cut, beta.tensor_split(pieces, 2))]
+        return [decay_attention_summary(*qkvd, self.chunk) for qkvd in zip(*cut)]
 
 
 class LinearMixer(nn.Module):
@@ -216,12 +302,11 @@ class LinearMixer(nn.Module):
             self.kind = "gated_deltanet"   # KDA's per-channel decay is run as the per-head decay of the delta rule
 
     def __setattr__(self, name: str, value) -> None:
-        # Context parallelism swaps every block's attention.core for ring attention; a linear/SSM scan needs a
-        # state pass between CP ranks instead, which the runner does not implement: say so instead of failing later.
-        if name == "core" and "core" in self._modules and not (
-                isinstance(value, ChunkScan) or isinstance(getattr(value, "inner", None), ChunkScan)):
-            raise ValueError(f"the runner has no context parallelism for {self.kind} layers (their scan passes a "
-                             "state between CP ranks, not implemented here); run hybrid models with cp = 1")
+        # Context parallelism (state passing) and recomputation wrap the scan, keeping it as ``inner``; nothing may
+        # replace it (ring attention is for softmax attention): say so here instead of failing later.
+        if name == "core" and "core" in self._modules and not _wraps_scan(value):
+            raise ValueError(f"the scan of a {self.kind} layer can be wrapped (context parallelism's state "
+                             f"passing, recomputation) but not replaced by {type(value).__name__}")
         super().__setattr__(name, value)
 
     def _heads(self, t: torch.Tensor, widths: tuple[int, ...]) -> list[torch.Tensor]:
@@ -290,6 +375,13 @@ class Mamba1Mixer(LinearMixer):
         A_log, D = (_local(p) for p in (self.ssm.weight, self.ssm.bias))
         y = self.core(u.transpose(1, 2), dt.transpose(1, 2), -A_log.float().exp().to(u.dtype), (B, C), D)
         return self.out_proj(y.transpose(1, 2) * F.silu(z))
+
+
+def _wraps_scan(module) -> bool:
+    """Whether ``module`` is a ChunkScan, or wraps one through a chain of ``.inner`` attributes."""
+    while module is not None and not isinstance(module, ChunkScan):
+        module = getattr(module, "inner", None)
+    return module is not None
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:

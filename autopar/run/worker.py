@@ -107,6 +107,14 @@ def approximations(model_spec, layout) -> list[str]:
     return notes + mixer_approximations(model_spec)
 
 
+def _cp_description(model_spec) -> str:
+    """How context parallelism ran: ring attention for softmax-attention mixers, state passing for linear/SSM ones."""
+    mixers = [mx for i in range(model_spec.num_layers) for mx in model_spec.mixers_of(i)]
+    parts = (["ring attention"] if any(not mx.is_linear for mx in mixers) else []) \
+        + (["state passing (linear/SSM)"] if any(mx.is_linear for mx in mixers) else [])
+    return ", ".join(parts) + ", zig-zag split"
+
+
 def precision_notes(training, wdtype) -> list[str]:
     """What the runner's number formats leave out of the training spec's."""
     import torch
@@ -264,7 +272,7 @@ def train(spec: dict, rank: int) -> dict:
                                               model_spec.is_moe),
         "lr": f"AdamW peak {peak_lr:g}, linear warm-up over {lr_warmup} steps, then constant"
         if kind != "sgd" else f"SGD {peak_lr:g} (test), warm-up over {lr_warmup} steps",
-        "context_parallel": "ring attention, zig-zag split" if layout.cp > 1 else "none",
+        "context_parallel": _cp_description(model_spec) if layout.cp > 1 else "none",
     })
     return {"rank": rank, "ok": True, "failure": None, "step_times_s": time_t.tolist(),
             "losses": loss_t.tolist() if holder else [], "loss_rank": holder, "peak_mem_gib": peak,
