@@ -22,6 +22,7 @@ from autopar.cli.estimate import add_layout_args, layout_from_args
 from autopar.cli.measure import register_compare, register_hardware
 from autopar.errors import AutoparInputError
 from autopar.run._scale import scale_model
+from autopar.run._training import runner_training
 from autopar.specs.layout import resolve_layout
 from autopar.specs.loaders import build_spec, load_model
 from autopar.specs.model import ModelSpec
@@ -74,7 +75,8 @@ def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]
     gb = args.global_batch
     if gb is None:
         gb = max(1, args.gpus // (layout.tp * layout.cp * layout.pp)) * layout.micro_batch * layout.pp
-    training = build_spec(TrainingSpec, dict(seq_len=args.seq_len, global_batch=gb), "training flags")
+    training = runner_training(build_spec(TrainingSpec, dict(seq_len=args.seq_len, global_batch=gb), "training flags"),
+                               model)
     resolve_layout(layout, model, training, args.gpus)      # invalid layouts fail here, with the arithmetic
     if args.warmup < 0 or args.steps <= args.warmup:
         raise AutoparInputError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")

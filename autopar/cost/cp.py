@@ -23,7 +23,9 @@ and micro-batch that is cp − 1 sequential sends of the state forward and cp �
     STATE = b · state_elems / tp · e bytes    (state_elems: H·d_k·d_v, Mamba-2 H·P·N; heads split by TP),
 
 and it cannot hide behind the scan that needs it (counted fully exposed, an upper bound: LASP overlaps the
-intra-chunk part with it). That is ``training.linear_cp = 'state_pass'`` (autopar's runner).
+intra-chunk part with it). That is ``training.linear_cp = 'state_pass'``. autopar's runner passes the states
+another way: one all-gather of every chunk's (transition, zero-state final state) summary, 2x (decay kinds) to 4x
+(delta rule, Mamba-1) these bytes in one collective instead of cp − 1 dependent hops; the estimate keeps the ring.
 
 Megatron-Core runs these layers' CP differently (``training.linear_cp = 'all_to_all'``, the default:
 megatron/core/ssm/mamba_context_parallel.py, gated_delta_net/gdn.py): an all-to-all swaps the sequence split for

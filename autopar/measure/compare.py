@@ -169,6 +169,8 @@ def compare_layouts(model: ModelSpec, hardware: HardwareSpec, training: Training
     if not layouts:
         raise AutoparInputError("no layouts to compare")
     say = progress or (lambda m: print(m, file=sys.stderr, flush=True))
+    from autopar.run._training import runner_training
+    training = runner_training(training, model)      # predictions of what the runner runs (its linear-layer CP)
     resolved = []
     for i, lay in enumerate(layouts):
         problems = check_layout(lay, model, training, world, hardware)

@@ -84,3 +84,13 @@ def test_explicit_scale_and_no_scale():
     assert resolve_problem("llama3_8b", "h100_sxm", None, 2, FAST, scale=None, backend="gloo").model.num_layers == 32
     with pytest.raises(Exception, match="unknown scale field"):
         resolve_problem("llama3_8b", "h100_sxm", None, 2, FAST, scale={"depth": 2}, backend="gloo")
+
+
+def test_hybrid_models_are_planned_with_the_runners_linear_cp():
+    """The runner passes states between CP ranks: tune plans and predicts hybrid runs with linear_cp=state_pass,
+    and says so; a model without linear mixers is left as given."""
+    p = resolve_problem("nemotron_h_8b", "h100_sxm", None, 4, None)
+    assert p.training.linear_cp == "state_pass"
+    assert any("linear_cp=state_pass" in n for n in p.notes)
+    q = resolve_problem("llama3_8b", "h100_sxm", None, 4, None)
+    assert not any("linear_cp" in n for n in q.notes)
