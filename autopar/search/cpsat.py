@@ -230,7 +230,7 @@ class _Tables:
     def __init__(self, space: Space, est: Estimator, meshes: list[int]):
         self.space, self.est, self.meshes = space, est, meshes
         nm, J, R, K, Z = len(meshes), len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
-        self.splits = [space.layout(mi, 1, "none", 1, 1).stage_layers for mi in meshes]
+        self.splits = [space.stage_layers(space.meshes[mi][2]) for mi in meshes]
         self.stages = [est.stages(split) for split in self.splits]
         self.slots = slots = max(len(s) for s in self.stages)
         deg = np.array([space.meshes[mi] for mi in meshes], np.int64).reshape(nm, 5)
