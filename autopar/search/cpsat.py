@@ -479,8 +479,11 @@ class _Tables:
         """Step time (us), fullest stage's memory (MiB) and batch/interleaving breakage of every (m, j, r, k, z)
         of the given rows: axes order of the candidate grid. Summed by the cost model's ``step_seconds``."""
         n = len(rows)
-        mem = (self.states[:, rows][:, :, None, None, None, :] + self.act[:, rows][:, :, :, :, :, None]
-               + np.transpose(self.buf[:, rows], (0, 1, 3, 2))[:, :, :, None, None, :]).max(axis=0)
+        mem = None   # the fullest stage: max over slots of states + activations + buffers, one slot at a time
+        for s in range(self.slots):
+            m = self.states[s, rows][:, None, None, None, :] + self.act[s, rows][:, :, :, :, None]
+            m += np.transpose(self.buf[s, rows], (0, 2, 1))[:, :, None, None, :]
+            mem = m if mem is None else np.maximum(mem, m, out=mem)
         shape = mem.shape
         step_us = None
         # Clipped at the placeholders (a step of 31 years, 1 EB of memory) so that absurd but valid inputs (a
@@ -492,8 +495,10 @@ class _Tables:
                                 np.transpose(self.tail[rows], (0, 2, 1))[:, :, None, None, :])
             step = np.minimum(np.nan_to_num(np.broadcast_to(step, shape), nan=UNREACHABLE_S), UNREACHABLE_S)
             step_us = np.rint(step * SCALE_T).astype(np.int64).reshape(n, -1)
-        mem_mib = np.ceil(np.minimum(np.nan_to_num(mem, nan=UNREACHABLE_BYTES), UNREACHABLE_BYTES) / GIB * SCALE_M
-                          ).astype(np.int64).reshape(n, -1)
+        mem = np.minimum(np.nan_to_num(mem, copy=False, nan=UNREACHABLE_BYTES), UNREACHABLE_BYTES, out=mem)
+        mem /= GIB
+        mem *= SCALE_M
+        mem_mib = np.ceil(mem, out=mem).astype(np.int64).reshape(n, -1)
         b_bad = np.broadcast_to(~self.batch_ok[rows][:, :, None, None, None], shape).reshape(n, -1)
         i_bad = np.broadcast_to(~self.inter_ok[rows][:, :, None, :, None], shape).reshape(n, -1)
         return step_us, mem_mib, b_bad, i_bad
