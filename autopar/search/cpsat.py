@@ -150,12 +150,13 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
         any_fit = bool(fit_jr)
         if any_fit:   # (when nothing fits, nothing is timed: the explanation needs memory only)
             # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound of their
-            #    (micro-batch, recompute) pairs that fit (see _bound): bubble + p2p at the best valid vpp; the
-            #    DP/optimizer tail >= 0. That bound times every stage of the mesh, so a cheaper floor under it comes
-            #    first (the layers' kernels alone, see floors), and a bound is computed only when its floor is the
-            #    lowest key left: meshes are still visited in the order of their bounds. A mesh visited times only
-            #    the pairs whose bound can beat the incumbent. Every layout that can beat the final incumbent is
-            #    tabulated whatever the order, so the candidates after the cutoff do not depend on the bounds used.
+            #    (micro-batch, recompute) pairs that fit (see _bound): bubble + p2p at the best valid vpp, plus the
+            #    least DP/optimizer tail over the ZeRO stages (_tail). That bound times every stage of the mesh, so
+            #    a cheaper floor under it comes first (the layers' kernels alone, see floors), and each micro-batch's
+            #    key is raised (refine) only when it is the lowest key left: meshes are still visited in the order
+            #    of their bounds. A mesh visited times only the pairs whose bound can beat the incumbent. Every
+            #    layout that can beat the final incumbent is tabulated whatever the order, so the candidates after
+            #    the cutoff do not depend on the bounds used.
             #    tests/search/test_solver.py checks that bounded and unbounded builds agree.
             fitting = list(fit_jr)
             t.start_bounds(fitting, fit[fitting])
@@ -169,8 +170,8 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
                 if incumbent is not None and np.rint(key * SCALE_T) > incumbent + 1:
                     break   # the lowest key left: no mesh left can beat the incumbent
                 j = t.key(pos)[1]
-                if j is not None:   # the mesh's lowest key is a floor: replace it by the bound
-                    t.tighten(pos, j)
+                if j is not None:   # the mesh's lowest key is below its full bound: raise it
+                    t.refine(pos, j)
                     heapq.heapreplace(heap, (t.key(pos)[0], i))
                     continue
                 if deadline is not None and best and time.perf_counter() > deadline:
@@ -230,7 +231,7 @@ class _Tables:
     def __init__(self, space: Space, est: Estimator, meshes: list[int]):
         self.space, self.est, self.meshes = space, est, meshes
         nm, J, R, K, Z = len(meshes), len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero)
-        self.splits = [space.layout(mi, 1, "none", 1, 1).stage_layers for mi in meshes]
+        self.splits = [space.stage_layers(space.meshes[mi][2]) for mi in meshes]
         self.stages = [est.stages(split) for split in self.splits]
         self.slots = slots = max(len(s) for s in self.stages)
         deg = np.array([space.meshes[mi] for mi in meshes], np.int64).reshape(nm, 5)
@@ -250,9 +251,11 @@ class _Tables:
         self.mem_done = np.zeros(nm, bool)
         self._elems_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._p2p_bound: dict[int, np.ndarray] = {}   # pos -> p2p (J, K)
-        self.lb_by_mbs: dict[int, np.ndarray] = {}    # pos -> step-time bound per micro-batch (nan: not computed)
+        self.lb_by_mbs: dict[int, np.ndarray] = {}    # pos -> step-time lower bound per micro-batch (see _level)
         self._floor: dict[int, np.ndarray] = {}       # pos -> step-time floor per micro-batch
         self._fit: dict[int, np.ndarray] = {}         # pos -> (micro-batch, recompute) pairs that can fit
+        self._level: dict[int, np.ndarray] = {}       # pos -> per micro-batch: 0 floor, 1 bound, 2 bound + tail
+        self._tails: dict[tuple[int, int], np.ndarray] = {}   # (pos, j) -> DP/optimizer tail per ZeRO stage
         self._kernel_s: dict[tuple, np.ndarray] = {}  # (tp, cp, ep, etp, r) -> layer seconds (J, kinds)
         self._kinds_of: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # split -> layers per kind and stage
         self._times: dict[tuple[int, int, int], tuple[float, dict[int, float]]] = {}   # (pos, j, r) -> t_mb, t_fwd
@@ -342,8 +345,7 @@ class _Tables:
         """Each mesh's floor per micro-batch: the least :meth:`floors` over its recompute policies that can fit
         (``fit`` (n, J, R); inf when none can). Recomputation only adds kernels (``compute.recomputed_parts``: none
         re-runs nothing, full re-runs every part), so a floor at none is below the floor at any policy and full
-        is above any: only the policies those orders leave are priced. Bounds are unknown (nan) until
-        :meth:`tighten`."""
+        is above any: only the policies those orders leave are priced. :meth:`refine` raises them later."""
         rc = self.space.recompute
         need = fit.copy()
         if "none" in rc:   # none fits: nothing else lowers the floor
@@ -360,27 +362,53 @@ class _Tables:
         for g, pos in enumerate(positions):
             self._fit[pos] = fit[g]
             self._floor[pos] = fl[g]
-            self.lb_by_mbs[pos] = np.where(np.isinf(fl[g]), np.inf, np.nan)
+            self.lb_by_mbs[pos] = fl[g].copy()
+            self._level[pos] = np.where(np.isinf(fl[g]), 2, 0)
 
     def key(self, pos: int) -> tuple[float, int | None]:
-        """(the mesh's lowest lower bound known now: per micro-batch its bound if computed, else its floor; the
-        micro-batch where that lowest value is only a floor, None when it is a bound)."""
+        """(the mesh's lowest lower bound known now, over its micro-batches; the micro-batch where that value can
+        still be raised by :meth:`refine`, None when it is the full bound)."""
         lb = self.lb_by_mbs[pos]
-        known = ~np.isnan(lb)
-        cur = np.where(known, lb, self._floor[pos])
-        j = int(np.argmin(cur))
-        return float(cur[j]), (None if known[j] else j)
+        j = int(np.argmin(lb))
+        return float(lb[j]), (None if self._level[pos][j] == 2 else j)
 
-    def tighten(self, pos: int, j: int) -> None:
-        """The bound of micro-batch j of the mesh in place of its floor: the least bound of its pairs that can fit."""
-        self.lb_by_mbs[pos][j] = min(self._bound(pos, j, int(r)) for r in np.nonzero(self._fit[pos][j])[0])
+    def refine(self, pos: int, j: int) -> None:
+        """Raise micro-batch j's lower bound one level: from its floor to the least :meth:`_bound` of its pairs that
+        can fit, then to that plus the least DP/optimizer tail over the ZeRO stages (:meth:`_tail`; it adds to
+        every layout of the micro-batch, whatever its recompute and vpp)."""
+        rs = np.nonzero(self._fit[pos][j])[0]
+        bound = min(self._bound(pos, j, int(r)) for r in rs)
+        if self._level[pos][j] == 0:
+            self.lb_by_mbs[pos][j] = max(bound, self.lb_by_mbs[pos][j])
+        else:
+            self.lb_by_mbs[pos][j] = bound + float(self._tail(pos, j, int(rs[0])).min())
+        self._level[pos][j] += 1
+
+    def _tail(self, pos: int, j: int, r: int) -> np.ndarray:
+        """(Z,): per ZeRO stage, the max over the mesh's stages of exposed DP/FSDP + optimizer seconds
+        (``Estimator.stage_tail``) at micro-batch j. It hides behind the forward time, the same for every recompute
+        policy: taken from recompute r's timing (any r gives it)."""
+        hit = self._tails.get((pos, j))
+        if hit is None:
+            sp = self.space
+            fwd = self._stage_max(pos, j, r)[1]
+            L = sp.layout_grid([self.meshes[pos]], None, "none", micro_batch=sp.mbs[j], zero=self.zero)
+            hit = np.zeros(len(sp.zero))
+            for st in self.stages[pos]:
+                dp_t, opt_t = self.est.stage_tail(L, st, fwd[st.index])
+                hit = np.maximum(hit, dp_t + opt_t)
+            self._tails[(pos, j)] = hit
+        return hit
 
     def pairs_within(self, pos: int, jr: np.ndarray, limit_us: int) -> np.ndarray:
         """The (micro-batch, recompute) pairs of ``jr`` (J, R) whose layouts may be as fast as ``limit_us`` (their
-        bound is within it). The others cannot beat the incumbent (the incumbent cutoff would drop them)."""
+        bound plus their micro-batch's least tail is within it). The others cannot beat the incumbent (the
+        incumbent cutoff would drop them)."""
         out = np.zeros_like(jr)
         for j, r in zip(*np.nonzero(jr)):
-            out[j, r] = np.rint(self._bound(pos, int(j), int(r)) * SCALE_T) <= limit_us
+            j, r = int(j), int(r)
+            tail = float(self._tail(pos, j, r).min())
+            out[j, r] = np.rint((self._bound(pos, j, r) + tail) * SCALE_T) <= limit_us
         return out
 
     def fill(self, pos: int) -> None:
@@ -449,29 +477,17 @@ class _Tables:
             hit = self._elems_cache[key] = tuple(np.array(x, float)[:, None, None] for x in zip(*per_r))
         return hit
 
-    def lower_bound_of(self, pos: int, jr: np.ndarray) -> float:
-        """Step-time lower bound over the (micro-batch, recompute) pairs marked in ``jr`` (J, R)."""
-        return min((self._bound(pos, int(j), int(r)) for j, r in zip(*np.nonzero(jr))), default=float("inf"))
-
     def fill_time(self, pos: int, jr: np.ndarray | None = None) -> None:
         """Time tables of one mesh, for the (micro-batch, recompute) pairs marked in ``jr`` (default: all); the
         others keep an unreachable micro-batch time (only used once an incumbent makes them irrelevant)."""
         sp, est, prof, tr, hw = self.space, self.est, self.est.profile, self.space.training, self.space.hardware
         mi, J, R = self.meshes[pos], len(sp.mbs), len(sp.recompute)
         jr = np.ones((J, R), bool) if jr is None else jr
-        stages = self.stages[pos]
-        t_fwd = np.zeros((len(stages), J))   # forward time per stage: the same for every recompute policy
         for j, r in zip(*np.nonzero(jr)):
-            self.t_mb[pos, j, r], fwd = self._stage_max(pos, int(j), int(r))
-            t_fwd[:, j] = [fwd[st.index] for st in stages]
+            self.t_mb[pos, j, r] = self._stage_max(pos, int(j), int(r))[0]
+            self.tail[pos, :, j] = self._tail(pos, int(j), int(r))
         self.p2p[pos] = p2p_time(sp.layout_grid([mi], None, "none", micro_batch=self.mbs[:, None],
                                                 vpp=self.vpp[None, :]), tr, prof.hidden, hw, est.net)
-        by_zero_mbs = sp.layout_grid([mi], None, "none", micro_batch=self.mbs[None, :], zero=self.zero[:, None])
-        tail = np.zeros((len(sp.zero), J))
-        for i, st in enumerate(stages):
-            dp_t, opt_t = est.stage_tail(by_zero_mbs, st, t_fwd[i][None, :])
-            tail = np.maximum(tail, dp_t + opt_t)
-        self.tail[pos] = np.where(jr.any(axis=1)[None, :], tail, 0.0)
         self.done[pos] = True
 
     def compose(self, rows: np.ndarray, with_time: bool = True
@@ -479,8 +495,11 @@ class _Tables:
         """Step time (us), fullest stage's memory (MiB) and batch/interleaving breakage of every (m, j, r, k, z)
         of the given rows: axes order of the candidate grid. Summed by the cost model's ``step_seconds``."""
         n = len(rows)
-        mem = (self.states[:, rows][:, :, None, None, None, :] + self.act[:, rows][:, :, :, :, :, None]
-               + np.transpose(self.buf[:, rows], (0, 1, 3, 2))[:, :, :, None, None, :]).max(axis=0)
+        mem = None   # the fullest stage: max over slots of states + activations + buffers, one slot at a time
+        for s in range(self.slots):
+            m = self.states[s, rows][:, None, None, None, :] + self.act[s, rows][:, :, :, :, None]
+            m += np.transpose(self.buf[s, rows], (0, 2, 1))[:, :, None, None, :]
+            mem = m if mem is None else np.maximum(mem, m, out=mem)
         shape = mem.shape
         step_us = None
         # Clipped at the placeholders (a step of 31 years, 1 EB of memory) so that absurd but valid inputs (a
@@ -492,8 +511,10 @@ class _Tables:
                                 np.transpose(self.tail[rows], (0, 2, 1))[:, :, None, None, :])
             step = np.minimum(np.nan_to_num(np.broadcast_to(step, shape), nan=UNREACHABLE_S), UNREACHABLE_S)
             step_us = np.rint(step * SCALE_T).astype(np.int64).reshape(n, -1)
-        mem_mib = np.ceil(np.minimum(np.nan_to_num(mem, nan=UNREACHABLE_BYTES), UNREACHABLE_BYTES) / GIB * SCALE_M
-                          ).astype(np.int64).reshape(n, -1)
+        mem = np.minimum(np.nan_to_num(mem, copy=False, nan=UNREACHABLE_BYTES), UNREACHABLE_BYTES, out=mem)
+        mem /= GIB
+        mem *= SCALE_M
+        mem_mib = np.ceil(mem, out=mem).astype(np.int64).reshape(n, -1)
         b_bad = np.broadcast_to(~self.batch_ok[rows][:, :, None, None, None], shape).reshape(n, -1)
         i_bad = np.broadcast_to(~self.inter_ok[rows][:, :, None, :, None], shape).reshape(n, -1)
         return step_us, mem_mib, b_bad, i_bad

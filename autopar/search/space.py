@@ -117,9 +117,13 @@ class Space:
             tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp, sequence_parallel=(tp > 1 if sp is None else sp),
             zero_stage=zero, fsdp=zero == 3, hsdp_shard=None, micro_batch=mbs,
             grad_accum=max(1, self.training.global_batch // (dp * mbs)), recompute=rc,
-            stage_layers=self.splits[pp] or (self.model.num_layers // pp,) * pp,
+            stage_layers=self.stage_layers(pp),
             offload_activations=self.options.offload_activations))
 
+    def stage_layers(self, pp: int) -> tuple[int, ...]:
+        """Layers per pipeline stage at depth pp: the balanced split, or where none exists an even split that the
+        layout rules reject, saying why."""
+        return self.splits[pp] or (self.model.num_layers // pp,) * pp
 
     def layout_grid(self, meshes: list[int], shape: tuple[int, ...] | None, rc: str, *, micro_batch=1, vpp=1,
                     zero=0) -> Layout:

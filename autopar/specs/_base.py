@@ -4,6 +4,7 @@ the Hugging Face config mapping alike, so neither imports the other)."""
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -16,6 +17,14 @@ class Spec(BaseModel):
     """Base class of all autopar input specs (MaxText-style: ``extra="forbid"``, so a typo is an error)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Any:
+        """pydantic's copy, less the values cached by ``functools.cached_property``: they were derived from the
+        fields before the update (pydantic copies them along with the fields)."""
+        copy = super().model_copy(update=update, deep=deep)
+        for name in [k for k in copy.__dict__ if isinstance(getattr(type(copy), k, None), cached_property)]:
+            del copy.__dict__[name]
+        return copy
 
 
 T = TypeVar("T", bound=BaseModel)

@@ -135,10 +135,22 @@ def test_the_floor_bound_is_never_above_the_mesh_bound(name, gpus, seq, offload,
             for j in np.nonzero(fit[pos, :, r])[0]:
                 assert 0 < floors[g, j] <= t._bound(pos, int(j), r)
     t.start_bounds(fitting, fit[fitting])
+    J, R, K, Z = (len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero))
     for pos in fitting:
-        for j in range(len(space.mbs)):
+        for j in range(J):
             bounds = [t._bound(pos, j, r) for r in np.nonzero(fit[pos, j])[0]]
             assert t._floor[pos][j] <= min(bounds, default=np.inf)
+    cap = _cap_mib(space)
+    for pos in fitting[:8]:   # the fully raised bound (with the DP/optimizer tail) against the layouts themselves
+        t.fill_time(pos, fit[pos])
+        step_us, mem_mib, b_bad, i_bad = t.compose(np.array([pos]))
+        ok = (~b_bad & ~i_bad & (mem_mib <= cap)).reshape(J, R, K, Z)
+        steps = step_us.reshape(J, R, K, Z)
+        for j in np.nonzero(ok.any(axis=(1, 2, 3)))[0]:
+            t.refine(pos, int(j))
+            t.refine(pos, int(j))
+            assert t.key(pos)[1] != j
+            assert np.rint(t.lb_by_mbs[pos][j] * SCALE_T) <= steps[j][ok[j]].min() + 1
 
 
 def _cpsat_infeasible(cands, groups) -> bool:

@@ -239,3 +239,13 @@ def test_megatron_2021_count_is_the_paper_formula_plus_final_norm():
         l, h, V, s = m.num_layers, m.hidden_size, m.vocab_size, m.max_position_embeddings
         paper = 12 * l * h * h + 13 * l * h + (V + s) * h
         assert m.total_params == paper + 2 * h, row["name"]
+
+
+def test_a_copied_model_recounts_its_layers():
+    """Layer counts are cached per model; a copy with other fields must not keep the original's (pydantic copies
+    cached values along with the fields)."""
+    from autopar.specs.loaders import load_model
+    dsv3 = load_model("deepseek_v3")
+    assert (dsv3.num_moe_layers, dsv3.num_dense_layers) == (58, 3)
+    longer = dsv3.model_copy(update={"num_layers": 64})
+    assert (longer.num_moe_layers, longer.num_dense_layers, len(longer._layer_mixers)) == (61, 3, 64)
