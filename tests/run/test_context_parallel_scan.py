@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from unittest import mock
 
 import pytest
 
@@ -21,8 +20,9 @@ import torch.nn.functional as F  # noqa: E402
 from autopar.run.mixers import (ChunkScan, LinearMixer, advance, chunk_decay_attention,  # noqa: E402
                                 chunk_gated_delta_rule, chunk_selective_scan, recurrent_decay_attention,
                                 recurrent_gated_delta_rule, recurrent_selective_scan)
-from autopar.specs import Layout, ModelSpec, TrainingSpec  # noqa: E402
+from autopar.specs import ModelSpec, TrainingSpec  # noqa: E402
 from autopar.specs.mixers import MixerSpec  # noqa: E402
+from _equivalence import assert_losses_match  # noqa: E402  (tests/run/_equivalence.py)
 
 KINDS = ["gla", "lightning", "mamba2", "gated_deltanet", "mamba1"]
 MIXERS = {
@@ -208,14 +208,6 @@ CASES = [("gla_attn", 2, dict(cp=2)), ("mamba2_attn", 2, dict(cp=2)), ("gdn_lit_
 @pytest.mark.parametrize("model, world, layout", CASES,
                          ids=[f"{m}-w{w}-" + "-".join(f"{k}{v}" for k, v in lay.items()) for m, w, lay in CASES])
 def test_hybrid_losses_under_context_parallelism_match_the_single_process_run(model, world, layout):
-    from autopar.run.launch import run_layout
-    from autopar.run.worker import OPTIMIZER_ENV
-    tr = TrainingSpec(seq_len=32, global_batch=4)
-    with mock.patch.dict(os.environ, {OPTIMIZER_ENV: "sgd"}):
-        ref = run_layout(MODELS[model], Layout(), tr, world=1, steps=3, timeout_s=180)
-        got = run_layout(MODELS[model], Layout(**layout), tr, world=world, steps=3, timeout_s=180)
-    assert ref.ok, (ref.failure, ref.log_path)
-    assert got.ok, (got.failure, got.log_path)
+    ref, got = assert_losses_match(MODELS[model], layout, world, TrainingSpec(seq_len=32, global_batch=4))
     assert got.applied["cp"] == layout["cp"]
     assert ref.losses[0] - min(ref.losses) > 1e-3 * ref.losses[0], "training must move the loss"
-    assert got.losses == pytest.approx(ref.losses, rel=1e-5)

@@ -4,8 +4,6 @@ loss under TP and PP equals the single-process loss."""
 
 from __future__ import annotations
 
-import os
-from unittest import mock
 
 import pytest
 
@@ -18,6 +16,7 @@ from autopar.run.model import Transformer, init_weights  # noqa: E402
 from autopar.run.pipeline import stage_plans  # noqa: E402
 from autopar.specs import Layout, ModelSpec, TrainingSpec  # noqa: E402
 from autopar.specs.mixers import MixerSpec  # noqa: E402
+from _equivalence import assert_losses_match  # noqa: E402  (tests/run/_equivalence.py)
 
 def _rand(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
@@ -184,15 +183,7 @@ def test_replacing_a_linear_scan_is_refused_clearly():
                                            (4, dict(tp=2, pp=2))],
                          ids=["tp2", "pp2", "tp2-sp-pp2"])
 def test_hybrid_losses_match_the_single_process_run(world, layout):
-    from autopar.run.launch import run_layout
-    from autopar.run.worker import OPTIMIZER_ENV
-    tr = TrainingSpec(seq_len=32, global_batch=8)
-    with mock.patch.dict(os.environ, {OPTIMIZER_ENV: "sgd"}):
-        ref = run_layout(HYBRID, Layout(), tr, world=1, steps=3, timeout_s=180)
-        got = run_layout(HYBRID, Layout(**layout), tr, world=world, steps=3, timeout_s=180)
-    assert ref.ok, (ref.failure, ref.log_path)
-    assert got.ok, (got.failure, got.log_path)
-    assert got.losses == pytest.approx(ref.losses, rel=1e-5)
+    assert_losses_match(HYBRID, layout, world, TrainingSpec(seq_len=32, global_batch=8))
 
 
 @pytest.mark.slow
@@ -200,29 +191,14 @@ def test_hybrid_losses_match_the_single_process_run(world, layout):
 @pytest.mark.parametrize("world, layout", [(2, dict(tp=2)), (2, dict(pp=2))], ids=["tp2-sp", "pp2"])
 def test_new_hybrid_losses_match_the_single_process_run(spec, world, layout):
     """TP splits Mamba-1 by channels (x_proj row-parallel) and runs both parallel mixers split; PP splits layers."""
-    from autopar.run.launch import run_layout
-    from autopar.run.worker import OPTIMIZER_ENV
-    tr = TrainingSpec(seq_len=32, global_batch=8)
-    with mock.patch.dict(os.environ, {OPTIMIZER_ENV: "sgd"}):
-        ref = run_layout(spec, Layout(), tr, world=1, steps=3, timeout_s=180)
-        got = run_layout(spec, Layout(**layout), tr, world=world, steps=3, timeout_s=180)
-    assert ref.ok, (ref.failure, ref.log_path)
-    assert got.ok, (got.failure, got.log_path)
-    assert got.losses == pytest.approx(ref.losses, rel=1e-5)
+    assert_losses_match(spec, layout, world, TrainingSpec(seq_len=32, global_batch=8))
 
 
 @pytest.mark.slow
 def test_replicated_kv_heads_sync_only_softmax_attention_grads():
     """kv_heads (1) < tp (2): the K/V copies of softmax attention sum their gradients over the ranks sharing a
     head; the linear mixers' own wk/wv (split by heads, not replicated) and a parallel Mamba's must not."""
-    from autopar.run.launch import run_layout
-    from autopar.run.worker import OPTIMIZER_ENV
     tr = TrainingSpec(seq_len=32, global_batch=8)
-    hybrid = HYBRID.model_copy(update={"num_kv_heads": 1})
-    falcon = FALCON_LIKE.model_copy(update={"num_kv_heads": 1})
-    with mock.patch.dict(os.environ, {OPTIMIZER_ENV: "sgd"}):
-        for spec in (hybrid, falcon):
-            ref = run_layout(spec, Layout(), tr, world=1, steps=3, timeout_s=180)
-            got = run_layout(spec, Layout(tp=2, sequence_parallel=False), tr, world=2, steps=3, timeout_s=180)
-            assert ref.ok and got.ok, (ref.failure, got.failure, got.log_path)
-            assert got.losses == pytest.approx(ref.losses, rel=1e-5), spec.name
+    for spec in (HYBRID, FALCON_LIKE):
+        one_kv_head = spec.model_copy(update={"num_kv_heads": 1})
+        assert_losses_match(one_kv_head, dict(tp=2, sequence_parallel=False), 2, tr)
