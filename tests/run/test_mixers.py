@@ -85,6 +85,7 @@ MIXERS = {
     "gla": dict(kind="gla", num_heads=4, head_dim=16, gate_low_rank=8, output_gate=True, chunk_size=8),
     "gdn": dict(kind="gated_deltanet", num_heads=2, num_value_heads=4, head_dim=16, output_gate=True, chunk_size=8),
     "lit": dict(kind="lightning", num_heads=4, head_dim=16, output_gate=True, chunk_size=8),
+    "kda": dict(kind="kda", num_heads=4, head_dim=16, chunk_size=8),
     "mam": dict(kind="mamba2", num_heads=4, head_dim=16, state_size=8, n_groups=2, chunk_size=8),
     "m1": dict(kind="mamba1", inner_size=128, state_size=8, dt_rank=8, conv_kernel=4, bc_norms=True, chunk_size=8),
 }
@@ -202,3 +203,16 @@ def test_replicated_kv_heads_sync_only_softmax_attention_grads():
     for spec in (HYBRID, FALCON_LIKE):
         one_kv_head = spec.model_copy(update={"num_kv_heads": 1})
         assert_losses_match(one_kv_head, dict(tp=2, sequence_parallel=False), 2, tr)
+
+
+LIGHTNING_KDA = ModelSpec(name="tiny_lightning_kda", num_layers=4, hidden_size=64, ffn_hidden_size=128,
+                          num_attention_heads=4, num_kv_heads=2, vocab_size=128,
+                          mixers={"lit": MIXERS["lit"], "kda": MIXERS["kda"]},
+                          layer_pattern=["lit", "kda", "attention", "kda"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world, layout", [(2, dict(tp=2)), (2, dict(pp=2))], ids=["tp2-sp", "pp2"])
+def test_lightning_and_kda_losses_match_the_single_process_run(world, layout):
+    """The two kinds the other hybrids leave out, split by heads under TP and by layers under PP."""
+    assert_losses_match(LIGHTNING_KDA, layout, world, TrainingSpec(seq_len=32, global_batch=8))
