@@ -113,3 +113,24 @@ def test_kernel_model_is_fitted_back_from_tables_it_generated():
     assert got.attention_head_dim[64] == pytest.approx(0.75, rel=1e-2)
     assert got.hbm == pytest.approx(0.85, rel=1e-3)
     assert "planted" in got.source and got.nvlink == hw.kernel_model.nvlink
+
+
+def test_a_measured_grouped_gemm_updates_the_bf16_entry_and_keeps_the_others():
+    """A base file with per-precision grouped-GEMM figures (the Blackwell files): the BF16 benchmark replaces only
+    the bf16 entry."""
+    from autopar.measure.kernel_tables import kernel_model_from_tables
+    from autopar.specs.hardware import KernelTables
+    from autopar.specs.loaders import load_hardware
+    b200 = load_hardware("b200")
+    assert isinstance(b200.kernel_model.grouped_gemm, dict)
+    p16 = b200.peak_tflops("bf16")
+    km = b200.kernel_model
+
+    def dense(t, n, k):
+        return km.gemm["bf16"] * t / (t + km.gemm_half_m) * n / (n + km.gemm_half_nk) * k / (k + km.gemm_half_nk)
+    gemm = [[m, n, k, p16 * dense(m, n, k)] for m in (256, 1024, 4096, 16384) for n, k in ((4096, 4096), (1024, 8192))]
+    grouped = [[t, 1536, 4096, 8, 0.5 * p16 * dense(t, 1536, 4096)] for t in (512, 2048, 8192)]
+    tables = KernelTables(provenance="planted", gemm={"bf16": gemm}, grouped_gemm={"bf16": grouped})
+    got = kernel_model_from_tables(tables, b200)
+    assert got.grouped_gemm["bf16"] == pytest.approx(0.5, rel=0.05)
+    assert got.grouped_gemm["mxfp8"] == km.grouped_gemm["mxfp8"]
