@@ -28,6 +28,8 @@ import sys
 import typing
 from pathlib import Path
 
+from _source import annotated_fields   # tools/_source.py (the script's folder is on sys.path)
+
 STUBBED = ("megatron.core.transformer.moe.ops", "megatron.core.ssm.ops")
 # section -> (Megatron base "module:Class" list, Bridge subclasses "path:Class" in inheritance order)
 SECTIONS = {
@@ -48,14 +50,6 @@ SECTIONS = {
                      ["models/transformer_config.py:TransformerConfig",
                       "models/hybrid/hybrid_provider.py:HybridModelProvider"]),
 }
-
-
-def _ast_fields(path: Path, cls: str) -> dict[str, str]:
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            return {s.target.id: ast.unparse(s.annotation) for s in node.body
-                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
-    raise SystemExit(f"{cls} not in {path}")
 
 
 def main() -> int:
@@ -82,7 +76,7 @@ def main() -> int:
                 fields[f.name] = str(f.type) if not isinstance(f.type, type) else f.type.__name__
         for spec in subclasses:
             path, cls = spec.split(":")
-            fields.update(_ast_fields(src / path, cls))
+            fields.update(annotated_fields(ast.parse((src / path).read_text()), cls))
         sections[name] = dict(sorted(fields.items()))
     mp = (src / "training/mixed_precision.py").read_text()
     recipes = sorted(set(re.findall(r"@register\s*\ndef (\w+)\(", mp)))

@@ -22,15 +22,9 @@ import sys
 import zipfile
 from pathlib import Path
 
+from _source import annotated_fields   # tools/_source.py (the script's folder is on sys.path)
+
 CLASSES = ("ParallelismConfig", "TrainingConfig", "CompileConfig")
-
-
-def _fields(tree: ast.Module, name: str) -> dict[str, str]:
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            return {s.target.id: ast.unparse(s.annotation) for s in node.body
-                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
-    raise SystemExit(f"{name} not found")
 
 
 def main() -> int:
@@ -53,7 +47,7 @@ def main() -> int:
         "source": {"package": "torchtitan", "version": version, "wheel": a.wheel.name,
                    "sha256": hashlib.sha256(a.wheel.read_bytes()).hexdigest()},
         "command": f"python tools/gen_torchtitan_fields.py --wheel {a.wheel.name} --out {a.out.as_posix()}",
-        "fields": {c: _fields(configs, c) for c in CLASSES},
+        "fields": {c: annotated_fields(configs, c) for c in CLASSES},
         "config_functions": registries,
     }
     a.out.write_text(json.dumps(fixture, indent=1) + "\n")
