@@ -187,9 +187,7 @@ def overhead_time(prof: ModelProfile, st: Stage, overhead_s: float, moe_overhead
     (its router, permutation and dispatch add kernel launches, and the all-to-all token dispatcher waits on
     the host for the tokens per expert before sizing its exchange: a device-to-host synchronisation in the
     forward and again in the backward pass; Megatron-Core ``MoEAlltoAllTokenDispatcher``)."""
-    n_layers, n_moe = st.n_layers, 0.0
-    for j, count in prof.kind_counts(st.first, st.last):
-        n_moe += count if prof.kinds[j].num_experts else 0.0
+    n_layers, n_moe = st.n_layers, st.sum(prof, "moe_layers")
     if st.is_last and prof.mtp_layers:
         n_layers += prof.mtp_layers
         n_moe += prof.mtp_layers if prof.kinds[prof.kind_of[-1]].num_experts else 0.0

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.errors import AutoparInputError
-from autopar.run._training import RUNNER_LINEAR_CP, runner_training
+from autopar.run._training import runner_training
 from autopar.search.space import SearchOptions
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.loaders import load_hardware, load_model
@@ -171,9 +171,10 @@ def resolve_problem(model: ModelSpec | str | Path, hardware: HardwareSpec | str 
                 gb, why = default_global_batch(spec, seq)
                 notes.append(why)
         training = build_spec(TrainingSpec, {**over, "seq_len": seq, "global_batch": gb}, "training")
-    if training.linear_cp != RUNNER_LINEAR_CP and any(mx.is_linear for mx in spec.mixers.values()):
-        notes.append("linear-layer context parallelism as the runner runs it: states passed between CP ranks "
-                     "(linear_cp=state_pass), not Megatron-Core's all-to-all")
-    training = runner_training(training, spec)
+    ran = runner_training(training, spec)
+    if ran is not training:
+        notes.append(f"linear-layer context parallelism as the runner runs it: states passed between CP ranks "
+                     f"(linear_cp={ran.linear_cp}), not Megatron-Core's all-to-all")
+    training = ran
     hw.peak_tflops(training.precision)     # fails early, naming the precision, if the chip lacks it
     return Problem(spec, hw, training, gpus, options or SearchOptions(), "gloo" if on_cpu else backend, notes, base)
