@@ -41,6 +41,8 @@ def parse_gpu_range(text: str) -> tuple[int, int]:
         raise AutoparInputError(f"--gpus: expected a GPU count or a range A-B (e.g. 256-2048), got '{shown}'")
     lo = int(m.group(1))
     hi = int(m.group(2)) if m.group(2) else lo
+    if not m.group(2) and lo <= 0:
+        raise AutoparInputError(f"--gpus: must be between 1 and {limit('gpus'):,}, got {lo}")
     if lo <= 0 or hi < lo:
         raise AutoparInputError(f"--gpus: need 0 < A <= B, got {lo}-{hi}")
     if hi > limit("gpus"):

@@ -37,6 +37,7 @@ def test_estimate_splits_an_uneven_pipeline_by_itself():
     (["estimate", "--model", "deepseek_v3", "--gpus", "256", "--tp", "2", "--pp", "16", "--ep", "64"],
      "min_gpus = pp·max(tp·cp, ep·etp) = 16·max(2, 64) = 1024 > gpus (256)"),
     (["estimate", "--model", "llama3_70b", "--gpus", "0"], "--gpus: must be between 1 and 1,048,576"),
+    (["solve", "--model", "llama3_70b", "--gpus", "0"], "--gpus: must be between 1 and 1,048,576, got 0"),
     (["estimate", "--model", "llama3_70b", "--gpus", "8", "--recompute", "bogus"], "unknown recompute module"),
     (["estimate", "--model", "llama3_70b", "--gpus", "8", "--precision", "nvfp4"], "no nvfp4 tensor cores"),
     (["solve", "--model", "llama3_70b", "--gpus", "64", "--tp", "3"], "factorises 64 GPUs"),
