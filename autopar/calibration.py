@@ -2,10 +2,9 @@
 
 Kernel speeds (GEMM by shape, flash attention, grouped GEMM, memory-bound bandwidth) and link bandwidths are
 measured or published figures in ``hardware/*.yaml`` (``kernel_model``) and are NOT fitted. What is fitted is
-data (change it here, not in the fitter), today shared by every chip and run (nothing per chip, precision or row):
+data (change it here, not in the fitter), today shared by every chip and run (nothing per chip, precision or row).
+How much communication hides is not fitted: the cost model prices it from the schedule's compute window.
 
-  * ``dp_overlap``, ``tp_overlap``, ``ep_overlap``, ``cp_overlap``: the share of each communication a framework
-    hides behind compute (Megatron-Core's overlap features; no single-kernel benchmark measures them);
   * ``layer_overhead_us``: time per layer and micro-batch that no kernel accounts for (launch gaps, host work);
   * ``moe_dropless_imbalance``: busiest expert rank / mean under dropless routing (a property of the trained
     router at that point of training, not of the hardware).
@@ -30,8 +29,7 @@ from autopar.specs.hardware import Efficiency, HardwareSpec
 from autopar.validation import Case
 
 PER_CHIP: tuple[str, ...] = ()
-SHARED: tuple[str, ...] = ("dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap", "layer_overhead_us",
-                            "moe_layer_overhead_us", "moe_dropless_imbalance")
+SHARED: tuple[str, ...] = ("layer_overhead_us", "moe_layer_overhead_us", "moe_dropless_imbalance")
 TIES = {("gb300_nvl72", "mxfp8"): ("gb200_nvl72", "mxfp8")}
 INHERIT = {"h200": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72", "gb300_nvl72": "gb200_nvl72"}
 

@@ -106,6 +106,31 @@ def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpu
                    help="context parallelism of linear-attention / SSM layers (default: all_to_all, as Megatron-Core "
                         "runs it: heads split over tp·cp; state_pass: recurrent states passed between CP ranks, as "
                         "autopar's runner)")
+    g.add_argument("--overlap", type=overlap_set, default=None, metavar="none|tp,dp,ep,cp",
+                   help="which communication the framework overlaps with compute (default: tp,dp,ep,cp, as "
+                        "Megatron-Core's performance recipes run; real runs often have some off): the others are "
+                        "priced fully exposed")
+
+
+def overlap_set(text: str) -> tuple[str, ...]:
+    """'--overlap none' / 'tp,dp' -> the overlaps switched on; names outside tp, dp, ep, cp are refused."""
+    from autopar.specs.training import OVERLAPS
+    t = text.strip().lower()
+    if t == "none":
+        return ()
+    parts = [x.strip() for x in t.split(",") if x.strip()]
+    bad = [x for x in parts if x not in OVERLAPS]
+    if bad or not parts:
+        raise argparse.ArgumentTypeError(f"expected 'none' or a comma-separated subset of tp,dp,ep,cp, got "
+                                         f"'{text[:40]}'")
+    return tuple(dict.fromkeys(parts))
+
+
+def overlap_fields(args: argparse.Namespace) -> dict[str, bool]:
+    """TrainingSpec's ``*_comm_overlap`` switches from ``--overlap`` (absent: the spec's defaults)."""
+    from autopar.specs.training import OVERLAPS
+    on = getattr(args, "overlap", None)
+    return {} if on is None else {f"{k}_comm_overlap": k in on for k in OVERLAPS}
 
 
 def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, TrainingSpec, list[str]]:
@@ -132,7 +157,7 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
         seq_len=args.seq_len, global_batch=gb, precision=args.precision,
         grad_dtype="fp16" if args.precision == "fp16" and args.grad_dtype == "bf16" else args.grad_dtype,
         weight_dtype="fp16" if args.precision == "fp16" else "bf16",
-        linear_cp=getattr(args, "linear_cp", "all_to_all")), "training flags")
+        linear_cp=getattr(args, "linear_cp", "all_to_all"), **overlap_fields(args)), "training flags")
     hw.peak_tflops(training.precision)  # fails early, naming the precision, if the chip lacks it
     return model, hw, training, notes
 

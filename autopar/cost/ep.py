@@ -12,7 +12,22 @@ domain, hierarchical across domains (each token crosses the network once per des
 forwarded over NVLink, as DeepSeek-V3's dispatcher and DeepEP do).
 
 With ETP > 1 the routed tokens are also all-gathered and reduce-scattered in the ETP group (2 per pass).
-Exposed fraction: 1 − ep_overlap (Megatron's 1F1B A2A overlap hides part of it).
+
+Overlap (``training.ep_comm_overlap``; Megatron-Core --overlap-moe-expert-parallel-comm, the combined 1F1B
+schedule: the forward of one micro-batch runs interleaved with the backward of another, so each one's
+dispatch/combine hides behind the other's kernels; DeepSeek-V3, arXiv 2412.19437 sec. 3.2.1 on the same
+pairing). Megatron-Core allows that schedule only with EP > 1, without full recomputation or 'moe' in the
+recompute modules, with at most one MTP layer, and with virtual pipeline stages when PP > 1
+(NVIDIA/Megatron-LM@d2c5e8b4 megatron/core/transformer/transformer_config.py, ``TransformerConfig.__post_init__``,
+``if self.overlap_moe_expert_parallel_comm:``: "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size
+must be specified when pipeline_model_parallel_size > 1", "Disable full recomputation when enabling
+overlap_moe_expert_parallel_comm"): :func:`ep_overlap_blockers`. Where it runs, one micro-batch in M has no
+partner (the first forward and the last backward of the step), and the rest hides behind the partner's kernels
+W (:func:`autopar.cost.compute.hiding_windows`, the whole stage's kernels of one micro-batch):
+
+    exposed = T_ep / M + max(0, T_ep · (1 − 1/M) − W)      (else T_ep)
+
+An approximation: the pairing's own slowdown (the two micro-batches' kernels share the SMs) is not counted.
 """
 
 from __future__ import annotations
@@ -22,19 +37,51 @@ from autopar.cost.profile import ModelProfile
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout
+from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
 
-def ep_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
-                           net: Network) -> float:
+def ep_overlap_blockers(L: Layout, model: ModelSpec) -> list[str]:
+    """Why Megatron-Core refuses --overlap-moe-expert-parallel-comm for this layout (module docstring); empty when
+    it allows it."""
+    why = []
+    if L.ep == 1:
+        why.append("it needs expert parallelism (EP 1)")
+    if L.pp > 1 and L.vpp == 1:
+        why.append(f"it needs virtual pipeline stages when PP > 1 (PP{L.pp}, VPP 1)")
+    if L.recompute == "full":
+        why.append("it refuses full recompute")
+    if "moe" in L.recompute_modules:
+        why.append("it refuses 'moe' in the recompute modules")
+    if model.mtp_layers > 1:
+        why.append(f"it allows at most one MTP layer ({model.mtp_layers})")
+    return why
+
+
+def ep_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network,
+                    per_pass: int | None = None) -> float:
+    """T_ep: every dispatch/combine (and ETP gather/scatter) of one micro-batch on stage ``st``, none hidden, at the
+    mean load. ``per_pass`` overrides the passes (2: forward and backward, whatever the recompute policy)."""
     n_moe = st.sum(prof, "moe_layers")
     if not n_moe or (L.ep == 1 and L.etp == 1):
         return 0.0
-    per_pass = 3 if L.recompute == "full" else 2     # forward, backward (+ recomputed forward)
+    if per_pass is None:
+        per_pass = 3 if L.recompute == "full" else 2     # forward, backward (+ recomputed forward)
     token_bytes = L.micro_batch * tr.seq_len / (L.cp * L.tp) * prof.hidden * tr.activation_bytes
     nbytes = token_bytes * prof.top_k
     t = 2 * per_pass * net.moe_dispatch_time(token_bytes, prof.top_k, prof.model.moe.num_experts, L.ep, L.etp)
     if L.etp > 1:
         t += per_pass * (net.time("all_gather", nbytes * L.etp, L.etp, 1)
                          + net.time("reduce_scatter", nbytes * L.etp, L.etp, 1))
-    return (1.0 - hw.efficiency.ep_overlap) * n_moe * t
+    return n_moe * t
+
+
+def ep_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
+                           net: Network, imbalance: float = 1.0, window: float = 0.0) -> float:
+    """Exposed EP seconds of one micro-batch: T_ep times ``imbalance`` (the busiest rank's load), less what the
+    partner micro-batch's kernels (``window``, W above) hide where the schedule overlaps at all."""
+    t = ep_comm_seconds(prof, st, L, tr, net) * imbalance
+    if not t or not tr.ep_comm_overlap or ep_overlap_blockers(L, prof.model):
+        return t
+    m = L.grad_accum
+    return t / m + max(0.0, t * (1.0 - 1.0 / m) - window)

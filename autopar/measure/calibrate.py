@@ -57,10 +57,6 @@ class Bound(NamedTuple):
 # (kernel and link speeds, measured by microbenchmarks; `autopar profile compare` can refit them to runs on the
 # machine at hand). The per-precision ``gemm`` table shares one entry.
 BOUNDS: dict[str, Bound] = {
-    "dp_overlap": Bound(0.0, 1.0, "a share of the gradient reduce-scatter / parameter all-gather"),
-    "tp_overlap": Bound(0.0, 0.9, "a share; TP comm overlap cannot hide the first and last chunk of a layer"),
-    "ep_overlap": Bound(0.0, 0.9, "a share; the dispatch before the first expert GEMM cannot be hidden"),
-    "cp_overlap": Bound(0.0, 1.0, "a share of the ring's KV exchange"),
     "pp_overlap": Bound(0.0, 1.0, "a share of the pipeline send/recv"),
     "layer_overhead_us": Bound(0.0, 3000.0, "per layer and micro-batch; 3 ms is ~100 kernel launches' worth of "
                                             "host time at 30 us each, far beyond a CUDA-graph-free layer's launches"),
@@ -451,7 +447,7 @@ class Observation(Protocol):
     measured: float | None
 
 
-SCALAR_FIELDS = ("nvlink", "scaleout", "hbm", "dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap", "pp_overlap")
+SCALAR_FIELDS = ("nvlink", "scaleout", "hbm", "pp_overlap")
 
 
 def _default_estimator() -> Estimator:

@@ -180,8 +180,8 @@ def _hardware_section(hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:
                                f"{km.scaleout:.0%}, HBM {km.hbm:.0%} of peak ({km.source})"),
         ("Per-layer overhead", f"{eff.layer_overhead_us:,.0f} µs per layer and micro-batch, "
                                f"{eff.moe_layer_overhead_us:,.0f} µs more per MoE layer (calibrated)"),
-        ("Overlap used", f"DP {eff.dp_overlap:.0%}, TP {eff.tp_overlap:.0%}, CP {eff.cp_overlap:.0%}, "
-                         f"EP {eff.ep_overlap:.0%}, PP send/recv {eff.pp_overlap:.0%} hidden behind compute"),
+        ("Overlap used", f"{tr.overlaps()} (what the compute window covers is hidden), PP send/recv "
+                         f"{eff.pp_overlap:.0%} hidden"),
     ]
     meas = hw.measured_busbw_gbps
     if meas is not None:

@@ -185,17 +185,12 @@ class KernelModel(Spec):
 
 
 class Efficiency(Spec):
-    """Constants no microbenchmark of a single kernel can see: how much communication a framework hides
-    (overlaps), what it spends between kernels (per-layer overhead), how unevenly dropless routing loads the
-    experts. These are fitted to training runs (``autopar validate --fit``, ``autopar profile compare``)."""
+    """Constants no microbenchmark of a single kernel can see: what a framework spends between kernels (per-layer
+    overhead), how unevenly dropless routing loads the experts. These are fitted to training runs (``autopar
+    validate --fit``, ``autopar profile compare``). How much TP, DP, EP and CP communication hides is not a
+    constant: the cost model prices it from the compute window of the schedule (autopar.cost.tp, dp, ep, cp),
+    where ``TrainingSpec.*_comm_overlap`` says the framework overlaps at all."""
 
-    dp_overlap: float = Field(default=0.8, ge=0, le=1,
-                              description="Fraction of DP/FSDP communication hidden behind compute.")
-    tp_overlap: float = Field(default=0.0, ge=0, le=1,
-                              description="Fraction of TP/SP communication hidden (TP comm-overlap).")
-    ep_overlap: float = Field(default=0.0, ge=0, le=1, description="Fraction of EP all-to-all hidden.")
-    cp_overlap: float = Field(default=0.5, ge=0, le=1,
-                              description="Fraction of ring-attention KV exchange hidden behind attention.")
     pp_overlap: float = Field(default=0.0, ge=0, le=1, description="Fraction of pipeline send/recv hidden.")
     moe_dropless_imbalance: float = Field(
         default=1.3, ge=1.0, le=4.0,
