@@ -6,7 +6,8 @@ import argparse
 import json
 import math
 
-from autopar.defaults import DEFAULT_HARDWARE, DEFAULT_PRECISION, DEFAULT_SEQ_LEN, default_global_batch
+from autopar.defaults import (DEFAULT_HARDWARE, DEFAULT_MEMORY_MARGIN, DEFAULT_PRECISION, DEFAULT_SEQ_LEN,
+                              MEMORY_MARGIN_SOURCE, default_global_batch)
 from autopar.errors import AutoparInputError
 from autopar.specs.bounds import BOUNDS, limit
 from autopar.specs.hardware import PRECISIONS, HardwareSpec
@@ -74,6 +75,18 @@ def fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got '{text[:40]}'") from None
     if not 0 <= v <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {v}")
+    return v
+
+
+def margin(text: str) -> float:
+    """--memory-margin: a share of HBM from 0 to 0.5."""
+    from autopar.search.space import MAX_MEMORY_MARGIN
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share of HBM such as 0.08, got '{text[:40]}'") from None
+    if not (math.isfinite(v) and 0 <= v <= MAX_MEMORY_MARGIN):
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_MEMORY_MARGIN}, got {text[:40]}")
     return v
 
 
@@ -217,6 +230,9 @@ def add_search_args(p: argparse.ArgumentParser, title: str, time_limit_default: 
     g.add_argument("--no-sp", action="store_true", help="no sequence parallelism")
     g.add_argument("--allow-cross-domain", action="store_true",
                    help="let TP and ETP span NVLink domains (default: forbidden; EP may always span domains)")
+    g.add_argument("--memory-margin", type=margin, default=None, metavar="SHARE",
+                   help=f"share of HBM kept free beyond the memory model (default: {DEFAULT_MEMORY_MARGIN:g}, "
+                        f"{MEMORY_MARGIN_SOURCE}; 0 fills HBM up to the prediction)")
     g.add_argument("--time-limit", type=seconds("time_limit_s"), default=time_limit_default,
                    help=f"time limit in seconds of the whole search: tables, CP-SAT and the infeasibility explanation (default: {time_limit_default:g})")
     return g
@@ -243,6 +259,8 @@ def search_options(args: argparse.Namespace, **extra):
         rc = [x.strip() for x in args.recompute.split(";") if x.strip()]
         if not rc:
             raise AutoparInputError(f"--recompute: no policy given in '{args.recompute[:60]}' (e.g. none;full)")
+    if getattr(args, "memory_margin", None) is not None:
+        extra = {"memory_margin": args.memory_margin, **extra}
     return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp,
                          allow_cross_domain=args.allow_cross_domain, time_limit_s=args.time_limit,
                          sequence_parallel=False if args.no_sp else None, **extra)

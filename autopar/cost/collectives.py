@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 
+from autopar.cost._select import maximum
 from autopar.specs.hardware import HardwareSpec
 
 _FACTOR = {
@@ -135,7 +136,7 @@ class Network:
         remote = (m - 1) * (1.0 - miss)
         net = token_bytes * remote
         nvl = token_bytes * top_k * ((k_d - 1) / n + (n - k_d) / n * (k_d - 1) / k_d)
-        return max(nvl / self.b_nvl, net / self.b_net) + (k_d - 1) * self.a_nvl + (m - 1) * self.a_net
+        return maximum(nvl / self.b_nvl, net / self.b_net) + (k_d - 1) * self.a_nvl + (m - 1) * self.a_net
 
     def time(self, op: str, nbytes: float, n: int, stride: int = 1) -> float:
         """Seconds for one ``op`` of ``nbytes`` (all-gather/reduce-scatter: the full gathered size) on n ranks."""

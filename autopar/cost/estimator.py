@@ -151,7 +151,7 @@ class Estimator:
         for t, n, stride in ((tp_comm_seconds(prof, st, L, tr, net, 2), L.tp, 1),
                              (cp_ring_seconds(prof, st, L, tr, net, 3), L.cp, L.tp),
                              (ep_comm_seconds(prof, st, L, tr, net, 2), L.ep * L.etp, 1)):
-            if t:
+            if n > 1:   # t may be an array over the micro-batch (the search's tables)
                 busy["network" if net.placement(n, stride)[1] > 1 else "nvlink"] += t
         return busy
 

@@ -447,7 +447,7 @@ class Observation(Protocol):
     measured: float | None
 
 
-SCALAR_FIELDS = ("nvlink", "scaleout", "hbm", "pp_overlap")
+SCALAR_FIELDS = ("nvlink", "scaleout", "hbm", "pp_overlap", "layer_overhead_us")
 
 
 def _default_estimator() -> Estimator:
@@ -472,7 +472,8 @@ def step_rows(hardware: HardwareSpec, rows: Sequence[Observation], estimator: Es
 
 
 def layout_constants(rows: Sequence[Observation]) -> list[Constant]:
-    """What ``profile compare`` fits: gemm per precision of the rows, and the link, HBM and overlap constants."""
+    """What ``profile compare`` fits: gemm per precision of the rows, the link and HBM constants, the pipeline
+    send overlap and the per-layer overhead (TP/DP/EP/CP overlap is priced from the compute window, not fitted)."""
     precisions = sorted({r.training.precision for r in rows})
     return [Constant("gemm", p) for p in precisions] + [Constant(f) for f in SCALAR_FIELDS]
 

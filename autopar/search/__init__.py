@@ -36,9 +36,11 @@ class SolveResult:
     heuristic_reasons: list[str] = field(default_factory=list)
     explanation: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    memory_margin: float = 0.0  # share of HBM the search kept free beyond the memory model
 
     def to_dict(self) -> dict:
         return {"status": self.status, "gap": self.gap, "solve_s": self.solve_s, "space_size": self.space_size,
+                "memory_margin": self.memory_margin,
                 "meshes": self.meshes, "method": self.method, "plans": [p.to_dict() for p in self.plans],
                 "heuristic": self.heuristic.to_dict() if self.heuristic else None,
                 "heuristic_reasons": self.heuristic_reasons, "explanation": self.explanation, "notes": self.notes}
@@ -79,7 +81,8 @@ def explain_infeasible(space: Space, est: Estimator, cands: Candidates, blamed: 
             e = est.estimate(L, resolved=True)
             lines.append(f"at seq {training.seq_len} the smallest per-GPU memory reachable on {gpus} "
                          f"{hardware.name} is {e.memory_gib.total:.1f} GiB ({L.short()}), "
-                         f"HBM is {hardware.hbm_gib:.1f} GiB")
+                         f"HBM is {hardware.hbm_gib:.1f} GiB, of which {space.usable_hbm_gib:.1f} may be filled "
+                         f"(memory margin {space.options.memory_margin:.1%})")
     # Larger GPU counts to try: the next powers of two and doublings of the request, up to 64x and the GPU bound.
     from autopar.specs.bounds import limit
     top = min(64 * gpus, int(limit("gpus")))
@@ -169,4 +172,4 @@ def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, tr
             blamed = res.blamed_groups if res else sorted(cands.first_problem)
             explanation = explain_infeasible(space, est, cands, blamed, deadline)
     return SolveResult(plans, status, gap, time.perf_counter() - t0, space.size, len(space.meshes), method,
-                       heur, reasons, explanation, notes)
+                       heur, reasons, explanation, notes, options.memory_margin)

@@ -3,6 +3,8 @@
 1. Term tables. For every valid mesh m = (tp, cp, pp, ep, etp) the Estimator's own per-stage functions fill
    tables keyed by the few axes each term depends on (j = micro-batch, r = recompute, k = vpp, z = ZeRO):
      t_mb[m,j,r] (compute + tp + cp + ep + offload of the slowest stage, ``Estimator.stage_times``)
+     t_mb_v[m,j,r] the same with virtual stages (vpp > 1): it differs only where the EP all-to-all overlap needs
+        them (MoE, EP > 1, PP > 1: ``autopar.cost.ep.ep_overlap_blockers``), and is timed only there
      p2p[m,j,k] (``p2p_time``)      tail[m,z,j] = max over stages of ``Estimator.stage_tail`` (DP/FSDP + optimizer)
      per distinct stage s: states[m,z,s] + activations[m,j,r,k,s] + buffers[m,z,j,s]   (memory)
    The memory and tail terms are filled one mesh per call: the term functions (``model_state_bytes``,
@@ -24,7 +26,7 @@
      recompute, topology, sharding .... candidates whose mesh breaks the group are off  (Σ x_i = 0)
      batch ........................... global batch = dp·mbs·GA
      interleaving .................... vpp > 1 needs pp > 1 and GA % pp == 0
-     hbm capacity .................... Σ mem_i·x_i <= (HBM − reserve)/(1 + fragmentation)
+     hbm capacity .................... Σ mem_i·x_i <= (HBM·(1 − margin) − reserve)/(1 + fragmentation)
    Top-K: re-solve with the previous answers forbidden (no-good cuts). The model is written straight into
    OR-Tools' CpModelProto (``cp_model_helper``): the ``cp_model`` convenience layer imports pandas, which
    doubles the start-up of ``autopar solve``.
@@ -113,8 +115,9 @@ def _mesh_validity(space: Space, only_valid_meshes: bool = True) -> tuple[list[i
 
 
 def _cap_mib(space: Space) -> int:
+    """The modelled bytes (before the reserve) that keep a layout's total within ``space.usable_hbm_gib``."""
     hw = space.hardware
-    return int((hw.hbm_gib - hw.reserve_gib) / (1 + hw.fragmentation) * SCALE_M)
+    return int((space.usable_hbm_gib - hw.reserve_gib) / (1 + hw.fragmentation) * SCALE_M)
 
 
 def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes: bool = True,
@@ -240,6 +243,9 @@ class _Tables:
         self.mbs, self.vpp, self.zero = (np.array(space.mbs), np.array(space.vpp), np.array(space.zero))
         self.M = np.maximum(1, space.training.global_batch // (self.dp[:, None] * self.mbs[None, :]))   # (nm, J)
         self.t_mb = np.full((nm, J, R), UNREACHABLE_S)
+        self.t_mb_v = np.full((nm, J, R), UNREACHABLE_S)   # with vpp > 1 (== t_mb unless _vpp_matters)
+        ep_on = est.model.is_moe and space.training.ep_comm_overlap and any(v > 1 for v in space.vpp)
+        self._vpp_matters = ep_on & (deg[:, 2] > 1) & (deg[:, 3] > 1)      # (nm,)
         self.p2p = np.zeros((nm, J, K))
         self.tail = np.zeros((nm, Z, J))
         self.states = np.zeros((slots, nm, Z))
@@ -258,18 +264,20 @@ class _Tables:
         self._tails: dict[tuple[int, int], np.ndarray] = {}   # (pos, j) -> DP/optimizer tail per ZeRO stage
         self._kernel_s: dict[tuple, np.ndarray] = {}  # (tp, cp, ep, etp, r) -> layer seconds (J, kinds)
         self._kinds_of: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # split -> layers per kind and stage
-        self._times: dict[tuple[int, int, int], tuple[float, dict[int, float]]] = {}   # (pos, j, r) -> t_mb, t_fwd
+        self._times: dict[tuple, tuple[float, dict[int, float]]] = {}   # (pos, j, r, vpp>1) -> t_mb, t_fwd
 
     def _slot_stage(self, pos: int) -> list:
         stages = self.stages[pos]
         return [stages[min(s, len(stages) - 1)] for s in range(self.slots)]
 
-    def _stage_max(self, pos: int, j: int, r: int) -> tuple[float, dict[int, float]]:
-        """(t_mb of the slowest stage, forward compute time per stage) at micro-batch j and recompute r."""
-        key = (pos, j, r)
+    def _stage_max(self, pos: int, j: int, r: int, interleaved: bool = False) -> tuple[float, dict[int, float]]:
+        """(t_mb of the slowest stage, forward compute time per stage) at micro-batch j and recompute r, without
+        (or, ``interleaved``, with) virtual stages: only the EP overlap's blockers tell them apart."""
+        interleaved = bool(interleaved and self._vpp_matters[pos])
+        key = (pos, j, r, interleaved)
         if key not in self._times:
             sp = self.space
-            L = sp.layout(self.meshes[pos], sp.mbs[j], sp.recompute[r], 1, 1)
+            L = sp.layout(self.meshes[pos], sp.mbs[j], sp.recompute[r], 2 if interleaved else 1, 1)
             t_mb, t_fwd = 0.0, {}
             for st in self.stages[pos]:
                 times = self.est.stage_times(L, st)
@@ -289,7 +297,8 @@ class _Tables:
                            self.est.net)
             self._p2p_bound[pos] = np.broadcast_to(p2p, (len(sp.mbs), len(sp.vpp)))
         lb = SimpleNamespace(grad_accum=self.M[pos, j], pp=self.pp[pos], vpp=self.vpp)
-        steps = step_seconds(lb, self._stage_max(pos, j, r)[0], self._p2p_bound[pos][j], 0.0)
+        t_mb = np.where(self.vpp > 1, self._stage_max(pos, j, r, True)[0], self._stage_max(pos, j, r)[0])
+        steps = step_seconds(lb, t_mb, self._p2p_bound[pos][j], 0.0)
         return float(np.min(np.where(self.inter_ok[pos, j], steps, np.inf)))   # over the valid interleavings
 
     def _layer_kernels(self, pos: int, r: int) -> np.ndarray:
@@ -485,6 +494,7 @@ class _Tables:
         jr = np.ones((J, R), bool) if jr is None else jr
         for j, r in zip(*np.nonzero(jr)):
             self.t_mb[pos, j, r] = self._stage_max(pos, int(j), int(r))[0]
+            self.t_mb_v[pos, j, r] = self._stage_max(pos, int(j), int(r), True)[0]
             self.tail[pos, :, j] = self._tail(pos, int(j), int(r))
         self.p2p[pos] = p2p_time(sp.layout_grid([mi], None, "none", micro_batch=self.mbs[:, None],
                                                 vpp=self.vpp[None, :]), tr, prof.hidden, hw, est.net)
@@ -507,7 +517,9 @@ class _Tables:
         if with_time:
             grid = SimpleNamespace(grad_accum=self.M[rows][:, :, None, None, None],
                                    pp=self.pp[rows][:, None, None, None, None], vpp=self.vpp[None, None, None, :, None])
-            step = step_seconds(grid, self.t_mb[rows][:, :, :, None, None], self.p2p[rows][:, :, None, :, None],
+            t_mb = np.where(self.vpp[None, None, None, :, None] > 1, self.t_mb_v[rows][:, :, :, None, None],
+                            self.t_mb[rows][:, :, :, None, None])
+            step = step_seconds(grid, t_mb, self.p2p[rows][:, :, None, :, None],
                                 np.transpose(self.tail[rows], (0, 2, 1))[:, :, None, None, :])
             step = np.minimum(np.nan_to_num(np.broadcast_to(step, shape), nan=UNREACHABLE_S), UNREACHABLE_S)
             step_us = np.rint(step * SCALE_T).astype(np.int64).reshape(n, -1)

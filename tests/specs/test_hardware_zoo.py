@@ -164,7 +164,7 @@ def test_round_trip_keeps_measured_collectives_and_efficiency(tmp_path):
     spec = base.model_copy(update={
         "measured_busbw_gbps": MeasuredCollectives(all_reduce={2: 23.1, 4: 46.3, 8: 80.1}, all_to_all={8: 41.5},
                                                    message_mib=128),
-        "efficiency": base.efficiency.model_copy(update={"tp_overlap": 0.62, "layer_overhead_us": 55.0}),
+        "efficiency": base.efficiency.model_copy(update={"moe_dropless_imbalance": 1.21, "layer_overhead_us": 55.0}),
         "kernel_model": base.kernel_model.model_copy(update={"gemm": {"bf16": 0.55}, "nvlink": 0.62}),
     })
     path = tmp_path / "calibrated.yaml"
