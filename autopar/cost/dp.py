@@ -29,6 +29,8 @@ prefetch). Exposed traffic is what does not fit in the compute that can hide it:
 
         exposed per micro-batch = f·(AG + RS) + max(0, (1 − f)·(2·AG + RS) − W_mb)
 
+  * Each layer's (bucket's) collective pays its own latency (Network's alpha term): ``units`` per micro-batch
+    under FSDP, one per bucket otherwise; this is what makes a large DP group cost more than its bytes.
   * Bandwidth is shared: the window W is what is left of the compute after the same link's other traffic in that
     time (TP collectives on NVLink, the EP all-to-all and CP ring on whichever link their groups span, forward and
     backward): W = max(0, compute − busy(link)), link = the network when the group spans NVLink domains.
@@ -71,7 +73,8 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
     z = L.zero_stage
     on = tr.dp_comm_overlap
     busy = busy or {}
-    f_unit = 1.0 / max(1, units)
+    units = max(1, units)
+    f_unit = 1.0 / units
     total = exposed = 0.0
     for (kind, n, stride), params in zip(_groups(L), (dense, expert)):
         if params == 0:
@@ -80,19 +83,23 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
         replicate = (L.dp * L.cp if kind == "dense" else L.edp) // n if L.hsdp_shard else 1
         load = busy.get("network" if net.placement(n, stride)[1] > 1 else "nvlink", 0.0)
         w_fwd, w_bwd = maximum(t_fwd_mb - load / 3.0, 0.0), maximum(t_bwd_mb - 2.0 * load / 3.0, 0.0)
-        # ZeRO-3 / FSDP: per micro-batch gathers and reduce-scatter, layer by layer
-        ag, rs = net.time("all_gather", w_bytes, n, stride), net.time("reduce_scatter", g_bytes, n, stride)
+        # ZeRO-3 / FSDP: per micro-batch, one gather (forward), one gather and one reduce-scatter (backward) per layer
+        ag, rs = _times(net, "all_gather", w_bytes, n, stride, units), _times(net, "reduce_scatter", g_bytes, n,
+                                                                               stride, units)
         per_mb = 2 * ag + rs
         tot3 = M * per_mb
         exp3 = M * (f_unit * (ag + rs) + _exposed((1.0 - f_unit) * per_mb, w_fwd + w_bwd)) if on else tot3
-        # bucketed ZeRO-0/1/2 and the HSDP replica all-reduce
-        f_b = min(1.0, max(BUCKET_MIN_PARAMS, BUCKET_PER_RANK_PARAMS * n) / params)
+        # bucketed ZeRO-0/1/2 (and the HSDP replica all-reduce): one collective per bucket with overlap, one for
+        # everything without (Megatron-Core: bucket_size None when --overlap-grad-reduce is off)
+        f_b = min(1.0, max(BUCKET_MIN_PARAMS, BUCKET_PER_RANK_PARAMS * n) / params) if on else 1.0
+        buckets = -(-1.0 // f_b)   # ceil(1 / f_b)
         if replicate > 1:  # HSDP: all-reduce the gradient shards across replicas once per step
-            t = net.time("all_reduce", g_bytes / n, replicate, stride * n)
+            t = _times(net, "all_reduce", g_bytes / n, replicate, stride * n, buckets)
             tot3, exp3 = tot3 + t, exp3 + (_bucketed(t, f_b, w_bwd) if on else t)
         # ZeRO-0: all-reduce the gradients; ZeRO-1/2: reduce-scatter them and all-gather the updated weights
-        t_grad = where(z == 0, net.time("all_reduce", g_bytes, n, stride), rs)
-        t_param = where(z == 0, 0.0, ag)
+        t_grad = where(z == 0, _times(net, "all_reduce", g_bytes, n, stride, buckets),
+                       _times(net, "reduce_scatter", g_bytes, n, stride, buckets))
+        t_param = where(z == 0, 0.0, _times(net, "all_gather", w_bytes, n, stride, buckets))
         tot12 = t_grad + t_param if n > 1 else 0.0
         if n > 1:
             exp12 = _bucketed(t_grad, f_b, w_bwd) + _bucketed(t_param, f_b, w_fwd) if on else tot12
@@ -101,6 +108,13 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
         total = total + where(z >= 3, tot3, tot12)
         exposed = exposed + where(z >= 3, exp3, exp12)
     return exposed, total
+
+
+def _times(net: Network, op: str, nbytes, n: int, stride: int, count: float):
+    """``count`` collectives moving ``nbytes`` in all: the bandwidth term once, the latency term per collective
+    (each layer's or bucket's collective pays its own ring latency)."""
+    c, t0 = net.coefficients(op, n, stride)
+    return nbytes * c + count * t0
 
 
 def _bucketed(t, f, window):

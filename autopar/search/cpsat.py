@@ -6,7 +6,8 @@
      t_mb_v[m,j,r] the same with virtual stages (vpp > 1): it differs only where the EP all-to-all overlap needs
         them (MoE, EP > 1, PP > 1: ``autopar.cost.ep.ep_overlap_blockers``), and is timed only there
      p2p[m,j,k] (``p2p_time``)      tail[m,z,j] = max over stages of ``Estimator.stage_tail`` (DP/FSDP + optimizer)
-     per distinct stage s: states[m,z,s] + activations[m,j,r,k,s] + buffers[m,z,j,s]   (memory)
+     per distinct stage s: states[m,z,s] + max(activations[m,j,r,k,s] + buffers[m,z,j,s], step copy[m,z,s])
+     (memory; the optimizer step's fp32 gradient copy, ``step_grad_copy_bytes``)
    The memory and tail terms are filled one mesh per call: the term functions (``model_state_bytes``,
    ``activation_bytes``, ``buffer_bytes``, ``stage_tail``, ``p2p_time``) take the knobs that vary inside a mesh
    as numpy arrays (``Space.layout_grid``). ``stage_times`` (compute) is called per (mesh, micro-batch, recompute).
@@ -50,7 +51,7 @@ from ortools.sat.python import cp_model_helper as _cp
 from autopar.cost import Estimator
 from autopar.cost.estimator import microbatch_seconds, step_seconds
 from autopar.cost.memory import (activation_bytes, activation_elems_per_token, buffer_bytes, linear_input_scale,
-                                 model_state_bytes)
+                                 model_state_bytes, step_grad_copy_bytes)
 from autopar.cost.pipeline import p2p_time
 from autopar.cost.result import GIB
 from autopar.search.space import Space
@@ -251,6 +252,7 @@ class _Tables:
         self.states = np.zeros((slots, nm, Z))
         self.act = np.zeros((slots, nm, J, R, K))
         self.buf = np.zeros((slots, nm, Z, J))
+        self.copy = np.zeros((slots, nm, Z))    # the optimizer step's fp32 gradient copy
         self.batch_ok = np.zeros((nm, J), bool)
         self.inter_ok = np.zeros((nm, J, K), bool)
         self.done = np.zeros(nm, bool)      # time tables filled
@@ -450,6 +452,7 @@ class _Tables:
             kept, working = (np.stack(x)[inv] for x in zip(*(self._elems(p, st) for p in rep.values())))  # (G, R, 1, 1)
             self.states[s, pos] = sum(model_state_bytes(prof, st, by_zero, tr))
             self.buf[s, pos] = buffer_bytes(prof, st, by_zero_mbs, tr)
+            self.copy[s, pos] = step_grad_copy_bytes(prof, st, by_zero, tr)
             act = np.broadcast_to(activation_bytes(prof, st, by_mbs_vpp, tr, (kept, working)), (G, R, J, K))
             self.act[s, pos] = np.swapaxes(act, 1, 2)
         self.batch_ok[pos] = tr.global_batch % (self.dp[pos][:, None] * self.mbs[None, :]) == 0
@@ -507,8 +510,9 @@ class _Tables:
         n = len(rows)
         mem = None   # the fullest stage: max over slots of states + activations + buffers, one slot at a time
         for s in range(self.slots):
-            m = self.states[s, rows][:, None, None, None, :] + self.act[s, rows][:, :, :, :, None]
-            m += np.transpose(self.buf[s, rows], (0, 2, 1))[:, :, None, None, :]
+            m = self.act[s, rows][:, :, :, :, None] + np.transpose(self.buf[s, rows], (0, 2, 1))[:, :, None, None, :]
+            np.maximum(m, self.copy[s, rows][:, None, None, None, :], out=m)
+            m += self.states[s, rows][:, None, None, None, :]
             mem = m if mem is None else np.maximum(mem, m, out=mem)
         shape = mem.shape
         step_us = None
