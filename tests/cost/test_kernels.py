@@ -237,3 +237,24 @@ def test_an_estimate_does_not_depend_on_what_was_estimated_before():
         return {id(L): est.estimate(L).step_time_s for L in order}
 
     assert steps([a, b]) == steps([b, a])
+
+
+def test_a_stack_picks_the_attention_figures_of_its_kernel():
+    """kernel_model names the implementation its attention figures were measured with; another implementation's
+    measured figures, when the file has them, replace them; a kernel with none is an input error naming those
+    measured."""
+    from autopar.errors import AutoparInputError
+    from autopar.specs.hardware import AttentionFigures
+    km = H100.kernel_model
+    assert km.attention_kernel == "fa3" and km.with_attention_kernel("fa3") is km
+    with pytest.raises(AutoparInputError, match=r"attention kernel 'cudnn'.*measured on this hardware: fa3"):
+        km.with_attention_kernel("cudnn")
+    other = AttentionFigures(fwd=0.5, bwd=0.4, half_seq=900, source="a planted figure")
+    km2 = km.model_copy(update={"attention_kernels": {"cudnn": other}})
+    cud = km2.with_attention_kernel("cudnn")
+    assert (cud.attention_kernel, cud.attention_fwd, cud.attention_bwd, cud.attention_half_seq) == ("cudnn", 0.5, 0.4, 900)
+    assert cud.attention_kernels["fa3"].fwd == km.attention_fwd            # nothing measured is lost
+    assert cud.with_attention_kernel("fa3").attention_fwd == km.attention_fwd
+    hw = H100.model_copy(update={"kernel_model": cud})
+    a, b = Kernels(H100, TR).attention(1e12, 8192, 128)[0], Kernels(hw, TR).attention(1e12, 8192, 128)[0]
+    assert b / a == pytest.approx((0.646 * 8192 / (8192 + 610)) / (0.5 * 8192 / (8192 + 900)))
