@@ -258,3 +258,25 @@ def test_a_stack_picks_the_attention_figures_of_its_kernel():
     hw = H100.model_copy(update={"kernel_model": cud})
     a, b = Kernels(H100, TR).attention(1e12, 8192, 128)[0], Kernels(hw, TR).attention(1e12, 8192, 128)[0]
     assert b / a == pytest.approx((0.646 * 8192 / (8192 + 610)) / (0.5 * 8192 / (8192 + 900)))
+
+
+@pytest.mark.parametrize("name", ["h100_sxm", "h200", "gb200_nvl72", "a100_80gb"])
+def test_gemm_curve_against_the_published_long_run_gemms(name):
+    """The hardware files keep published long-run cuBLASLt tables (10,000 warm-up iterations, so the clock has
+    settled under the power limit) in their kernels: section. At the shapes dense layers produce (every dimension
+    >= 2048) the kernel_model curve, sustained ratio included, is never more than 5% faster than those runs and
+    at most 35% slower (A100 at 2048^3: 0.70; Hopper and GB200 0.78-0.99). Known misses the curve does not model, asserted so that a change to them is seen: a
+    1024^3 GEMM is latency-bound (6-8 us; the curve is up to 2.3x too fast on Hopper and Blackwell) and a skinny
+    802816x192x768 one is bound by reading its activations (the curve is ~3x too slow)."""
+    hw = load_hardware(name)
+    (prec, rows), = hw.kernels.gemm.items()
+    k = Kernels(hw, TrainingSpec(seq_len=4096, global_batch=64, precision=prec))
+    for m, n, kk, measured in rows:
+        fwd, _ = k.gemm(m, n, kk, n * kk, 1, 1)
+        ratio = 2 * m * n * kk / fwd / 1e12 / measured
+        if min(m, n, kk) >= 2048:
+            assert 0.65 <= ratio <= 1.05, (m, n, kk, ratio)
+        elif (m, n, kk) == (802816, 192, 768):
+            assert ratio < 0.4, ratio
+        elif (m, n, kk) == (1024, 1024, 1024) and name != "a100_80gb":
+            assert ratio > 1.5, ratio
