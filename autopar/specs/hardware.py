@@ -155,7 +155,7 @@ class KernelModel(Spec):
 
     ``sustained_*`` = throughput measured after a long warm-up at the power limit / the short-run figure above
     (each hardware file cites the pair). Memory-bound kernels and links are not scaled: the power limit lowers
-    the SM clock, not the memory clock, and the ``hbm`` figures are already STREAM-like sustained copies."""
+    the SM clock, not the memory clock, which sets the rate of the memory-bound kernels ``hbm`` was measured on."""
 
     source: str = Field(default="defaults: the H100 SXM figures of hardware/h100_sxm.yaml, NOT measured for this "
                                 "hardware (run 'autopar profile hardware')",
