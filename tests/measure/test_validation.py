@@ -23,8 +23,10 @@ def test_every_published_run_is_predicted_and_fits(report):
 
 def test_accuracy_of_the_committed_constants(report):
     # Regression guard on the constants in hardware/*.yaml (fitted by `autopar validate --fit --write`; README
-    # 'Accuracy' gives 8.00%). A change to the cost model that loses accuracy must show up here.
-    assert report.mape < 0.09
+    # 'Accuracy' gives 9.43%). A change to the cost model that loses accuracy must show up here. Issue 20 raised it
+    # from 8.00%: overlap priced from its window instead of four fitted fractions, sustained clocks, EP overlap only
+    # where the source ran it (the MoE rows, 13.3%, carry the rise; README 'Accuracy' says why).
+    assert report.mape < 0.095
     assert report.max_abs_error < 0.35
 
 
