@@ -60,7 +60,8 @@ def explain_infeasible(space: Space, est: Estimator, cands: Candidates, blamed: 
     """Name the binding groups with numbers, the smallest memory reachable and the smallest GPU count that fits.
 
     All from the candidates of the search that failed (no re-solve per group): the binding groups and the smallest
-    memory come from their tables (:func:`~autopar.search.explain.binding_groups`, :func:`smallest_memory_candidate`); each larger GPU
+    memory come from their tables (:func:`~autopar.search.explain.binding_groups`,
+    :func:`smallest_memory_candidate`); each larger GPU
     count is tried with the memory tables alone (:func:`layout_fits`), and only the first one that fits is solved,
     for its fastest layout. ``deadline`` (``time.perf_counter()`` seconds) stops the GPU-count search."""
     model, hardware, training, gpus = space.model, space.hardware, space.training, space.gpus

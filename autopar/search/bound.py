@@ -57,13 +57,13 @@ def build_candidates(space: Space, est: Estimator, top_k: int, only_valid_meshes
         any_fit = bool(fit_jr)
         if any_fit:   # (when nothing fits, nothing is timed: the explanation needs memory only)
             # 2. Branch and bound over the meshes that can fit, in order of a step-time lower bound of their
-            #    (micro-batch, recompute) pairs that fit (see Bounds.bound): bubble + p2p at the best valid vpp, plus the
-            #    least DP/optimizer tail over the ZeRO stages (Tables.tail_of). That bound times every stage of the mesh, so
-            #    a cheaper floor under it comes first (the layers' kernels alone, see Bounds.floors), and each micro-batch's
-            #    key is raised (refine) only when it is the lowest key left: meshes are still visited in the order
-            #    of their bounds. A mesh visited times only the pairs whose bound can beat the incumbent. Every
-            #    layout that can beat the final incumbent is tabulated whatever the order, so the candidates after
-            #    the cutoff do not depend on the bounds used.
+            #    (micro-batch, recompute) pairs that fit (see Bounds.bound): bubble + p2p at the best valid vpp, plus
+            #    the least DP/optimizer tail over the ZeRO stages (Tables.tail_of). That bound times every stage of the
+            #    mesh, so a cheaper floor under it comes first (the layers' kernels alone, see Bounds.floors), and each
+            #    micro-batch's key is raised (refine) only when it is the lowest key left: meshes are still visited
+            #    in the order of their bounds. A mesh visited times only the pairs whose bound can beat the
+            #    incumbent. Every layout that can beat the final incumbent is tabulated whatever the order, so the
+            #    candidates after the cutoff do not depend on the bounds used.
             #    tests/search/test_solver.py checks that bounded and unbounded builds agree.
             fitting = list(fit_jr)
             b.start_bounds(fitting, fit[fitting])

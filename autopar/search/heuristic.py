@@ -1,7 +1,7 @@
 """Rules-of-thumb baseline: the layout the rules document recommends, repaired to validity.
 
 This is the baseline the solver must beat. Every rule comes from
-``/work/shared/reference/parallelism-strategy-rules.md`` ("the rules"), applied literally, section by section:
+the project's reference note ``parallelism-strategy-rules.md`` ("the rules"), applied literally, section by section:
 
 1. **Decision by Model Size.**
    *Dense models* by total parameters (the table): < 1B DP only; 1-10B TP 2-4; 10-70B TP 4-8 + PP 2-4;

@@ -197,7 +197,8 @@ def build_space(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec
     rcs = [normalize_recompute(r) for r in (o.recompute or RECOMPUTE_POLICIES)]
     space = Space(model, hardware, training, gpus, o, meshes,
                   mbs=sorted(set(o.mbs or DEFAULT_MBS)), recompute=list(dict.fromkeys(rcs)),
-                  vpp=sorted(set(o.vpp or DEFAULT_VPP)), zero=sorted(set(o.zero if o.zero is not None else DEFAULT_ZERO)))
+                  vpp=sorted(set(o.vpp or DEFAULT_VPP)),
+                  zero=sorted(set(o.zero if o.zero is not None else DEFAULT_ZERO)))
     for pp in {m[2] for m in meshes}:
         space.splits[pp] = default_stage_layers(model, pp, 1, training.seq_len)
     return space

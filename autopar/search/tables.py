@@ -197,7 +197,8 @@ class Tables:
             self.act[s, pos] = np.swapaxes(act, 1, 2)
         # the layout rules' own 'batch' and 'interleaving' predicates, over (G, J) and (G, J, K)
         self.batch_ok[pos] = batch_valid(tr.global_batch, self.dp[pos][:, None], self.mbs[None, :])
-        self.inter_ok[pos] = interleaving_valid(pp, self.vpp[None, None, :], M[:, :, None], max_vpp(self.splits[pos[0]]))
+        self.inter_ok[pos] = interleaving_valid(pp, self.vpp[None, None, :], M[:, :, None],
+                                                max_vpp(self.splits[pos[0]]))
         self.mem_done[pos] = True
 
     def fit_pairs(self, cap: int) -> np.ndarray:

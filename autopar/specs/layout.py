@@ -248,9 +248,9 @@ def batch_valid(global_batch, dp, micro_batch):
 
 def interleaving_valid(pp, vpp, grad_accum, vpp_max):
     """The 'interleaving' rules of :func:`check_layout_groups` together: vpp = 1, or pp > 1 with the micro-batches
-    per step (``grad_accum``) a multiple of pp (interleaved 1F1B, Narayanan et al. 2021, arXiv 2104.04473 sec. 2.2.2) and at most
-    ``vpp_max`` (:func:`max_vpp` of the split) virtual stages per pipeline stage. Plain numbers or broadcastable
-    numpy arrays (the search's tables)."""
+    per step (``grad_accum``) a multiple of pp (the interleaved 1F1B schedule, Narayanan et al. 2021, arXiv
+    2104.04473 sec. 2.2.2) and at most ``vpp_max`` (:func:`max_vpp` of the split) virtual stages per pipeline stage.
+    Plain numbers or broadcastable numpy arrays (the search's tables)."""
     return (vpp == 1) | ((pp > 1) & (grad_accum % pp == 0) & (vpp <= vpp_max))
 
 
