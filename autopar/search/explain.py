@@ -16,8 +16,8 @@ import numpy as np
 
 from autopar.cost import Estimator
 from autopar.search.space import SearchOptions, Space, build_space
-from autopar.specs.bounds import limit
 from autopar.search.tables import ALL_GROUPS, Candidates, Tables, cap_mib, mesh_validity
+from autopar.specs.bounds import limit
 
 
 def binding_groups(cands: Candidates, core: list[str] | None = None) -> list[str]:
