@@ -119,7 +119,7 @@ class Layout(Spec):
     @property
     def world(self) -> int:
         assert self.dp is not None, "resolve the layout first"
-        return self.dp * self.tp * self.cp * self.pp
+        return self.dp * self.dense_ranks
 
     @property
     def recompute_modules(self) -> frozenset[str]:
