@@ -236,7 +236,7 @@ def add_search_args(p: argparse.ArgumentParser, title: str, time_limit_default: 
                    help="let TP and ETP span NVLink domains (default: forbidden; EP may always span domains)")
     g.add_argument("--memory-margin", type=margin, default=None, metavar="SHARE",
                    help=f"share of HBM kept free beyond the memory model (default: {DEFAULT_MEMORY_MARGIN:g}, "
-                        f"{MEMORY_MARGIN_SOURCE}; 0 fills HBM up to the prediction)")
+                        f"{MEMORY_MARGIN_SOURCE.replace('%', '%%')}; 0 fills HBM up to the prediction)")
     g.add_argument("--time-limit", type=seconds("time_limit_s"), default=time_limit_default,
                    help=f"time limit in seconds of the whole search: tables, CP-SAT and the infeasibility explanation (default: {time_limit_default:g})")
     return g
