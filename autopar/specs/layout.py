@@ -270,21 +270,17 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         add(f"gpus ({gpus}) not divisible by pp·ep·etp = {L.pp}·{L.ep}·{L.etp} = {expert} (edp must be whole)")
     group = "tensor parallel"
     # Tensor parallel.
-    a, g = model.num_attention_heads, model.kv_heads
-    if a % L.tp:
-        add(f"num_attention_heads ({a}) not divisible by tp ({L.tp})")
-    if model.mla is None and g % L.tp and L.tp % g:
-        # KV heads < TP: each KV head is replicated tp/g times (Megatron-LM), which needs tp % g == 0.
-        add(f"num_kv_heads ({g}) and tp ({L.tp}) must divide one another (KV heads are replicated when "
-                 "fewer than tp)")
-    for name, mixer in model.mixers.items():
-        why = mixer.tp_problem(L.tp, name)
-        if why:
+    # Each block states its divisibility rules (autopar.blocks): the model's attention and channel mixers give
+    # every broken rule, each named linear mixer its first, prefixed by its name.
+    degrees = dict(tp=L.tp, cp=L.cp, ep=L.ep, etp=L.etp)
+    for why in _broken(model.attention_block, ("tp",), degrees):
+        add(why)
+    for name, mixer in model.linear_mixers.items():
+        for why in _broken(mixer, ("tp",), degrees)[:1]:
+            add(f"mixer '{name}' ({mixer.kind}): {why}")
+    for block in model.channel_blocks:
+        for why in _broken(block, ("tp",), degrees):
             add(why)
-    if model.num_dense_layers and model.ffn_hidden_size % L.tp:
-        add(f"ffn_hidden_size ({model.ffn_hidden_size}) not divisible by tp ({L.tp})")
-    if model.moe and model.moe.num_shared_experts and model.moe.shared_ffn % L.tp:
-        add(f"shared expert FFN ({model.moe.shared_ffn}) not divisible by tp ({L.tp})")
     group = "sequence parallel"
     if L.sequence_parallel and L.tp == 1:
         add("sequence_parallel needs tp > 1 (SP splits the activations TP would otherwise replicate)")
@@ -295,10 +291,10 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
     if L.cp > 1 and training.seq_len % (2 * L.cp):
         add(f"seq_len ({training.seq_len}) % (2·cp) = {training.seq_len} % {2 * L.cp} != 0")
     if L.cp > 1 and training.linear_cp == "all_to_all":
-        for name, mixer in model.mixers.items():
-            why = mixer.cp_problem(L.tp, L.cp, name)
-            if why:
-                add(why)
+        # the all-to-all hands each of the tp·cp ranks whole heads (Megatron-Core MambaContextParallel, GatedDeltaNet)
+        for name, mixer in model.linear_mixers.items():
+            for why in _broken(mixer, ("tp·cp", "cp"), degrees)[:1]:
+                add(f"mixer '{name}' ({mixer.kind}): {why}")
     group = "experts"
     # Experts.
     if not model.is_moe:
@@ -307,10 +303,9 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         if L.etp > 1:
             add(f"etp = {L.etp} but {model.name} is dense: expert tensor parallel needs an MoE model")
     else:
-        if model.moe.num_experts % L.ep:
-            add(f"num_experts ({model.moe.num_experts}) not divisible by ep ({L.ep})")
-        if model.moe.expert_ffn_hidden_size % L.etp:
-            add(f"expert_ffn_hidden_size ({model.moe.expert_ffn_hidden_size}) not divisible by etp ({L.etp})")
+        for block in model.channel_blocks:
+            for why in _broken(block, ("ep", "etp"), degrees):
+                add(why)
     group = "pipeline layers"
     # Pipeline.
     n = model.num_layers
@@ -371,6 +366,11 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
     if L.offload_activations and hardware is not None and hardware.host_link_gbps is None:
         add(f"activation offloading needs host_link_gbps (GPU<->host bandwidth) in the hardware file of {hardware.name}")
     return p
+
+
+def _broken(block, axes: tuple[str, ...], degrees: dict[str, int]) -> list[str]:
+    """The messages of ``block``'s rules on ``axes`` that the degrees break, in the block's order."""
+    return [why for rule in block.rules() if rule.axis in axes and (why := rule.problem(**degrees))]
 
 
 def resolve_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
