@@ -55,15 +55,19 @@ class Rule:
     note: str = ""
 
     def problem(self, tp: int, cp: int = 1, ep: int = 1, etp: int = 1) -> str | None:
-        """The broken rule as one message with its numbers (None = it holds)."""
-        degree = {"tp": tp, "tp·cp": tp * cp, "cp": cp, "ep": ep, "etp": etp}[self.axis]
-        where = f"tp·cp = {tp}·{cp}" if self.axis == "tp·cp" else f"{self.axis} ({degree})"
-        value, field = (self.size // tp, f"{self.field}/tp") if self.per_tp else (self.size, self.field)
-        if self.mutual:
-            if value % degree and degree % value:
-                return f"{field} ({value}) and {where} must divide one another{self.note}"
+        """The broken rule as one message with its numbers (None = it holds). Called for every mesh the search
+        checks: the message is built only when the rule is broken."""
+        axis = self.axis
+        degree = (tp if axis == "tp" else tp * cp if axis == "tp·cp" else cp if axis == "cp"
+                  else ep if axis == "ep" else etp)
+        value = self.size // tp if self.per_tp else self.size
+        if not (value % degree and degree % value if self.mutual else value % degree):
             return None
-        return f"{field} ({value}) not divisible by {where}{self.note}" if value % degree else None
+        where = f"tp·cp = {tp}·{cp}" if axis == "tp·cp" else f"{axis} ({degree})"
+        field = f"{self.field}/tp" if self.per_tp else self.field
+        if self.mutual:
+            return f"{field} ({value}) and {where} must divide one another{self.note}"
+        return f"{field} ({value}) not divisible by {where}{self.note}"
 
 
 class Block:

@@ -270,17 +270,9 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         add(f"gpus ({gpus}) not divisible by pp·ep·etp = {L.pp}·{L.ep}·{L.etp} = {expert} (edp must be whole)")
     group = "tensor parallel"
     # Tensor parallel.
-    # Each block states its divisibility rules (autopar.blocks): the model's attention and channel mixers give
-    # every broken rule, each named linear mixer its first, prefixed by its name.
-    degrees = dict(tp=L.tp, cp=L.cp, ep=L.ep, etp=L.etp)
-    for why in _broken(model.attention_block, ("tp",), degrees):
+    # Each block states its divisibility rules (autopar.blocks; ModelSpec.layout_rules).
+    for why in _broken(model, ("tp",), L):
         add(why)
-    for name, mixer in model.linear_mixers.items():
-        for why in _broken(mixer, ("tp",), degrees)[:1]:
-            add(f"mixer '{name}' ({mixer.kind}): {why}")
-    for block in model.channel_blocks:
-        for why in _broken(block, ("tp",), degrees):
-            add(why)
     group = "sequence parallel"
     if L.sequence_parallel and L.tp == 1:
         add("sequence_parallel needs tp > 1 (SP splits the activations TP would otherwise replicate)")
@@ -292,9 +284,8 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         add(f"seq_len ({training.seq_len}) % (2·cp) = {training.seq_len} % {2 * L.cp} != 0")
     if L.cp > 1 and training.linear_cp == "all_to_all":
         # the all-to-all hands each of the tp·cp ranks whole heads (Megatron-Core MambaContextParallel, GatedDeltaNet)
-        for name, mixer in model.linear_mixers.items():
-            for why in _broken(mixer, ("tp·cp", "cp"), degrees)[:1]:
-                add(f"mixer '{name}' ({mixer.kind}): {why}")
+        for why in _broken(model, ("tp·cp", "cp"), L):
+            add(why)
     group = "experts"
     # Experts.
     if not model.is_moe:
@@ -303,9 +294,8 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         if L.etp > 1:
             add(f"etp = {L.etp} but {model.name} is dense: expert tensor parallel needs an MoE model")
     else:
-        for block in model.channel_blocks:
-            for why in _broken(block, ("ep", "etp"), degrees):
-                add(why)
+        for why in _broken(model, ("ep", "etp"), L):
+            add(why)
     group = "pipeline layers"
     # Pipeline.
     n = model.num_layers
@@ -368,9 +358,17 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
     return p
 
 
-def _broken(block, axes: tuple[str, ...], degrees: dict[str, int]) -> list[str]:
-    """The messages of ``block``'s rules on ``axes`` that the degrees break, in the block's order."""
-    return [why for rule in block.rules() if rule.axis in axes and (why := rule.problem(**degrees))]
+def _broken(model: ModelSpec, axes: tuple[str, ...], L: Layout) -> list[str]:
+    """The messages of the model's block rules on ``axes`` that the layout's degrees break (see
+    :attr:`ModelSpec.layout_rules`)."""
+    out = []
+    for prefix, first_only, rules in model.layout_rules:
+        for rule in rules:
+            if rule.axis in axes and (why := rule.problem(L.tp, L.cp, L.ep, L.etp)):
+                out.append(prefix + why)
+                if first_only:
+                    break
+    return out
 
 
 def resolve_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,

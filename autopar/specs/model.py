@@ -39,7 +39,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from autopar.blocks import MLP, Attention, Block, attention_block, channel_block, mixer_block
+from autopar.blocks import MLP, Attention, Block, Rule, attention_block, channel_block, mixer_block
 from autopar.specs._base import Spec
 from autopar.specs.bounds import limit
 from autopar.specs.mixers import MixerSpec
@@ -321,6 +321,15 @@ class ModelSpec(Spec):
         is set."""
         dense = (channel_block(self, "dense"),) if self.num_dense_layers else ()
         return dense + ((channel_block(self, "moe"),) if self.moe else ())
+
+    @cached_property
+    def layout_rules(self) -> tuple[tuple[str, bool, tuple[Rule, ...]], ...]:
+        """The blocks' divisibility rules as the layout check reads them, in message order: (prefix, first only,
+        rules). The model's attention and its channel mixers report every broken rule; each named linear mixer its
+        first, prefixed by its name."""
+        named = tuple((f"mixer '{name}' ({blk.kind}): ", True, blk.rules()) for name, blk in self.linear_mixers.items())
+        return (("", False, self.attention_block.rules()), *named,
+                *(("", False, blk.rules()) for blk in self.channel_blocks))
 
     @cached_property
     def attention_params(self) -> int:
