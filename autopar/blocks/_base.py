@@ -74,6 +74,8 @@ class Block:
     """One sub-layer, per token. Defaults are zeros: a block overrides what its kind has."""
 
     kind: ClassVar[str]
+    title: ClassVar[str]                   # what it is, in words ("gated linear attention (GLA)")
+    source: ClassVar[str]                  # where its formulas come from, in short (the file's docstring has more)
     keeps_kv: ClassVar[bool] = False       # softmax attention: a KV cache, K and V exchanged around the CP ring
     has_state: ClassVar[bool] = False      # linear attention / SSM: a fixed-size recurrent state instead
     routed: ClassVar[bool] = False         # MoE: tokens dispatched to experts

@@ -28,6 +28,8 @@ from autopar.blocks._base import Block, Linear, Rule
 @dataclass(frozen=True)
 class Attention(Block):
     kind = "attention"
+    title = "softmax attention (GQA/MQA/MHA, or MLA when the model sets mla; window, chunk, sinks, output gate)"
+    source = "Megatron-Core SelfAttention; FlashAttention arXiv 2205.14135"
     keeps_kv = True
 
     hidden: int

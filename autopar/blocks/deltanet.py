@@ -69,6 +69,8 @@ class _DeltaRule(HeadMixer):
 @dataclass(frozen=True)
 class GatedDeltaNet(_DeltaRule):
     kind = "gated_deltanet"
+    title = "Gated DeltaNet"
+    source = "arXiv 2412.06464 sec. 3.3; FLA GatedDeltaNet"
     own_fields = ("num_value_heads",)
 
     @classmethod
@@ -101,6 +103,8 @@ class GatedDeltaNet(_DeltaRule):
 @dataclass(frozen=True)
 class KDA(_DeltaRule):
     kind = "kda"
+    title = "Kimi Delta Attention (KDA)"
+    source = "Kimi Linear arXiv 2510.26692; FLA KimiDeltaAttention"
     own_fields = ("gate_low_rank",)
 
     gate_low_rank: int = 0

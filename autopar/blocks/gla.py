@@ -55,6 +55,8 @@ class _DecayAttention(HeadMixer):
 @dataclass(frozen=True)
 class GLA(_DecayAttention):
     kind = "gla"
+    title = "gated linear attention (GLA)"
+    source = "arXiv 2312.06635 sec. 4; FLA GatedLinearAttention"
     own_fields = ("gate_low_rank",)
 
     gate_low_rank: int = 0
@@ -81,6 +83,8 @@ class GLA(_DecayAttention):
 @dataclass(frozen=True)
 class Lightning(_DecayAttention):
     kind = "lightning"
+    title = "Lightning attention"
+    source = "Lightning Attention-2 arXiv 2401.04658; MiniMax-01"
 
     def gemm_params(self) -> int:
         h, H, dk = self.hidden, self.heads, self.dk

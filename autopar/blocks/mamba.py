@@ -42,6 +42,8 @@ from autopar.blocks._recurrent import _HEADS_NOTE, HeadMixer, Recurrent
 @dataclass(frozen=True)
 class Mamba2(HeadMixer):
     kind = "mamba2"
+    title = "Mamba-2 (SSD)"
+    source = "arXiv 2405.21060 sec. 6; Megatron-Core MambaMixer"
     own_fields = ("state_size",)
 
     state_size: int = 0
@@ -101,6 +103,8 @@ class Mamba2(HeadMixer):
 @dataclass(frozen=True)
 class Mamba1(Recurrent):
     kind = "mamba1"
+    title = "Mamba-1 selective-scan"
+    source = "arXiv 2312.00752 sec. 3.2, Alg. 2; HF JambaMambaMixer"
 
     inner_size: int = 0
     state_size: int = 0

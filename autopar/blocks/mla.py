@@ -21,6 +21,8 @@ from autopar.blocks.attention import Attention, _options
 @dataclass(frozen=True)
 class MLA(Attention):
     kind = "mla"
+    title = "multi-head latent attention (MLA)"
+    source = "DeepSeek-V2 arXiv 2405.04434 eq. 9-13"
 
     q_lora_rank: int | None = None
     kv_lora_rank: int = 0

@@ -20,6 +20,8 @@ from autopar.blocks._base import Block, Linear, Rule
 @dataclass(frozen=True)
 class MLP(Block):
     kind = "dense"
+    title = "dense MLP (gated or plain)"
+    source = "SwiGLU arXiv 2002.05202; Megatron-Core MLP"
 
     hidden: int
     ffn: int

@@ -25,6 +25,8 @@ from autopar.blocks.mlp import MLP
 @dataclass(frozen=True)
 class MoE(Block):
     kind = "moe"
+    title = "mixture of experts (router, routed and shared experts)"
+    source = "Megatron-Core MoELayer, SharedExpertMLP"
     routed = True
 
     hidden: int

@@ -36,6 +36,9 @@ shipped with the checkpoints; key names as in those classes):
                                        (layer_pattern ``attention+mamba``), SwiGLU MLP
 =====================================  ==========================================================================
 
+Each mixer a family maps to names its block class (:mod:`autopar.blocks`), whose ``field_problem`` checks the
+fields read here; a new mixer kind is one block file, its torch twin and a reader here (docs/architectures.md).
+
 Weights that exist in these checkpoints but are not modelled by ModelSpec, all under 0.01 % of the total:
 Q/K-norm scales (Qwen3, OLMoE, GLM-4.5: 2·d or (a+g)·d per layer), router and expert-score-correction biases
 (E per MoE layer), GPT-OSS attention sinks (a per layer), the Qwen2-MoE shared-expert gate (h per layer), and
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autopar.blocks import KDA, Attention, GatedDeltaNet, Mamba1, Mamba2
 from autopar.errors import AutoparInputError
 from autopar.specs._base import build_spec
 from autopar.specs.bounds import bound_note, limit
@@ -425,8 +429,8 @@ def _qwen3_next(r: _Reader) -> dict[str, Any]:
     if unknown:
         raise r.fail(f"layer_types: unsupported type(s) {unknown} (qwen3_next has full_attention, linear_attention)")
     f["mixers"] = {
-        "gated_attention": dict(kind="attention", output_gate=True),
-        "gated_deltanet": dict(kind="gated_deltanet", num_heads=r.get("linear_num_key_heads"),
+        "gated_attention": dict(kind=Attention.kind, output_gate=True),
+        "gated_deltanet": dict(kind=GatedDeltaNet.kind, num_heads=r.get("linear_num_key_heads"),
                                num_value_heads=r.get("linear_num_value_heads"),
                                head_dim=r.get("linear_key_head_dim"),
                                value_head_dim=r.get("linear_value_head_dim"),
@@ -485,7 +489,7 @@ def _nemotron_h(r: _Reader) -> dict[str, Any]:
         expand = r.get("expand", None, nullable=True)
         if expand is not None and expand * h != heads * hd:
             raise r.fail(f"expand·hidden_size = {expand}·{h} != mamba_num_heads·mamba_head_dim = {heads}·{hd}")
-        f["mixers"] = {"mamba": dict(kind="mamba2", num_heads=heads, head_dim=hd, state_size=r.get("ssm_state_size"),
+        f["mixers"] = {"mamba": dict(kind=Mamba2.kind, num_heads=heads, head_dim=hd, state_size=r.get("ssm_state_size"),
                                      n_groups=r.get("n_groups", 1), conv_kernel=r.get("conv_kernel", 4),
                                      chunk_size=r.get("chunk_size", 128))}
     f["layer_pattern"] = [_NEMOTRON_KINDS[c][0] for c in pattern]
@@ -536,7 +540,7 @@ def _kimi_linear(r: _Reader) -> dict[str, Any]:
     kda = sub.get("kda_layers", [i for i in range(1, n + 1) if i not in full], kind=list)
     if sorted(full + kda) != list(range(1, n + 1)):
         raise r.fail(f"linear_attn_config: full_attn_layers {full} and kda_layers {kda} must cover layers 1..{n} once")
-    f["mixers"] = {"kda": dict(kind="kda", num_heads=sub.get("num_heads"), head_dim=sub.get("head_dim"),
+    f["mixers"] = {"kda": dict(kind=KDA.kind, num_heads=sub.get("num_heads"), head_dim=sub.get("head_dim"),
                                conv_kernel=sub.get("short_conv_kernel_size", 4))}
     f["layer_pattern"] = ["attention" if i + 1 in full else "kda" for i in range(n)]
     sub.mark("gate_lower_bound", "use_full_rank_gate")
@@ -599,7 +603,7 @@ def _jamba(r: _Reader) -> dict[str, Any]:
         if r.get("mamba_proj_bias", False, kind=bool):
             r.used.discard("mamba_proj_bias")    # in/out projection biases are not modelled: report the key
         r.mark("mamba_conv_bias")                # the convolution bias is counted (MixerSpec.other_params)
-        f["mixers"] = {"mamba": dict(kind="mamba1", inner_size=r.count("mamba_expand", 2) * h,
+        f["mixers"] = {"mamba": dict(kind=Mamba1.kind, inner_size=r.count("mamba_expand", 2) * h,
                                      state_size=r.count("mamba_d_state", 16), conv_kernel=r.count("mamba_d_conv", 4),
                                      dt_rank=rank, bc_norms=True)}
     f["layer_pattern"] = _shortest_period(types)      # one Jamba block of attn_layer_period layers
@@ -641,7 +645,7 @@ def _falcon_h1(r: _Reader) -> dict[str, Any]:
         raise r.fail(f"mamba_n_heads·mamba_d_head = {heads}·{head_dim!r} must equal the SSM width {d_ssm} "
                      "(mamba_d_ssm, or mamba_expand·hidden_size)")
     r.mark("mamba_conv_bias", "mamba_rms_norm", "mamba_norm_before_gate")
-    f["mixers"] = {"mamba": dict(kind="mamba2", num_heads=heads, head_dim=head_dim,
+    f["mixers"] = {"mamba": dict(kind=Mamba2.kind, num_heads=heads, head_dim=head_dim,
                                  state_size=r.count("mamba_d_state"), n_groups=r.count("mamba_n_groups", 1),
                                  conv_kernel=r.count("mamba_d_conv", 4), chunk_size=r.count("mamba_chunk_size", 256))}
     f["layer_pattern"] = ["attention+mamba"]
