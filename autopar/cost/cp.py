@@ -13,7 +13,7 @@ the layer cannot cover is exposed:  T_cp = max(0, T_comm − cp_overlap · T_att
 flash-attention core's forward + backward (+ recomputed forward) time from :mod:`autopar.cost.kernels` at the
 ring's block span s/cp.
 
-Linear-attention and SSM layers (autopar.specs.mixers) keep no KV: each CP rank scans its own s/cp tokens from
+Linear-attention and SSM layers (autopar.blocks) keep no KV: each CP rank scans its own s/cp tokens from
 a zero state, and the ranks then pass the d_k x d_v state along the sequence, rank r adding its chunk's
 contribution to what rank r − 1 hands over (LASP, Sun et al. 2024, arXiv 2404.02882, sec. 3: the ring of
 KV-states instead of keys and values; the same for Mamba-2's SSD states, arXiv 2405.21060 sec. 8). Per layer

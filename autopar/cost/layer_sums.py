@@ -30,7 +30,7 @@ class LayerSums:
     attn_core_flops: list[float]   # forward FLOPs of softmax attention's QK^T and AV per token (what selective
     #                                recompute redoes on attention layers; 0 on other layers)
     mixer_core_flops: list[float]  # forward FLOPs per token of a linear-attention / SSM layer's chunked scan and short
-    #                                convolution (autopar.specs.mixers): small batched matmuls over C-token chunks and
+    #                                convolution (autopar.blocks): small batched matmuls over C-token chunks and
     #                                d_k x d_v states, not the projections (those are in fwd_flops as GEMM FLOPs, like
     #                                attention's). 0 on softmax-attention layers. Also what core_attn recompute redoes
     #                                on these layers.
@@ -49,7 +49,7 @@ class LayerSums:
     #                                 + conv tail); per sequence, not per token. Split by TP (by heads).
     mixer_a2a_elems: list[float]   # per token, the linear/SSM mixers' input-projection output + scan output widths:
     #                                what all-to-all context parallelism swaps between a sequence and a head split
-    #                                (MixerSpec.in_width + out_width); split by TP
+    #                                (the blocks' in_width + out_width); split by TP
     # Stored activation elements per token, by tensor (see ModelProfile for the derivation):
     act_norm_in: list[float]       # inputs of the layer's norms (h each); split by SP
     act_norm_out: list[float]      # outputs of the norms = inputs of the mixer and MLP linears (h each); split by SP

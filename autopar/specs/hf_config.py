@@ -474,7 +474,7 @@ def _nemotron_h(r: _Reader) -> dict[str, Any]:
     for key in ("use_bias", "mlp_bias", "attention_bias", "mamba_proj_bias"):
         if r.get(key, False, kind=bool):
             r.used.discard(key)   # biases on these layers are not modelled: report the key
-    r.mark("use_conv_bias")       # the Mamba-2 convolution bias is counted (MixerSpec.other_params)
+    r.mark("use_conv_bias")       # the Mamba-2 convolution bias is counted (Mamba2.other_params)
     f: dict[str, Any] = dict(
         num_layers=n, hidden_size=h, num_attention_heads=a, num_kv_heads=None if kv in (None, a) else kv,
         head_dim=None if head_dim in (None, h // a) else head_dim, vocab_size=r.get("vocab_size"),
@@ -602,7 +602,7 @@ def _jamba(r: _Reader) -> dict[str, Any]:
             raise r.fail(f"key 'mamba_dt_rank' must be a positive integer or \"auto\", got {rank!r}")
         if r.get("mamba_proj_bias", False, kind=bool):
             r.used.discard("mamba_proj_bias")    # in/out projection biases are not modelled: report the key
-        r.mark("mamba_conv_bias")                # the convolution bias is counted (MixerSpec.other_params)
+        r.mark("mamba_conv_bias")                # the convolution bias is counted (Mamba1.other_params)
         f["mixers"] = {"mamba": dict(kind=Mamba1.kind, inner_size=r.count("mamba_expand", 2) * h,
                                      state_size=r.count("mamba_d_state", 16), conv_kernel=r.count("mamba_d_conv", 4),
                                      dt_rank=rank, bc_norms=True)}

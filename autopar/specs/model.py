@@ -1,20 +1,17 @@
 """ModelSpec: the architecture of a decoder-only transformer, dense or mixture-of-experts.
 
-Parameter counts are exact for the architecture described (every weight matrix, bias and norm). FLOP counts
-follow the usual convention of Kaplan et al. 2020 / Narayanan et al. 2021 (arXiv 2104.04473, eq. 3):
-a matmul of an (m x k) by a (k x n) matrix costs 2·m·k·n FLOPs, and training costs 3x the forward pass
-(backward = 2x forward), without recomputation.
+The fields are typed inputs; what one layer of each kind is (parameters, FLOPs, kernels, stored activations, state,
+divisibility rules) lives in its block file under :mod:`autopar.blocks`. ModelSpec builds the blocks of every
+layer (:meth:`ModelSpec.mixer_blocks`, :meth:`ModelSpec.channel_block`) and sums them: parameter counts are exact
+for the architecture described (every weight matrix, bias and norm); FLOPs follow Kaplan et al. 2020 / Narayanan
+et al. 2021 (arXiv 2104.04473, eq. 3): a matmul (m x k)·(k x n) costs 2·m·k·n FLOPs, training 3x the forward
+pass (backward = 2x forward) without recomputation, and causal attention once per unmasked score
+(:mod:`autopar.blocks.attention`).
 
-Causal attention is counted **once per unmasked score**: the QK^T and AV products of a token at position i
-touch i keys, so over a sequence of length s the average context is s/2 (FlashAttention's causal kernels skip
-the masked half). This is the same accounting as Megatron-Core's ``num_floating_point_operations`` after 2024
-and gives lower model TFLOP/s than the 2021 Megatron formula, which counts the full s x s matrix. With a
-sliding window w the average context is min(w, s/2).
-
-Hybrid models (issue 12): ``layer_pattern`` names each layer's token mixer — ``attention`` (the model's own
+Hybrid models: ``layer_pattern`` names each layer's token mixer — ``attention`` (the model's own
 softmax attention, GQA or MLA from the fields below), ``none`` (no token mixer: Nemotron-H's MLP-only layers)
-or a key of ``mixers`` (linear attention, SSM, or attention with its own window/chunk/sinks/gate; formulas and
-sources in :mod:`autopar.specs.mixers`). ``mlp_pattern`` names each layer's channel mixer (dense, moe, none)
+or a key of ``mixers`` (linear attention, SSM, or attention with its own window/chunk/sinks/gate;
+:mod:`autopar.specs.mixers`). ``mlp_pattern`` names each layer's channel mixer (dense, moe, none)
 where the MoE placement rule of :class:`MoESpec` cannot say it. Both repeat to num_layers.
 
 Parallel mixers (Falcon-H1, arXiv 2507.22448; HF ``FalconH1DecoderLayer``): a layer_pattern entry may join
@@ -27,8 +24,7 @@ second copy of each part's formulas or a mixer that refers to other mixers. One 
 mixers. TP and CP rules are those of every part (the intersection of what each allows): each part is split by its
 own heads, and under CP attention parts exchange K, V while linear parts pass their state.
 
-Symbols used below: h = hidden size, L = layers, a = attention heads, g = KV heads, d = head dim,
-f = dense FFN hidden, E = routed experts, k = routed experts per token (top-k), f_e = expert FFN hidden,
+Symbols used below: h = hidden size, L = layers, a = attention heads, k = routed experts per token (top-k),
 V = vocabulary.
 """
 
