@@ -148,6 +148,11 @@ class Attention(Block):
         out["attn_out"] = self.heads * self.v_dim
         return out
 
+    def ring_elems(self, tp: int) -> float:
+        """K and V elements per token one TP rank passes around the context-parallel ring (Megatron-Core context
+        parallelism): g_local = max(g/tp, 1) KV heads (replicated when fewer than tp), K and V of d each."""
+        return 2 * max(self.kv_heads / tp, 1.0) * self.head_dim
+
     # ---- layout ----
     def rules(self) -> tuple[Rule, ...]:
         """Heads split by TP; KV heads fewer than tp are replicated tp/g times (Megatron-LM), so g and tp must

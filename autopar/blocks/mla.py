@@ -79,6 +79,10 @@ class MLA(Attention):
         up = a * (2 * dq + dv)
         return {"mla_up": up, "qkv": (self.q_lora_rank or 0) + self.kv_lora_rank + self.qk_rope_head_dim + up}
 
+    def ring_elems(self, tp: int) -> float:
+        """Megatron-Core exchanges the up-projected K and V of the local heads: a/tp · (d_qk + d_v)."""
+        return self.heads / tp * (self.qk_dim + self.v_dim)
+
     def rules(self) -> tuple[Rule, ...]:
         """Heads split by TP; the latent is replicated, so no KV-head rule."""
         return (Rule("tp", "num_attention_heads", self.heads),)

@@ -55,10 +55,7 @@ def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     if L.cp == 1:
         return 0.0
     m = prof.model
-    if m.mla:
-        per_token = m.num_attention_heads / L.tp * (m.qk_head_dim + m.v_head_dim)
-    else:
-        per_token = 2 * max(m.kv_heads / L.tp, 1.0) * m.dim_per_head
+    per_token = m.attention_block.ring_elems(L.tp)
     kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * per_token * tr.activation_bytes
     passes = 4 if L.recompute == "full" else 3
     n_attn = st.sum(prof, "attn_layers")

@@ -52,3 +52,9 @@ def test_tp_rules_heads_and_kv_replication():
     assert [r.problem(tp=3) for r in a.rules()] == [
         "num_attention_heads (32) not divisible by tp (3)",
         "num_kv_heads (8) and tp (3) must divide one another (KV heads are replicated when fewer than tp)"]
+
+
+def test_cp_ring_carries_the_local_kv_heads():
+    """K and V of max(g/tp, 1) heads per token: 8 KV heads over tp 2 -> 4; over tp 16 -> 1 (replicated)."""
+    a = llama3_8b()
+    assert a.ring_elems(2) == 2 * 4 * 128 and a.ring_elems(16) == 2 * 1 * 128

@@ -36,3 +36,7 @@ def test_mla_kernels_and_stored_activations():
     assert m.membound()["rope"] == (2 * 129 * 64, 2 * 129 * 64)        # a query heads + the shared key
     assert m.attention_core_flops(4096) == 2 * 2048 * a * (dq + dv)
     assert [r.field for r in m.rules()] == ["num_attention_heads"]     # no KV-head rule
+
+
+def test_cp_ring_carries_the_up_projected_kv_of_the_local_heads():
+    assert deepseek_v3().ring_elems(8) == 128 / 8 * (192 + 128)
