@@ -295,8 +295,8 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         add(f"gpus ({gpus}) not divisible by pp·ep·etp = {L.pp}·{L.ep}·{L.etp} = {expert} (edp must be whole)")
     group = "tensor parallel"
     # Tensor parallel.
-    # Each block states its divisibility rules (autopar.blocks; ModelSpec.layout_rules).
-    for why in _broken(model, ("tp",), L):
+    # Each block states its divisibility rules (autopar.blocks; ModelSpec.layout_rules, broken_rules).
+    for why in model.broken_rules(("tp",), L.tp, L.cp, L.ep, L.etp):
         add(why)
     group = "sequence parallel"
     if L.sequence_parallel and L.tp == 1:
@@ -309,7 +309,7 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         add(f"seq_len ({training.seq_len}) % (2·cp) = {training.seq_len} % {2 * L.cp} != 0")
     if L.cp > 1 and training.linear_cp == "all_to_all":
         # the all-to-all hands each of the tp·cp ranks whole heads (Megatron-Core MambaContextParallel, GatedDeltaNet)
-        for why in _broken(model, ("tp·cp", "cp"), L):
+        for why in model.broken_rules(("tp·cp", "cp"), L.tp, L.cp, L.ep, L.etp):
             add(why)
     group = "experts"
     # Experts.
@@ -319,7 +319,7 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         if L.etp > 1:
             add(f"etp = {L.etp} but {model.name} is dense: expert tensor parallel needs an MoE model")
     else:
-        for why in _broken(model, ("ep", "etp"), L):
+        for why in model.broken_rules(("ep", "etp"), L.tp, L.cp, L.ep, L.etp):
             add(why)
     group = "pipeline layers"
     # Pipeline.
@@ -381,19 +381,6 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
     if L.offload_activations and hardware is not None and hardware.host_link_gbps is None:
         add(f"activation offloading needs host_link_gbps (GPU<->host bandwidth) in the hardware file of {hardware.name}")
     return p
-
-
-def _broken(model: ModelSpec, axes: tuple[str, ...], L: Layout) -> list[str]:
-    """The messages of the model's block rules on ``axes`` that the layout's degrees break (see
-    :attr:`ModelSpec.layout_rules`)."""
-    out = []
-    for prefix, first_only, rules in model.layout_rules:
-        for rule in rules:
-            if rule.axis in axes and (why := rule.problem(L.tp, L.cp, L.ep, L.etp)):
-                out.append(prefix + why)
-                if first_only:
-                    break
-    return out
 
 
 def resolve_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,

@@ -327,6 +327,27 @@ class ModelSpec(Spec):
         return (("", False, self.attention_block.rules()), *named,
                 *(("", False, blk.rules()) for blk in self.channel_blocks))
 
+    def broken_rules(self, axes: tuple[str, ...], tp: int, cp: int = 1, ep: int = 1, etp: int = 1) -> tuple[str, ...]:
+        """The messages of the :attr:`layout_rules` on ``axes`` that these degrees break, in order (memoized: the
+        search checks thousands of meshes with few distinct degrees)."""
+        key = (axes, tp, cp, ep, etp)
+        memo = self._broken_memo
+        if key not in memo:
+            out = []
+            for prefix, first_only, rules in self.layout_rules:
+                for rule in rules:
+                    why = rule.axis in axes and rule.problem(tp, cp, ep, etp)
+                    if why:
+                        out.append(prefix + why)
+                        if first_only:
+                            break
+            memo[key] = tuple(out)
+        return memo[key]
+
+    @cached_property
+    def _broken_memo(self) -> dict[tuple, tuple[str, ...]]:
+        return {}
+
     @cached_property
     def attention_params(self) -> int:
         """Attention weights of one layer (norm excluded), without per-layer sinks or gate."""
