@@ -19,7 +19,7 @@ with t_xfer one step's transfer (KV forward, KV and dKV backward: 2 x) and T_att
 core's time of that pass from :mod:`autopar.cost.kernels` at the ring's block span s/cp, split evenly over the
 cp blocks (the zig-zag split balances them; an approximation, the stage's attention layers taken alike).
 
-Linear-attention and SSM layers (autopar.specs.mixers) keep no KV: each CP rank scans its own s/cp tokens from
+Linear-attention and SSM layers (autopar.blocks) keep no KV: each CP rank scans its own s/cp tokens from
 a zero state, and the ranks then pass the d_k x d_v state along the sequence, rank r adding its chunk's
 contribution to what rank r − 1 hands over (LASP, Sun et al. 2024, arXiv 2404.02882, sec. 3: the ring of
 KV-states instead of keys and values; the same for Mamba-2's SSD states, arXiv 2405.21060 sec. 8). Per layer
@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from autopar.cost.collectives import Network
 from autopar.cost.kernels import Kernels
-from autopar.cost.profile import ModelProfile
+from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout
@@ -59,10 +59,7 @@ from autopar.specs.training import TrainingSpec
 def _ring_step(prof: ModelProfile, L: Layout, tr: TrainingSpec, net: Network) -> float:
     """Seconds of one ring step's KV transfer (KV above) between neighbours tp ranks apart."""
     m = prof.model
-    if m.mla:
-        per_token = m.num_attention_heads / L.tp * (m.qk_head_dim + m.v_head_dim)
-    else:
-        per_token = 2 * max(m.kv_heads / L.tp, 1.0) * m.dim_per_head
+    per_token = m.attention_block.ring_elems(L.tp)
     kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * per_token * tr.activation_bytes
     return net.time("send_recv", kv_bytes, 2, L.tp)
 

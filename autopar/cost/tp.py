@@ -29,7 +29,7 @@ from sharing the SMs and HBM with the communication kernels is not counted.
 from __future__ import annotations
 
 from autopar.cost.collectives import Network
-from autopar.cost.profile import ModelProfile
+from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout
