@@ -186,6 +186,15 @@ class KernelModel(Spec):
         description="Attention throughput at head dim d relative to d = 128 (measured points).")
     attention_fp8: float | None = Field(default=None, gt=0, le=1,
                                         description="FP8 attention forward achieved/FP8 peak; None = not available.")
+    grouped_gemm_kernel: AttentionKernelName = Field(
+        default="mixed",
+        description="The grouped-GEMM implementation 'grouped_gemm' was measured with (cutlass_sm90, "
+                    "torch_grouped_mm, cublas_loop, ...; 'mixed' when it averages several).")
+    grouped_gemm_kernels: dict[AttentionKernelName, Annotated[float, Field(gt=0, le=1)]
+                               | dict[str, Annotated[float, Field(gt=0, le=1)]]] = Field(
+        default_factory=dict,
+        description="Measured grouped-GEMM figures of named implementations on this chip (same meaning as "
+                    "grouped_gemm); a software stack selects one with with_grouped_gemm_kernel().")
     attention_kernel: AttentionKernelName = Field(
         default="fa3",
         description="The attention implementation (fa2, fa3, fa4, cudnn, ...) that attention_fwd, attention_bwd and "
@@ -236,6 +245,22 @@ class KernelModel(Spec):
             from autopar.errors import AutoparInputError
             raise AutoparInputError(f"kernel_model.grouped_gemm has no entry for '{precision}' and no 'bf16' entry")
         return g
+
+    def with_grouped_gemm_kernel(self, name: str) -> "KernelModel":
+        """This model with the grouped-GEMM figure of implementation ``name`` (itself when ``grouped_gemm`` is
+        that implementation's; its own figure is kept in ``grouped_gemm_kernels``). A name with no measured figure
+        is an input error listing the measured ones."""
+        if name == self.grouped_gemm_kernel:
+            return self
+        fig = self.grouped_gemm_kernels.get(name)
+        if fig is None:
+            from autopar.errors import AutoparInputError
+            known = ", ".join(sorted({self.grouped_gemm_kernel, *self.grouped_gemm_kernels}))
+            raise AutoparInputError(f"kernel_model has no measured figure for grouped-GEMM kernel '{name}' "
+                                    f"(measured on this hardware: {known})")
+        others = {k: v for k, v in self.grouped_gemm_kernels.items() if k != name}
+        return self.model_copy(update={"grouped_gemm": fig, "grouped_gemm_kernel": name,
+                                       "grouped_gemm_kernels": {**others, self.grouped_gemm_kernel: self.grouped_gemm}})
 
     def with_attention_kernel(self, name: str) -> "KernelModel":
         """This model with the attention figures of implementation ``name``: itself when its own figures are that

@@ -280,3 +280,27 @@ def test_gemm_curve_against_the_published_long_run_gemms(name):
             assert ratio < 0.4, ratio
         elif (m, n, kk) == (1024, 1024, 1024) and name != "a100_80gb":
             assert ratio > 1.5, ratio
+
+
+def test_a_stack_picks_the_grouped_gemm_figure_of_its_kernel():
+    """h100_sxm.yaml's grouped_gemm (0.52) averages two implementations; the named ones are each measured
+    TFLOP/s over the same dense curve at Qwen3-30B-A3B's up_proj (M=512 per expert, N=1536, K=2048), whose
+    short-run rate is 0.803 x 512/682 x 1536/2026 x 2048/2538 x 989 = 364.7 TFLOP/s (tgale96/grouped_gemm PR #37:
+    CUTLASS SM90 160.5, cuBLAS loop 129.5)."""
+    from autopar.errors import AutoparInputError
+    km = H100.kernel_model
+    dense = 0.803 * 512 / 682 * 1536 / 2026 * 2048 / 2538 * 989
+    assert dense == pytest.approx(364.7, abs=0.1)
+    assert km.grouped_gemm_kernels["cutlass_sm90"] == pytest.approx(160.5 / dense, abs=5e-3)
+    assert km.grouped_gemm_kernels["cublas_loop"] == pytest.approx(129.5 / dense, abs=5e-3)
+    cut = km.with_grouped_gemm_kernel("cutlass_sm90")
+    assert (cut.grouped_gemm_kernel, cut.grouped_max("bf16")) == ("cutlass_sm90", 0.44)
+    assert cut.grouped_gemm_kernels["mixed"] == 0.52 and km.with_grouped_gemm_kernel("mixed") is km
+    with pytest.raises(AutoparInputError, match=r"grouped-GEMM kernel 'deepgemm'.*cublas_loop"):
+        km.with_grouped_gemm_kernel("deepgemm")
+    g = (512, 1536, 2048, 128 * 1536 * 2048, 2, 2)
+    a = Kernels(H100, TR).gemm(*g, grouped=True)[0]
+    b = Kernels(H100.model_copy(update={"kernel_model": cut}), TR).gemm(*g, grouped=True)[0]
+    assert b / a == pytest.approx(0.52 / 0.44)
+    # the measured rate at that shape, at the sustained clock: 160.5 x 0.982 TFLOP/s
+    assert 2 * 512 * 1536 * 2048 * 128 / b / 1e12 == pytest.approx(160.5 * 0.982, rel=5e-3)
