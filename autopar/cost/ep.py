@@ -22,10 +22,11 @@ recompute modules, with at most one MTP layer, and with virtual pipeline stages 
 ``if self.overlap_moe_expert_parallel_comm:``: "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size
 must be specified when pipeline_model_parallel_size > 1", "Disable full recomputation when enabling
 overlap_moe_expert_parallel_comm"): :func:`ep_overlap_blockers`. Where it runs, one micro-batch in M has no
-partner (the first forward and the last backward of the step), and the rest hides behind the partner's kernels
-W (:func:`autopar.cost.compute.hiding_windows`, the whole stage's kernels of one micro-batch):
+partner (the first forward and the last backward of the step); for the rest, the forward's all-to-alls (half of
+T_ep) hide behind the partner's backward kernels (2/3 of W, the stage's kernels of one micro-batch,
+:func:`autopar.cost.compute.hiding_windows`) and the backward's behind its forward (1/3 of W):
 
-    exposed = T_ep / M + max(0, T_ep · (1 − 1/M) − W)      (else T_ep)
+    exposed = T_ep / M + max(0, R/2 − 2W/3) + max(0, R/2 − W/3),   R = T_ep · (1 − 1/M)      (else T_ep)
 
 An approximation: the pairing's own slowdown (the two micro-batches' kernels share the SMs) is not counted.
 """
@@ -84,4 +85,5 @@ def ep_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     if not t or not tr.ep_comm_overlap or ep_overlap_blockers(L, prof.model):
         return t
     m = L.grad_accum
-    return t / m + max(0.0, t * (1.0 - 1.0 / m) - window)
+    rest = t * (1.0 - 1.0 / m)
+    return t / m + max(0.0, rest / 2 - 2.0 * window / 3) + max(0.0, rest / 2 - window / 3)
