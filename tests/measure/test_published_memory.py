@@ -34,3 +34,13 @@ def test_peak_memory_is_not_under_predicted(row_id, request):
     r = ROWS[row_id]
     assert r.predicted_gib >= r.measured_gib, f"{row_id}: predicted {r.predicted_gib:.1f} < measured " \
                                               f"{r.measured_gib:.1f} GiB ({r.layout})"
+
+
+def test_validate_memory_lists_the_rows_and_names_those_below(capsys):
+    import json
+
+    from autopar.cli.main import main
+    assert main(["validate", "--memory", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {r["id"] for r in out["rows"]} == set(ROWS)
+    assert set(out["under_predicted"]) == {k for k, r in ROWS.items() if r.predicted_gib < r.measured_gib}
