@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autopar.cost.legend import APPROX_NOTE, MEMORY_LEGEND, TIME_LEGEND
@@ -28,9 +29,10 @@ def fitted_table(width: int, title: str, headers: list[str], rows: list[list[str
                  optional: tuple[str, ...] = ()) -> list[Table | str]:
     """A table that fits ``width`` columns without cutting a number: numeric columns are exactly as wide as their
     longest cell or header word (headers fold onto several lines), text columns (``left``) wrap at spaces (28
-    characters a line at least); while that
-    is too wide, the ``optional`` columns are dropped, last first, and a line after the table names them. Returns
-    what to print."""
+    characters a line at least); while that is too wide, the ``optional`` columns are dropped, last first (a name
+    that is not among ``headers`` is skipped: callers add columns only in some runs), and a line after the table
+    names them. If even the required columns do not fit, each row prints as one record per line, ``header value``
+    pairs wrapped at ``width``. Returns what to print."""
     def cell_width(i: int) -> int:
         words = [len(w) for w in headers[i].split()]
         if headers[i] in left:   # wraps at spaces, but onto two lines at most for a 56-character cell
@@ -45,8 +47,12 @@ def fitted_table(width: int, title: str, headers: list[str], rows: list[list[str
     for name in reversed(optional):
         if need(cols) <= width:
             break
+        if name not in headers:
+            continue
         cols.remove(headers.index(name))
         dropped.append(name)
+    if need(cols) > width:
+        return records(width, title, headers, rows)
     t = Table(title=title, title_justify="left")
     for i in cols:
         if headers[i] in left:
@@ -59,6 +65,19 @@ def fitted_table(width: int, title: str, headers: list[str], rows: list[list[str
         return [t]
     return [t, f"[dim]not shown at {width} columns: {', '.join(reversed(dropped))} (a wider terminal or --json "
                "shows them)[/dim]"]
+
+
+def records(width: int, title: str, headers: list[str], rows: list[list[str]]) -> list[str]:
+    """Rows too wide for any table at ``width``: one record per row, its ``header value`` pairs joined by ``; `` and
+    wrapped at ``width`` (the console wraps at spaces; continuation lines are indented by two)."""
+    import textwrap
+    out = [f"[italic]{escape(title)}[/italic] [dim](one record per row: too wide for a table at {width} "
+           "columns)[/dim]"]
+    for r in rows:
+        text = "; ".join(f"{h} {v}" for h, v in zip(headers, r) if v != "")
+        out.append(escape("\n".join(textwrap.wrap(text, width=max(width, 20), subsequent_indent="  ",
+                                                  break_on_hyphens=False))))
+    return out
 
 
 def header(model: ModelSpec, hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:
