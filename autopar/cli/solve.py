@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     out.print("[dim]layout: TPn PPn(vV virtual stages) CP/EP/ETP degrees, DP data-parallel, SP sequence parallel, "
               "Z ZeRO stage (FSDP = ZeRO-3), mbs micro-batch, GA gradient accumulation, rc recompute, "
               "layers = transformer layers per pipeline stage[/dim]")
-    out.print(f"[dim]search: {res.method}, status {res.status}, gap {res.gap:.2%}, {res.solve_s:.2f} s, "
+    out.print(f"[dim]search: {res.method}, {res.status_text()}, {res.solve_s:.2f} s, "
               f"space {res.space_size:,} layouts over {res.meshes} meshes[/dim]")
     for n in res.notes:
         out.print(f"[dim]note: {n}[/dim]")
