@@ -499,6 +499,7 @@ class ModelSpec(Spec):
         mix = ""
         if self.is_hybrid:
             mix = " (" + " + ".join(f"{n} {k}" for k, n in self.mixer_counts().items()) + ")"
+        # one decimal, rounded once from the count (autopar zoo prints the same figures)
         return (f"{self.name}: {self.total_params / 1e9:.1f}B total, {self.active_params / 1e9:.1f}B active, "
                 f"{self.num_layers} layers{mix}, h={self.hidden_size}, {kind}")
 
