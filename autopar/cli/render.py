@@ -124,3 +124,25 @@ def print_estimate(est: Estimate, model: ModelSpec, hw: HardwareSpec, tr: Traini
     for n in est.notes:
         out.print(f"note: {n}")
     out.print(f"[dim]{APPROX_NOTE}[/dim]")
+
+
+def terminal_width() -> int:
+    """The width plain-text output is fitted to: the terminal's, or $COLUMNS, else 80 (as rich decides)."""
+    import shutil
+    return max(shutil.get_terminal_size((80, 24)).columns, 20)
+
+
+def wrap(text: str, width: int | None = None) -> str:
+    """Plain text with every line longer than ``width`` wrapped at spaces, continuation lines indented by two
+    more than the line's own indent (a word longer than a line is broken)."""
+    import textwrap
+    width = width or terminal_width()
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = " " * (len(line) - len(line.lstrip(" ")))
+        out += textwrap.wrap(line.strip(" "), width=width, initial_indent=lead, subsequent_indent=lead + "  ",
+                             break_on_hyphens=False)
+    return "\n".join(out)
