@@ -90,7 +90,10 @@ def run(args: argparse.Namespace) -> int:
     if args.out and result.best is not None:
         Path(args.out).write_text(json.dumps(plan_document(result), indent=1))
     if args.json:
-        print(dump_json(result.to_dict()))
+        d = result.to_dict()
+        if args.emit:   # the settings are part of the answer (issue 22 #7: --json used to drop them)
+            d["emit"] = {"target": args.emit, "text": emitted, "file": args.emit_out}
+        print(dump_json(d))
         return 0 if result.best is not None else 1
     for n in result.notes:
         print(wrap(f"note: {n}", width))
