@@ -132,9 +132,9 @@ def terminal_width() -> int:
     return max(shutil.get_terminal_size((80, 24)).columns, 20)
 
 
-def wrap(text: str, width: int | None = None) -> str:
-    """Plain text with every line longer than ``width`` wrapped at spaces, continuation lines indented by two
-    more than the line's own indent (a word longer than a line is broken)."""
+def wrap(text: str, width: int | None = None, indent: str | None = None) -> str:
+    """Plain text with every line longer than ``width`` wrapped at spaces, continuation lines indented by
+    ``indent`` (default: two more than the line's own indent; a word longer than a line is broken)."""
     import textwrap
     width = width or terminal_width()
     out = []
@@ -143,6 +143,6 @@ def wrap(text: str, width: int | None = None) -> str:
             out.append(line)
             continue
         lead = " " * (len(line) - len(line.lstrip(" ")))
-        out += textwrap.wrap(line.strip(" "), width=width, initial_indent=lead, subsequent_indent=lead + "  ",
-                             break_on_hyphens=False)
+        out += textwrap.wrap(line.strip(" "), width=width, initial_indent=lead,
+                             subsequent_indent=lead + "  " if indent is None else indent, break_on_hyphens=False)
     return "\n".join(out)

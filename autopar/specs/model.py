@@ -494,12 +494,21 @@ class ModelSpec(Spec):
             out[self.mixer_name(i)] = out.get(self.mixer_name(i), 0) + 1
         return out
 
+    @staticmethod
+    def count_text(n: float) -> str:
+        """A parameter count as every command prints it: one decimal of the largest unit that keeps it at least 1
+        (70.6B, 120.0M, 45.1K), rounded once from the count (autopar zoo's billions use the same rounding)."""
+        for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+            if n >= scale:
+                return f"{n / scale:.1f}{unit}"
+        return f"{n:.0f}"
+
     def summary(self) -> str:
         kind = f"MoE {self.moe.num_experts}x top-{self.moe.top_k}" if self.moe else "dense"
         mix = ""
         if self.is_hybrid:
             mix = " (" + " + ".join(f"{n} {k}" for k, n in self.mixer_counts().items()) + ")"
-        # one decimal, rounded once from the count (autopar zoo prints the same figures)
-        return (f"{self.name}: {self.total_params / 1e9:.1f}B total, {self.active_params / 1e9:.1f}B active, "
+        return (f"{self.name}: {self.count_text(self.total_params)} total, {self.count_text(self.active_params)} "
+                "active, "
                 f"{self.num_layers} layers{mix}, h={self.hidden_size}, {kind}")
 

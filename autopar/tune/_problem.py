@@ -149,11 +149,13 @@ def resolve_problem(model: ModelSpec | str | Path, hardware: HardwareSpec | str 
         raise AutoparInputError(f"scale must be 'auto', a dict of scale_model arguments or None (got {scale!r})")
     base = spec.name
     if args:
-        spec = scale_model(spec, **args)
+        from autopar.run._scale import scale_notes
+        unscaled, spec = spec, scale_model(spec, **args)
         why = "so a run takes a few seconds on this CPU" if on_cpu else "as asked"
         notes.append(f"model scaled down from {base} ({why}): "
                      + ", ".join(f"{k} {v}" for k, v in sorted(args.items()))
                      + "; the plan found is for this scaled model (pass --no-scale / scale=None to run it as is)")
+        notes += scale_notes(unscaled, spec)
     if not isinstance(training, TrainingSpec):
         from autopar.specs.loaders import build_spec
         over = dict(training or {})
