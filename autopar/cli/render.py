@@ -26,17 +26,18 @@ def console(stderr: bool = False, width: int | None = None) -> Console:
 
 
 def fitted_table(width: int, title: str, headers: list[str], rows: list[list[str]], left: tuple[str, ...] = (),
-                 optional: tuple[str, ...] = ()) -> list[Table | str]:
+                 optional: tuple[str, ...] = (), wrap_at: int = 28) -> list[Table | str]:
     """A table that fits ``width`` columns without cutting a number: numeric columns are exactly as wide as their
-    longest cell or header word (headers fold onto several lines), text columns (``left``) wrap at spaces (28
-    characters a line at least); while that is too wide, the ``optional`` columns are dropped, last first (a name
-    that is not among ``headers`` is skipped: callers add columns only in some runs), and a line after the table
-    names them. If even the required columns do not fit, each row prints as one record per line, ``header value``
-    pairs wrapped at ``width``. Returns what to print."""
+    longest cell or header word (headers fold onto several lines); text columns (``left``) wrap at spaces, and
+    fold a word longer than the column, at ``wrap_at`` characters a line at most. While that is too wide, the
+    ``optional`` columns are dropped, last first (a name that is not among ``headers`` is skipped: callers add
+    columns only in some runs, and other helpers add new ones), and a line after the table names them. If even the
+    required columns do not fit, each row prints as one record per line (:func:`records`). Cells are plain text
+    (no markup). Returns what to print."""
     def cell_width(i: int) -> int:
-        words = [len(w) for w in headers[i].split()]
-        if headers[i] in left:   # wraps at spaces, but onto two lines at most for a 56-character cell
-            return max(words + [min(len(r[i]), 28) for r in rows])
+        words = [len(w) for w in headers[i].split()] or [1]
+        if headers[i] in left:
+            return max(words + [min(len(r[i]), wrap_at) for r in rows])
         return max(words + [len(r[i]) for r in rows])
 
     def need(cols: list[int]) -> int:
@@ -53,31 +54,30 @@ def fitted_table(width: int, title: str, headers: list[str], rows: list[list[str
         dropped.append(name)
     if need(cols) > width:
         return records(width, title, headers, rows)
-    t = Table(title=title, title_justify="left")
+    t = Table(title=escape(title), title_justify="left")
     for i in cols:
         if headers[i] in left:
-            t.add_column(headers[i], justify="left", min_width=cell_width(i))
+            t.add_column(escape(headers[i]), justify="left", width=cell_width(i), overflow="fold")
         else:
-            t.add_column(headers[i], justify="right", width=cell_width(i))
+            t.add_column(escape(headers[i]), justify="right", width=cell_width(i))
     for r in rows:
-        t.add_row(*(r[i] for i in cols))
+        t.add_row(*(escape(r[i]) for i in cols))
     if not dropped:
         return [t]
-    return [t, f"[dim]not shown at {width} columns: {', '.join(reversed(dropped))} (a wider terminal or --json "
-               "shows them)[/dim]"]
+    return [t, f"[dim]not shown at {width} columns: {escape(', '.join(reversed(dropped)))} (a wider terminal or "
+               "--json shows them)[/dim]"]
 
 
 def records(width: int, title: str, headers: list[str], rows: list[list[str]]) -> list[str]:
     """Rows too wide for any table at ``width``: one record per row, its ``header value`` pairs joined by ``; `` and
-    wrapped at ``width`` (the console wraps at spaces; continuation lines are indented by two)."""
+    wrapped at ``width`` (continuation lines indented by two). Returns one string to print."""
     import textwrap
-    out = [f"[italic]{escape(title)}[/italic] [dim](one record per row: too wide for a table at {width} "
-           "columns)[/dim]"]
+    w = max(width, 20)
+    out = textwrap.wrap(f"{title} (one record per row: too wide for a table at {width} columns)", w)
     for r in rows:
         text = "; ".join(f"{h} {v}" for h, v in zip(headers, r) if v != "")
-        out.append(escape("\n".join(textwrap.wrap(text, width=max(width, 20), subsequent_indent="  ",
-                                                  break_on_hyphens=False))))
-    return out
+        out += textwrap.wrap(text, width=w, subsequent_indent="  ", break_on_hyphens=False)
+    return [escape("\n".join(out))]
 
 
 def header(model: ModelSpec, hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:
@@ -145,4 +145,22 @@ def wrap(text: str, width: int | None = None, indent: str | None = None) -> str:
         lead = " " * (len(line) - len(line.lstrip(" ")))
         out += textwrap.wrap(line.strip(" "), width=width, initial_indent=lead,
                              subsequent_indent=lead + "  " if indent is None else indent, break_on_hyphens=False)
+    return "\n".join(out)
+
+
+def wrap_comments(text: str, width: int | None = None) -> str:
+    """Launcher settings for the terminal: a ``# `` comment line longer than ``width`` continues on further ``# ``
+    lines (same meaning in a shell, a TOML file or Python); every other line (a flag, an override, code) is left
+    exactly as emitted."""
+    import textwrap
+    width = width or terminal_width()
+    out = []
+    for line in text.split("\n"):
+        body = line.lstrip(" ")
+        lead = line[:len(line) - len(body)]
+        if len(line) > width and body.startswith("# "):
+            out += textwrap.wrap(body[2:], width=width, initial_indent=lead + "# ", subsequent_indent=lead + "#   ",
+                                 break_on_hyphens=False, break_long_words=False)
+        else:
+            out.append(line)
     return "\n".join(out)

@@ -187,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
             if em["refused"]:
                 out.print(f"[yellow]note: {args.emit} settings for #{em['plan_rank']}, the fastest layout it can "
                           f"run; refused: {_reasons(em['refused'])}[/yellow]")
-            print(em["text"], end="")
+            from autopar.cli.render import wrap_comments
+            print(wrap_comments(em["text"], out.width), end="")
     headers = ["#", "layout", "step s", "tok/s/GPU", "MFU", "mem GiB", "W+G+O", "act", "compute", "tp", "cp",
                "ep", "dp", "bubble", "bottleneck"]
     if tokens:

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         refusal = emit_refusal(args.emit, load_model(args.model))
         if refusal:
             raise AutoparInputError(f"--emit {args.emit}: {refusal}")
-    from autopar.cli.render import terminal_width, wrap
+    from autopar.cli.render import terminal_width, wrap, wrap_comments
     width = terminal_width()
     say = (lambda m: None) if args.quiet else (lambda m: print(wrap(m, width), file=sys.stderr, flush=True))
     old = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  written to {args.out}")
     if emitted is not None:
         print(f"\n{args.emit} settings" + (f" (also in {args.emit_out})" if args.emit_out else ""))
-        print(emitted, end="" if emitted.endswith("\n") else "\n")
+        print(wrap_comments(emitted, width), end="" if emitted.endswith("\n") else "\n")
     return 0
 
 

@@ -6,6 +6,8 @@ import argparse
 
 
 from autopar.cli.common import dump_json
+from rich.markup import escape
+
 from autopar.cli.render import console, fitted_table
 from autopar.specs.loaders import load_hardware, load_model, zoo_dir, zoo_names
 
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                          for k, rows in out.items()}))
         return 0
     c = console()
-    c.print(f"[dim]from {zoo_dir('models')} and {zoo_dir('hardware')}[/dim]")
+    c.print(f"[dim]from {escape(str(zoo_dir('models')))} and {escape(str(zoo_dir('hardware')))}[/dim]")
     if "models" in out:
         rows = [[r["name"], r["_total"], r["_active"], str(r["layers"]),
                  str(r["hidden"]), f"{r['heads']}/{r['kv_heads']}",
@@ -80,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         c.print(*fitted_table(c.width, "Models (--model NAME)",
                              ["name", "total B", "active B", "layers", "hidden", "heads/ kv", "experts (top-k)", "MLA",
                               "token mixers (layers)"],
-                             rows, left=("name", "token mixers (layers)"), optional=("hidden", "heads/ kv", "MLA")))
+                             rows, left=("name", "token mixers (layers)"),
+                             optional=("layers", "hidden", "heads/ kv", "MLA"), wrap_at=20))
     if "hardware" in out:
         rows = [[r["name"], f"{r['bf16_tflops']:g}", f"{r['fp8_tflops']:g}" if r["fp8_tflops"] else "-",
                  f"{r['fp4_tflops']:g}" if r["fp4_tflops"] else "-", f"{r['hbm_gib']:g}", f"{r['hbm_tbps']:g}",

@@ -228,8 +228,9 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
               "        training=replace(", "            base.training,", *kwargs(train, "            "), "        ),",
               f"        activation_checkpoint={ac},"]
     if async_tp:
-        lines += ["        compile=replace(base.compile, enable=True, enable_async_tensor_parallel=True,",
-                  '                        components=sorted({*base.compile.components, "model"})),']
+        lines += ["        compile=replace(", "            base.compile,", "            enable=True,",
+                  "            enable_async_tensor_parallel=True,",
+                  '            components=sorted({*base.compile.components, "model"}),', "        ),"]
     lines.append("    )")
     return "\n".join(lines) + "\n"
 
