@@ -37,13 +37,17 @@ def fitted_table(width: int, title: str, headers: list[str], rows: list[list[str
     def cell_width(i: int) -> int:
         words = [len(w) for w in headers[i].split()] or [1]
         if headers[i] in left:
-            return max(words + [min(len(r[i]), wrap_at) for r in rows])
+            return max(words + [min(len(r[i]), wrap) for r in rows])
         return max(words + [len(r[i]) for r in rows])
 
     def need(cols: list[int]) -> int:
         return 1 + sum(3 + cell_width(i) for i in cols)
 
     cols = list(range(len(headers)))
+    # the widest text columns that fit (up to 40 characters a line), narrowing to wrap_at before dropping columns
+    for wrap in [w for w in (40, 28) if w > wrap_at] + [wrap_at]:
+        if need(cols) <= width:
+            break
     dropped = []
     for name in reversed(optional):
         if need(cols) <= width:
