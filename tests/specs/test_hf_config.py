@@ -509,7 +509,9 @@ def test_layer_patterns_autopar_cannot_model_are_refused(cfg):
 
 
 def test_every_supported_model_type_is_exercised():
-    tested = {cfg["model_type"] for _, cfg, _ in ROUND_TRIP} | {"mistral", "qwen2", "qwen3"}
+    from .test_hf_2026 import PUBLISHED
+    tested = ({cfg["model_type"] for _, cfg, _ in ROUND_TRIP} | {"mistral", "qwen2", "qwen3"}
+              | {model_type for _, model_type, _ in PUBLISHED})
     untested = set(SUPPORTED_MODEL_TYPES) - tested - {"llama4_text", "qwen2_moe", "gemma3_text"}
     assert not untested, untested
 
