@@ -44,6 +44,7 @@ from __future__ import annotations
 from autopar.emit._common import require_resolved, virtual_chunks
 from autopar.errors import AutoparInputError
 from autopar.specs.hardware import Efficiency, HardwareSpec
+from autopar.specs.launcher_rules import torchtitan_problems
 from autopar.specs.layout import Layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
@@ -202,6 +203,9 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
                                        ("global_batch_size", training.global_batch), ("seq_len", training.seq_len)]
     if L.pp > 1:
         train.append(("disable_cuda_graphs", True))
+    broken = torchtitan_problems({**dict(par), **dict(train), "world_size": L.world})
+    if broken:   # never print a config torchtitan would abort on (specs/launcher_rules.py)
+        raise AutoparInputError(f"torchtitan {version} would abort on {L.short()}: {'; '.join(broken)}")
 
     def kwargs(items: list[tuple[str, object]], indent: str) -> list[str]:
         out = []

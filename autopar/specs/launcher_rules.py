@@ -12,6 +12,8 @@ Pinned sources (the same commits as the fixtures in tests/emit/fixtures/):
   which assert at the first step).
 - Megatron-Bridge ``067f987df03b`` (0.7.0): the model config class each recipe family builds
   (``src/megatron/bridge/recipes/``).
+- torchtitan 0.3.0 (``torchtitan/distributed/parallel_dims.py`` ``ParallelDims._validate`` and its mesh sizes, read
+  at the 0.3.0rc1 commit ``1fdf90d3f9b7``; ``Trainer.Config`` with ``pipeline_parallel_microbatch_size``).
 
 A rule reads the settings as a mapping of Megatron's argparse destinations (``pipeline_model_parallel_size``,
 ``use_megatron_fsdp``, ...) to values, as :func:`megatron_settings` reads them from an argv or Megatron's own parser
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 MEGATRON_LM = "NVIDIA/Megatron-LM@d98e8a64ddf3"
+TORCHTITAN = "pytorch/torchtitan@1fdf90d3f9b7 (0.3.0rc1; the 0.3.0 wheel of tests/emit/fixtures)"
 MEGATRON_BRIDGE = "NVIDIA-NeMo/Megatron-Bridge@067f987df03b"
 
 Settings = Mapping[str, object]
@@ -119,10 +122,12 @@ def _ep_overlap_partial_ckpt(s: Settings) -> str | None:
     return None
 
 
-def _interleaved_overlap_p2p(s: Settings) -> str | None:
-    if _get(s, "overlap_p2p_comm", False) and int(_get(s, "pipeline_model_parallel_size", 1)) > 1 \
-            and virtual_stages(s) == 1:
-        return "the non-interleaved 1F1B schedule refuses --overlap-p2p-communication"
+def _interleaved_pp2(s: Settings) -> str | None:
+    # --overlap-p2p-communication is on by default (--no-overlap-p2p-communication turns it off); validate_args
+    # turns it off by itself without virtual stages, so only the interleaved case is a rule
+    if virtual_stages(s) > 1 and not _get(s, "overlap_p2p_comm", True) \
+            and int(_get(s, "pipeline_model_parallel_size", 1)) <= 2:
+        return "the interleaved schedule without p2p overlap needs PP > 2"
     return None
 
 
@@ -176,7 +181,7 @@ MEGATRON_RULES: tuple[LauncherRule, ...] = (
     LauncherRule("ep_overlap_recompute", f"{_TC}:3021", _ep_overlap_recompute),
     LauncherRule("ep_overlap_half_precision", f"{_TC}:3035", _ep_overlap_precision),
     LauncherRule("ep_overlap_mtp", f"{_TC}:3042", _ep_overlap_mtp),
-    LauncherRule("non_interleaved_overlap_p2p", f"{_SCHED}/schedules.py:2181", _interleaved_overlap_p2p),
+    LauncherRule("interleaved_pp2_p2p_overlap", f"{_ARGS}:1005", _interleaved_pp2),
     LauncherRule("overlap_param_gather", f"{_ARGS}:1024", _param_gather),
     LauncherRule("tp_comm_overlap_sp", f"{_ARGS}:1441", _tp_comm_overlap),
     LauncherRule("torch_fsdp2", f"{_ARGS}:1031", _torch_fsdp2),
@@ -258,3 +263,46 @@ def bridge_model_key(field: str, family: str) -> str:
     if family == "llama_nested" and field not in BRIDGE_GPT_CONFIG_FIELDS:
         return f"model.transformer.{field}"
     return f"model.{field}"
+
+
+# ---- torchtitan: ParallelDims and Trainer.Config ---------------------------------------------------------------
+def _tt_world(s: Settings) -> str | None:
+    n = (int(_get(s, "data_parallel_replicate_degree", 1)) * int(_get(s, "data_parallel_shard_degree", 1))
+         * int(_get(s, "context_parallel_degree", 1)) * int(_get(s, "tensor_parallel_degree", 1))
+         * int(_get(s, "pipeline_parallel_degree", 1)))
+    world = int(_get(s, "world_size", n))
+    if n != world:
+        return f"dp_replicate·dp_shard·cp·tp·pp = {n} != WORLD_SIZE ({world})"
+    return None
+
+
+def _tt_ep(s: Settings) -> str | None:
+    ep = int(_get(s, "expert_parallel_degree", 1))
+    borrow = (int(_get(s, "data_parallel_shard_degree", 1)) * int(_get(s, "context_parallel_degree", 1))
+              * int(_get(s, "tensor_parallel_degree", 1)))
+    if ep > 1 and borrow % ep:
+        return f"ep ({ep}) must divide dp_shard·cp·tp = {borrow} (the efsdp mesh is dp_shard·cp·tp / ep)"
+    return None
+
+
+def _tt_microbatch(s: Settings) -> str | None:
+    if int(_get(s, "pipeline_parallel_degree", 1)) > 1:
+        local, mb = int(_get(s, "local_batch_size", 1)), int(_get(s, "pipeline_parallel_microbatch_size", 1))
+        if local % mb:
+            return f"local_batch_size ({local}) is not a multiple of pipeline_parallel_microbatch_size ({mb})"
+    return None
+
+
+_PD = f"{TORCHTITAN} torchtitan/distributed/parallel_dims.py"
+TORCHTITAN_RULES: tuple[LauncherRule, ...] = (
+    LauncherRule("world_size", f"{_PD}:186", _tt_world),
+    LauncherRule("ep_borrows_dp_shard_cp_tp", f"{_PD}:401", _tt_ep),
+    LauncherRule("pp_microbatches", f"{TORCHTITAN} torchtitan/distributed/pipeline_parallel.py (n_microbatches = "
+                 "local_batch_size // pipeline_parallel_microbatch_size)", _tt_microbatch),
+)
+
+
+def torchtitan_problems(settings: Settings) -> list[str]:
+    """Every torchtitan ParallelDims / Trainer.Config rule the settings (parallelism and training fields, plus
+    ``world_size``) break, each with its upstream line."""
+    return megatron_problems(settings, TORCHTITAN_RULES)
