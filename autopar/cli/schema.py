@@ -92,7 +92,8 @@ class EmitOut(_Out):
     target: str = Field(description="The --emit target: megatron, bridge, torchtitan or env.")
     plan_rank: int | None = Field(description="The plan the settings are for: the fastest the launcher can run "
                                               "(None when it runs none).")
-    text: str | None = Field(description="The launcher settings, exactly as the text output prints them.")
+    text: str | None = Field(description="The launcher settings as a file holds them (the text output prints the "
+                                         "same, its long comment lines wrapped to the terminal).")
     refusal: str | None = Field(description="Why the launcher cannot train this model at all (then no text).")
     refused: dict[str, list[str]] = Field(description="Reason -> ranks ('#2') of the faster plans it refused.")
 
