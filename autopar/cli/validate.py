@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     for grouping, groups in rep.breakdown().items():
         out.print(*fitted_table(out.width, f"Error by {grouping}",
                                 [grouping, "rows", "mean |error|", "mean error (+ = predicted fast)"],
-                                [[name, str(n), f"{mae:.1%}", f"{bias:+.1%}"] for name, (n, mae, bias) in groups.items()],
+                                [[name, str(n), f"{mae:.1%}", f"{bias:+.1%}"]
+                                 for name, (n, mae, bias) in groups.items()],
                                 left=(grouping,)))
     out.print(f"[bold]{len(rep.rows)} rows: mean absolute error {rep.mape:.2%}, max {rep.max_abs_error:.1%}; "
               f"predicted OOM for {len(rep.predicted_oom)} layouts that ran[/bold]")

@@ -7,7 +7,8 @@ entry point (``torchrun -m autopar.run.worker --spec spec.json``) and ``launch``
 a :class:`~autopar.run.launch.RunResult`. See docs/runner.md.
 
 The public surface for planning and measuring code (``measure/compare``, ``tune``, the CLI): ``run_layout`` and
-``RunResult`` (the launcher), ``scale_model`` (a model small enough for this machine) with ``scale_notes`` (what it changed beyond the sizes) and ``runner_training``
+``RunResult`` (the launcher), ``scale_model`` (a model small enough for this machine) with ``scale_notes`` (what
+it changed beyond the sizes) and ``runner_training``
 (the TrainingSpec the runner actually executes). Everything else is the runner's own.
 """
 

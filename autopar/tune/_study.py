@@ -440,7 +440,8 @@ class StudyWorker:
             if prior is not None:
                 return self._repeat(trial, prior, tag)
         self._not_run_streak = 0
-        self.say(f"[trial {i}/{self.s.trials}{' ' + tag.strip() if tag.strip() else ''}] {label}: predicted {e.step_time_s:.4g} s/step; running "
+        seed = f" {tag.strip()}" if tag.strip() else ""
+        self.say(f"[trial {i}/{self.s.trials}{seed}] {label}: predicted {e.step_time_s:.4g} s/step; running "
                  f"{self.s.steps} steps ...")
         res = self.runner(p.model, resolved, p.training, world=gpus, steps=self.s.steps, warmup=self.s.warmup,
                           timeout_s=self.s.timeout_s, seed=0, backend=p.backend)
