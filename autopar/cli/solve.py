@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     gpus, res, sweep = _search(args, model, hw, training, opts, err)
     res.notes = notes + res.notes
     best = res.plans[0] if res.plans else None
+    if best:   # what the cost model approximates for this model or layout, said without --explain too
+        res.notes += [n for n in best.estimate.notes if n not in res.notes]
     advice = (advise(Estimator(model, hw, training, gpus), best.estimate, max_items=5,
                      allow_cross_domain=opts.allow_cross_domain) if best else [])
     batch = batch_advice(model, hw, training, gpus, best.estimate) if best else None
