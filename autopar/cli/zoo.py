@@ -1,22 +1,24 @@
-"""`autopar zoo`: the models and hardware shipped with autopar (names accepted by --model and --hardware)."""
+"""`autopar zoo`: the models and hardware shipped with autopar (names accepted by --model and --hardware), and the
+block kinds a model's layers may be made of (the catalogue of :mod:`autopar.blocks`)."""
 
 from __future__ import annotations
 
 import argparse
 
-
-from autopar.cli.common import dump_json
 from rich.markup import escape
 
+from autopar.blocks import CHANNELS, MIXERS
+from autopar.cli.common import dump_json
 from autopar.cli.render import console, fitted_table
 from autopar.specs.loaders import load_hardware, load_model, zoo_dir, zoo_names
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("zoo", help="list the zoo models and hardware (names for --model / --hardware)",
-                       description="List the models in models/ and the hardware in hardware/ with their key figures.")
-    p.add_argument("kind", nargs="?", choices=("models", "hardware", "all"), default="all",
-                   help="what to list (default: all)")
+                       description="List the models in models/ and the hardware in hardware/ with their key figures; "
+                                   "'blocks' lists the layer kinds a model file may use.")
+    p.add_argument("kind", nargs="?", choices=("models", "hardware", "blocks", "all"), default="all",
+                   help="what to list (default: all = models and hardware)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     p.set_defaults(func=run)
 
@@ -51,6 +53,14 @@ def _mixers(m) -> str:
     return ", ".join(f"{k} x{n}" for k, n in counts.items())
 
 
+def _blocks() -> list[dict]:
+    """The catalogue: token mixers by MixerSpec.kind (``attention`` becomes MLA on a model with ``mla``), channel
+    mixers by mlp_pattern entry."""
+    rows = [{"kind": k, "role": "token mixer", "title": c.title, "source": c.source} for k, c in MIXERS.items()]
+    return rows + [{"kind": k, "role": "channel mixer", "title": c.title, "source": c.source}
+                   for k, c in CHANNELS.items()]
+
+
 def _hardware() -> list[dict]:
     rows = []
     for name in zoo_names("hardware"):
@@ -68,11 +78,19 @@ def run(args: argparse.Namespace) -> int:
         out["models"] = _models()
     if args.kind in ("hardware", "all"):
         out["hardware"] = _hardware()
+    if args.kind == "blocks":
+        out["blocks"] = _blocks()
     if args.json:
         print(dump_json({k: [{f: v for f, v in r.items() if not f.startswith("_")} for r in rows]
                          for k, rows in out.items()}))
         return 0
     c = console()
+    if "blocks" in out:
+        rows = [[r["kind"], r["role"], r["title"], r["source"]] for r in out["blocks"]]
+        c.print(*fitted_table(c.width, "Block kinds (MixerSpec.kind, mlp_pattern; autopar/blocks/)",
+                             ["kind", "role", "what", "source"], rows, left=("kind", "role", "what", "source"),
+                             optional=("source",)))
+        return 0
     c.print(f"[dim]from {escape(str(zoo_dir('models')))} and {escape(str(zoo_dir('hardware')))}[/dim]")
     if "models" in out:
         rows = [[r["name"], r["_total"], r["_active"], str(r["layers"]),
