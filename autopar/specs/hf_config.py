@@ -17,6 +17,8 @@ shipped with the checkpoints; key names as in those classes):
 ``deepseek_v2``, ``deepseek_v3``,      MLA attention, shared experts, ``first_k_dense_replace`` leading dense
 ``kimi_k2``                            layers, ``num_nextn_predict_layers`` MTP modules (Moonlight and Kimi K2
                                        use the DeepSeek-V3 code)
+``deepseek_v32``                       DeepSeek-V3.2: V3 plus DeepSeek Sparse Attention's lightning indexer
+                                       (``index_n_heads``, ``index_head_dim``, ``index_topk``; autopar.blocks.mla)
 ``glm4_moe``                           GLM-4.5 / 4.5-Air (Q/K/V biases, shared expert, leading dense layers, MTP)
 ``gpt_oss``                            GPT-OSS (attention and expert biases, alternating sliding window)
 ``llama4``, ``llama4_text``            Llama 4 (``text_config``; MoE every ``interleave_moe_layer_step``-th
@@ -25,7 +27,9 @@ shipped with the checkpoints; key names as in those classes):
                                        ``full_attention_interval``-th layer (or ``layer_types``), MoE + 1 shared
 ``nemotron_h``                         Nemotron-H and Nemotron 3: one mixer per layer from
                                        ``hybrid_override_pattern`` / ``layers_block_type`` (M Mamba-2, * attention,
-                                       - squared-ReLU MLP, E MoE with one shared expert)
+                                       - squared-ReLU MLP, E MoE with one shared expert); Nemotron 3 Super and
+                                       Ultra's LatentMoE (``moe_latent_size``) and MTP modules
+                                       (``num_nextn_predict_layers`` of ``mtp_layers_block_type`` sub-layers)
 ``kimi_linear``                        Kimi Linear: Kimi Delta Attention and MLA (``linear_attn_config``), MoE
 ``gemma3``, ``gemma3_text``            Gemma 3 (``text_config``; 5 local sliding-window layers : 1 global,
                                        ``sliding_window_pattern`` or ``layer_types``; tied embeddings)
@@ -169,6 +173,11 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
     if r.get("attention_bias", False, kind=bool):
         r.used.discard("attention_bias")  # MLA with biases is not modelled: report the key
     f["mla"] = _mla(r)
+    if r.family == "deepseek_v32":
+        # DeepSeek Sparse Attention: the lightning indexer next to MLA (autopar.blocks.mla)
+        f["mla"]["indexer"] = dict(n_heads=r.get("index_n_heads"), head_dim=r.get("index_head_dim"),
+                                   topk=r.get("index_topk"))
+        r.mark("indexer_rope_interleave")   # RoPE layout of the index key: no weights
     moe = _deepseek_moe(r, f, r.family)
     if moe is not None:
         f["moe"] = moe
@@ -312,15 +321,31 @@ def _nemotron_h(r: _Reader) -> dict[str, Any]:
     f["layer_pattern"] = [_NEMOTRON_KINDS[c][0] for c in pattern]
     f["mlp_pattern"] = [_NEMOTRON_KINDS[c][1] for c in pattern]
     if "E" in pattern:
-        if r.get("moe_latent_size", None, nullable=True) is not None:
-            r.used.discard("moe_latent_size")   # latent MoE (Nemotron 3 Super) projections are not modelled
         shared = r.get("moe_shared_expert_intermediate_size", 0)
+        # LatentMoE (Nemotron 3 Super / Ultra): the routed experts run at moe_latent_size (autopar.blocks.moe)
         f["moe"] = dict(num_experts=r.get("n_routed_experts"), top_k=r.get("num_experts_per_tok"),
                         expert_ffn_hidden_size=r.get("moe_intermediate_size"),
-                        num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared or None)
+                        num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared or None,
+                        latent_size=r.get("moe_latent_size", None, nullable=True))
     else:
         r.mark("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
-               "moe_shared_expert_intermediate_size")
+               "moe_shared_expert_intermediate_size", "moe_latent_size")
+    # MTP (Nemotron 3 Super / Ultra): num_nextn_predict_layers modules, each the sub-layers of
+    # mtp_layers_block_type (["attention", "moe"]) or mtp_hybrid_override_pattern ("*E")
+    f["mtp_layers"] = r.get("num_nextn_predict_layers", 0)
+    kinds = r.get("mtp_layers_block_type", None, kind=list, nullable=True)
+    mtp = r.get("mtp_hybrid_override_pattern", None, kind=str, nullable=True)
+    if mtp is None and kinds is not None:
+        bad = sorted({str(b) for b in kinds if b not in _NEMOTRON_NAMES})
+        if bad:
+            raise r.fail(f"mtp_layers_block_type: unknown block type(s) {bad} (mamba, attention, mlp, moe)")
+        mtp = "".join(_NEMOTRON_NAMES[b] for b in kinds)
+    if f["mtp_layers"] and mtp:
+        bad = sorted(set(mtp) - set(pattern))
+        if bad:
+            raise r.fail(f"the MTP sub-layers {mtp!r} use block kinds {bad} that no main layer has")
+        f["mtp_layer_pattern"] = [_NEMOTRON_KINDS[c][0] for c in mtp]
+        f["mtp_mlp_pattern"] = [_NEMOTRON_KINDS[c][1] for c in mtp]
     return f
 
 
@@ -581,7 +606,8 @@ def _refuse(why: str):
 _FAMILIES = {
     "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "olmoe": _olmoe, "deepseek_v2": _deepseek,
-    "deepseek_v3": _deepseek, "kimi_k2": _deepseek, "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss,
+    "deepseek_v3": _deepseek, "deepseek_v32": _deepseek, "kimi_k2": _deepseek, "glm4_moe": _glm4_moe,
+    "gpt_oss": _gpt_oss,
     "llama4_text": _llama4_text, "qwen3_next": _qwen3_next, "nemotron_h": _nemotron_h, "gemma3_text": _gemma3_text,
     "kimi_linear": _kimi_linear, "jamba": _jamba, "falcon_h1": _falcon_h1, "phi3": _phi3, "smollm3": _smollm3,
     "minimax_m2": _minimax_m2, "bailing_moe": _bailing_moe, "ernie4_5_moe": _ernie4_5_moe,
