@@ -34,7 +34,7 @@ from autopar.blocks.mlp import MLP
 @dataclass(frozen=True)
 class MoE(Block):
     kind = "moe"
-    title = "mixture of experts (router, routed and shared experts)"
+    title = "mixture of experts (router, routed and shared experts; LatentMoE)"
     source = "Megatron-Core MoELayer, SharedExpertMLP"
     routed = True
 

@@ -76,6 +76,7 @@ _VALUE = {
     "--linear-key-head-dim": ["model.linear_key_head_dim"],
     "--linear-value-head-dim": ["model.linear_value_head_dim"],
     "--linear-conv-kernel-dim": ["model.linear_conv_kernel_dim"],
+    "--mtp-num-layers": ["model.mtp_num_layers"],
 }
 _LIST = {"--recompute-modules": "model.recompute_modules", "--offload-modules": "model.offload_modules"}
 # Megatron-LM switch -> Bridge key=value pairs.
