@@ -12,8 +12,9 @@ Pinned sources (the same commits as the fixtures in tests/emit/fixtures/):
   which assert at the first step).
 - Megatron-Bridge ``067f987df03b`` (0.7.0): the model config class each recipe family builds
   (``src/megatron/bridge/recipes/``).
-- torchtitan 0.3.0 (``torchtitan/distributed/parallel_dims.py`` ``ParallelDims._validate`` and its mesh sizes, read
-  at the 0.3.0rc1 commit ``1fdf90d3f9b7``; ``Trainer.Config`` with ``pipeline_parallel_microbatch_size``).
+- torchtitan 0.3.0 (``torchtitan/distributed/parallel_dims.py`` ``ParallelDims._validate`` and its mesh sizes;
+  ``torchtitan/trainer.py`` ``Trainer.Config.__post_init__``: the PP micro-batch and CUDA graphs; read at the
+  0.3.0rc1 commit ``1fdf90d3f9b7``).
 
 A rule reads the settings as a mapping of Megatron's argparse destinations (``pipeline_model_parallel_size``,
 ``use_megatron_fsdp``, ...) to values, as :func:`megatron_settings` reads them from an argv or Megatron's own parser
@@ -293,12 +294,24 @@ def _tt_microbatch(s: Settings) -> str | None:
     return None
 
 
+def _tt_cuda_graphs(s: Settings) -> str | None:
+    if _get(s, "disable_cuda_graphs", False):
+        return None
+    if int(_get(s, "pipeline_parallel_degree", 1)) > 1:
+        return "CUDA graphs (on by default) refuse pipeline parallelism: set training.disable_cuda_graphs"
+    if int(_get(s, "expert_parallel_degree", 1)) > 1:
+        return ("CUDA graphs (on by default) refuse EP unless the model's dispatcher is HybridEP with "
+                "non_blocking_capacity_factor or MinimalAsyncEP: set training.disable_cuda_graphs")
+    return None
+
+
 _PD = f"{TORCHTITAN} torchtitan/distributed/parallel_dims.py"
 TORCHTITAN_RULES: tuple[LauncherRule, ...] = (
     LauncherRule("world_size", f"{_PD}:186", _tt_world),
     LauncherRule("ep_borrows_dp_shard_cp_tp", f"{_PD}:401", _tt_ep),
-    LauncherRule("pp_microbatches", f"{TORCHTITAN} torchtitan/distributed/pipeline_parallel.py (n_microbatches = "
-                 "local_batch_size // pipeline_parallel_microbatch_size)", _tt_microbatch),
+    LauncherRule("pp_microbatches", f"{TORCHTITAN} torchtitan/trainer.py:130 (Trainer.Config.__post_init__)",
+                 _tt_microbatch),
+    LauncherRule("cuda_graphs", f"{TORCHTITAN} torchtitan/trainer.py:180-203 (_validate_cuda_graphs)", _tt_cuda_graphs),
 )
 
 

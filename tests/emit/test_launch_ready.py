@@ -146,9 +146,11 @@ def test_the_argv_reader_agrees_with_megatrons_parser():
 def test_torchtitan_rules():
     good = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 8, "tensor_parallel_degree": 2,
             "pipeline_parallel_degree": 2, "context_parallel_degree": 1, "expert_parallel_degree": 8,
-            "local_batch_size": 4, "pipeline_parallel_microbatch_size": 2, "world_size": 32}
+            "local_batch_size": 4, "pipeline_parallel_microbatch_size": 2, "world_size": 32,
+            "disable_cuda_graphs": True}
     assert torchtitan_problems(good) == []
-    for bad in ({"world_size": 64}, {"expert_parallel_degree": 32}, {"pipeline_parallel_microbatch_size": 3}):
+    for bad in ({"world_size": 64}, {"expert_parallel_degree": 32}, {"pipeline_parallel_microbatch_size": 3},
+                {"disable_cuda_graphs": False}):
         assert len(torchtitan_problems({**good, **bad})) == 1
     assert all("torchtitan" in r.source for r in TORCHTITAN_RULES)
 
