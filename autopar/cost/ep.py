@@ -5,7 +5,8 @@ Per MoE layer and micro-batch each GPU holds b·s/(cp·tp) tokens (SP splits the
 sends each to k experts: dispatch and combine in the forward pass, the same two in the backward pass
 (4 all-to-alls; full recomputation adds 2), each of
 
-    A2A = b·s/(cp·tp) · k · h · e bytes  over ep ranks, etp apart in the stage's expert mesh,
+    A2A = b·s/(cp·tp) · k · h · e bytes  over ep ranks, etp apart in the stage's expert mesh
+    (l instead of h under LatentMoE, whose tokens travel at the latent width),
 
 priced by :meth:`autopar.cost.collectives.Network.moe_dispatch_time`: a plain all-to-all inside one NVLink
 domain, hierarchical across domains (each token crosses the network once per destination domain and is
@@ -18,10 +19,12 @@ schedule: the forward of one micro-batch runs interleaved with the backward of a
 dispatch/combine hides behind the other's kernels; DeepSeek-V3, arXiv 2412.19437 sec. 3.2.1 on the same
 pairing). Megatron-Core allows that schedule only with EP > 1, without full recomputation or 'moe' in the
 recompute modules, with at most one MTP layer, and with virtual pipeline stages when PP > 1
-(NVIDIA/Megatron-LM@d2c5e8b4 megatron/core/transformer/transformer_config.py, ``TransformerConfig.__post_init__``,
+(NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py, ``TransformerConfig.__post_init__``,
 ``if self.overlap_moe_expert_parallel_comm:``: "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size
 must be specified when pipeline_model_parallel_size > 1", "Disable full recomputation when enabling
-overlap_moe_expert_parallel_comm"): :func:`ep_overlap_blockers`. Where it runs, one micro-batch in M has no
+overlap_moe_expert_parallel_comm"; and not Megatron-FSDP on an interleaved pipeline, combined_1f1b.py): the rules
+with their pinned upstream lines are :data:`autopar.specs.launcher_rules.EP_OVERLAP_RULES`, asked by
+:func:`ep_overlap_blockers`. Where it runs, one micro-batch in M has no
 partner (the first forward and the last backward of the step); for the rest, the forward's all-to-alls (half of
 T_ep) hide behind the partner's backward kernels (2/3 of W, the stage's kernels of one micro-batch,
 :func:`autopar.cost.compute.hiding_windows`) and the backward's behind its forward (1/3 of W):
@@ -33,30 +36,29 @@ An approximation: the pairing's own slowdown (the two micro-batches' kernels sha
 
 from __future__ import annotations
 
+from autopar.blocks import channel_block
 from autopar.cost.collectives import Network
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec
+from autopar.specs.launcher_rules import EP_OVERLAP_RULES, megatron_problems
 from autopar.specs.layout import Layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
 
 def ep_overlap_blockers(L: Layout, model: ModelSpec) -> list[str]:
-    """Why Megatron-Core refuses --overlap-moe-expert-parallel-comm for this layout (module docstring); empty when
-    it allows it."""
-    why = []
-    if L.ep == 1:
-        why.append("it needs expert parallelism (EP 1)")
-    if L.pp > 1 and L.vpp == 1:
-        why.append(f"it needs virtual pipeline stages when PP > 1 (PP{L.pp}, VPP 1)")
-    if L.recompute == "full":
-        why.append("it refuses full recompute")
-    if "moe" in L.recompute_modules:
-        why.append("it refuses 'moe' in the recompute modules")
-    if model.mtp_layers > 1:
-        why.append(f"it allows at most one MTP layer ({model.mtp_layers})")
-    return why
+    """Why Megatron-Core refuses --overlap-moe-expert-parallel-comm for this layout, each with its upstream line; empty
+    when it allows it. The rules are Megatron's own, kept once in :mod:`autopar.specs.launcher_rules` (the Megatron
+    emitter checks its argv against the same ones): the layout is put as the settings Megatron would see."""
+    full = L.recompute == "full"
+    settings = {"overlap_moe_expert_parallel_comm": True, "expert_model_parallel_size": L.ep,
+                "pipeline_model_parallel_size": L.pp,
+                "num_virtual_stages_per_pipeline_rank": L.vpp if L.vpp > 1 else None,
+                "recompute_granularity": "full" if full else None, "recompute_method": "uniform" if full else None,
+                "recompute_modules": sorted(L.recompute_modules), "bf16": True,
+                "mtp_num_layers": model.mtp_layers, "use_megatron_fsdp": L.zero_stage == 3}
+    return megatron_problems(settings, EP_OVERLAP_RULES)
 
 
 def ep_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network,
@@ -68,7 +70,9 @@ def ep_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
         return 0.0
     if per_pass is None:
         per_pass = 3 if L.recompute == "full" else 2     # forward, backward (+ recomputed forward)
-    token_bytes = L.micro_batch * tr.seq_len / (L.cp * L.tp) * prof.hidden * tr.activation_bytes
+    # a routed token is h wide, or l under LatentMoE (autopar.blocks.moe)
+    width = channel_block(prof.model, "moe").routed_width
+    token_bytes = L.micro_batch * tr.seq_len / (L.cp * L.tp) * width * tr.activation_bytes
     nbytes = token_bytes * prof.top_k
     t = 2 * per_pass * net.moe_dispatch_time(token_bytes, prof.top_k, prof.model.moe.num_experts, L.ep, L.etp)
     if L.etp > 1:

@@ -41,9 +41,12 @@ compute window covers; autopar.cost.tp, dp, ep):
   distributed optimizer or Megatron-FSDP (Megatron requires both for the latter).
 - ``tp_comm_overlap`` and TP > 1 -> ``--tp-comm-overlap`` (Transformer Engine userbuffers); Megatron allows it only
   with sequence parallel, so a layout with SP off gets a note that its TP time is predicted too low.
-- ``ep_comm_overlap`` and EP > 1 -> ``--overlap-moe-expert-parallel-comm`` (combined 1F1B all-to-all overlap) where
-  Megatron allows it (:func:`autopar.cost.ep.ep_overlap_blockers`: VPP > 1 when PP > 1, no full recompute or 'moe'
-  in the recompute modules, at most one MTP layer); elsewhere the prediction counts the all-to-all exposed.
+- ``ep_comm_overlap`` and EP > 1 -> ``--overlap-moe-expert-parallel-comm`` (combined 1F1B all-to-all overlap), which Megatron allows
+  only with VPP > 1 when PP > 1, without full recompute or 'moe' in the recompute modules, with at most one MTP
+  layer, and (its combined 1F1B schedule asserts this at the first step) not with Megatron-FSDP on an interleaved
+  pipeline; otherwise a note, and the prediction counts the all-to-all exposed (the cost model asks the same rules,
+  autopar.cost.ep.ep_overlap_blockers). The rules, with their upstream lines, are
+  autopar/specs/launcher_rules.py; the finished argv is checked against all of them before it is printed.
 - ``CUDA_DEVICE_MAX_CONNECTIONS=1`` when TP or CP > 1 without FSDP or EP overlap (Megatron asserts it on Hopper).
 
 Activation offload (offload_activations f > 0) -> Megatron-Core fine-grained activation offloading:
@@ -59,12 +62,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from autopar.cost.ep import ep_overlap_blockers
 from autopar.emit._common import require_resolved, virtual_chunks
 from autopar.emit.megatron_hybrid import (HYBRID_SCRIPT, HYBRID_SPEC, hybrid_layer_pattern, hybrid_mixer_args,
                                           hybrid_notes)
 from autopar.errors import AutoparInputError
 from autopar.specs.hardware import HardwareSpec
+from autopar.specs.launcher_rules import EP_OVERLAP_RULES, megatron_problems, megatron_settings
 from autopar.specs.layout import Layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
@@ -204,13 +207,8 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
         args += ["--expert-model-parallel-size", str(L.ep), "--expert-tensor-parallel-size", str(L.etp),
                  "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
         if L.ep > 1 and training.ep_comm_overlap:
-            blockers = ep_overlap_blockers(L, model)
-            if blockers:
-                notes.append(f"no EP all-to-all overlap: Megatron cannot run it here ({'; '.join(blockers)}); the "
-                             "prediction counts the all-to-all exposed")
-            else:
-                ep_overlap = True
-                args.append("--overlap-moe-expert-parallel-comm")
+            ep_overlap = True       # withheld below if a run-time rule of Megatron refuses it for this layout
+            args.append("--overlap-moe-expert-parallel-comm")
     if L.sp:
         args.append("--sequence-parallel")
     if L.tp > 1 and training.tp_comm_overlap:
@@ -237,8 +235,21 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
         args.append("--grad-reduce-in-bf16" if training.grad_dtype == "bf16"
                     else "--accumulate-allreduce-grads-in-fp32")
     args += precision_args(training.precision)
+    if ep_overlap:   # Megatron's run-time rules for the overlap (specs/launcher_rules.py, with the upstream lines)
+        settings = megatron_settings(args)
+        if model.mtp_layers:
+            settings["mtp_num_layers"] = model.mtp_layers   # the recipe's --mtp-num-layers (the model has them)
+        blockers = megatron_problems(settings, EP_OVERLAP_RULES)
+        if blockers:
+            ep_overlap = False
+            args.remove("--overlap-moe-expert-parallel-comm")
+            notes.append(f"no EP all-to-all overlap: Megatron cannot run it here ({'; '.join(blockers)}); the "
+                         "prediction counts the all-to-all exposed")
     if (L.tp > 1 or L.cp > 1) and not (torch_fsdp or megatron_fsdp or ep_overlap):
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    problems = megatron_problems(megatron_settings(args))
+    if problems:   # never print settings Megatron would abort on: solve then takes the next ranked layout
+        raise AutoparInputError(f"Megatron-LM would abort on {L.short()}: {'; '.join(problems)}")
     return MegatronLaunch(args=args, env=env, notes=notes,
                           script=HYBRID_SCRIPT if model.is_hybrid else "pretrain_gpt.py")
 

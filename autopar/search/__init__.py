@@ -39,6 +39,15 @@ class SolveResult:
     notes: list[str] = field(default_factory=list)
     memory_margin: float = 0.0  # share of HBM the search kept free beyond the memory model
 
+    def status_text(self) -> str:
+        """The status as a person should read it: OPTIMAL with its gap; FEASIBLE (the time limit stopped CP-SAT or
+        the branch and bound) says that the ranking is not proven, and prints a gap only where a bound proves one,
+        never a bare "gap 0.00%" that reads as proof."""
+        if self.status != "FEASIBLE":
+            return f"status {self.status}" + (f", gap {self.gap:.2%}" if self.method == "cpsat" else "")
+        bound = f"#1 within {self.gap:.2%} of the best bound" if self.gap > 0 else "no bound on #1's gap"
+        return f"status FEASIBLE (the time limit stopped the search: not proven optimal; {bound})"
+
     def to_dict(self) -> dict:
         return {"status": self.status, "gap": self.gap, "solve_s": self.solve_s, "space_size": self.space_size,
                 "memory_margin": self.memory_margin,

@@ -3,8 +3,9 @@
 For every valid mesh m = (tp, cp, pp, ep, etp) the Estimator's own per-stage functions fill tables keyed by the
 few axes each term depends on (j = micro-batch, r = recompute, k = vpp, z = ZeRO):
   t_mb[m,j,r] (compute + tp + cp + ep + offload of the slowest stage, ``Estimator.stage_times``)
-  t_mb_v[m,j,r] the same with virtual stages (vpp > 1): it differs only where the EP all-to-all overlap needs them
-     (MoE, EP > 1, PP > 1: ``autopar.cost.ep.ep_overlap_blockers``), and is timed only there
+  t_mb_v[m,j,r] the same with virtual stages (vpp > 1, not FSDP): it differs only where the EP all-to-all overlap
+     needs them (MoE, EP > 1, PP > 1: ``autopar.cost.ep.ep_overlap_blockers``), and is timed only there; FSDP on an
+     interleaved pipeline cannot overlap (the same rules), so it takes t_mb
   p2p[m,j,k] (``p2p_time``)      tail[m,z,j] = max over stages of ``Estimator.stage_tail`` (DP/FSDP + optimizer)
   per distinct stage s: states[m,z,s] + max(activations[m,j,r,k,s] + buffers[m,z,j,s], step copy[m,z,s])
      (memory; the optimizer step's fp32 gradient copy, ``step_grad_copy_bytes``)
@@ -272,8 +273,10 @@ class Tables:
         if with_time:
             grid = SimpleNamespace(grad_accum=self.M[rows][:, :, None, None, None],
                                    pp=self.pp[rows][:, None, None, None, None], vpp=self.vpp[None, None, None, :, None])
-            t_mb = np.where(self.vpp[None, None, None, :, None] > 1, self.t_mb_v[rows][:, :, :, None, None],
-                            self.t_mb[rows][:, :, :, None, None])
+            # vpp > 1 takes the interleaved table, except under FSDP, where Megatron refuses the combined 1F1B on an
+            # interleaved pipeline (launcher_rules' ep_overlap_fsdp_interleaved): exposed there, as without vpp
+            inter = (self.vpp[None, None, None, :, None] > 1) & (self.zero[None, None, None, None, :] != 3)
+            t_mb = np.where(inter, self.t_mb_v[rows][:, :, :, None, None], self.t_mb[rows][:, :, :, None, None])
             step = step_seconds(grid, t_mb, self.p2p[rows][:, :, None, :, None],
                                 np.transpose(self.tail[rows], (0, 2, 1))[:, :, None, None, :])
             step = np.minimum(np.nan_to_num(np.broadcast_to(step, shape), nan=UNREACHABLE_S), UNREACHABLE_S)

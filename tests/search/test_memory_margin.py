@@ -63,3 +63,22 @@ def test_the_optimizer_steps_fp32_copy_is_a_second_peak():
         m = est.estimate(L).memory_gib
         if copy_expected:   # the step's peak: states + the copy (reported under buffers)
             assert (m.activations + m.buffers) * 2**30 == pytest.approx(copy, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_the_ep_overlap_tables_follow_megatrons_schedule_rules(vpp, zero):
+    """MoE on a pipeline: the all-to-all overlap needs virtual stages, and not under FSDP (launcher_rules). Whatever
+    the pins, the solver's objective is the estimate of the layout it returns."""
+    from autopar.search.tables import SCALE_T
+    from autopar.specs import MoESpec
+    model = ModelSpec(name="tiny_moe", num_layers=8, hidden_size=2048, ffn_hidden_size=5632, num_attention_heads=16,
+                      num_kv_heads=4, vocab_size=32000, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1408))
+    tr = TrainingSpec(seq_len=2048, global_batch=32)
+    opts = SearchOptions(pp=[2], vpp=[vpp], ep=[4], zero=[zero], mbs=[1], recompute=["none"], top_k=2,
+                         memory_margin=0.0, time_limit_s=30)
+    res = solve(model, "h100_sxm", tr, 8, opts, explain=False, with_heuristic=False)
+    assert res.plans
+    for p in res.plans:
+        exact = Estimator(model, H100, tr, 8).estimate(p.layout, resolved=True).step_time_s
+        assert p.objective_s == pytest.approx(exact, abs=4 / SCALE_T)
