@@ -8,6 +8,7 @@ one line on stderr and exit status 2 (no traceback).
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -57,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             raise AutoparInputError(f"no command given (choose {', '.join(SUBCOMMANDS)})")
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()      # a full disk or /dev/full as stdout fails here, inside the handlers below
+        return status
     except AutoparInputError as err:
         _say(f"autopar: error: {_one_line(err)}")
         return 2
@@ -69,15 +72,34 @@ def main(argv: list[str] | None = None) -> int:
         # as a command killed by SIGPIPE would. Python's final flush must not write to the closed pipe again.
         _close_stdout()
         return 141
+    except OSError as err:
+        if err.errno not in _WRITE_ERRNOS:
+            return _internal(err)
+        # The output could not be written (stdout on a full disk or /dev/full, a file system gone read-only): the
+        # user's environment, not a bug. What stdout still holds cannot be written either: drop it.
+        _close_stdout()
+        where = f" {err.filename}" if getattr(err, "filename", None) else " the output"
+        _say(f"autopar: error: cannot write{_one_line(where)}: {err.strerror or err}")
+        return 2
     except MemoryError:
         _say("autopar: error: out of memory; the problem is too large for this machine (see docs/input-bounds.md)")
         return 2
     except Exception as err:  # noqa: BLE001 - the promise is one line, never a traceback
-        if os.environ.get("AUTOPAR_DEBUG"):
-            raise
-        _say(f"autopar: internal error: {type(err).__name__}: {_one_line(err)} (a bug in autopar; please report "
-             "it with the command; AUTOPAR_DEBUG=1 shows the traceback)")
-        return 70
+        return _internal(err)
+
+
+def _internal(err: Exception) -> int:
+    """A failure nobody expected: one line and status 70 (AUTOPAR_DEBUG=1: the traceback instead)."""
+    if os.environ.get("AUTOPAR_DEBUG"):
+        raise err
+    _say(f"autopar: internal error: {type(err).__name__}: {_one_line(err)} (a bug in autopar; please report "
+         "it with the command; AUTOPAR_DEBUG=1 shows the traceback)")
+    return 70
+
+
+# errno values of a write the machine refused: no space, quota, file too large, I/O error, read-only file system,
+# permission (a file made read-only while autopar ran).
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def _one_line(err: BaseException | str) -> str:

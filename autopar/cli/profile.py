@@ -21,6 +21,7 @@ from autopar.cli.common import SCALE_BOUNDS, count, dump_json, seconds
 from autopar.cli.estimate import add_layout_args, layout_from_args
 from autopar.cli.measure import register_compare, register_hardware
 from autopar.errors import AutoparInputError
+from autopar.fileio import OutputFile, check_output_dir
 from autopar.run._scale import scale_model
 from autopar.run._training import runner_training
 from autopar.specs.layout import resolve_layout
@@ -89,6 +90,8 @@ def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]
 
 def run(args: argparse.Namespace) -> int:
     from autopar.run.launch import run_layout
+    if args.workdir:
+        check_output_dir(args.workdir, "--workdir")
     model, layout, training = _problem(args)
     resolved = resolve_layout(layout, model, training, args.gpus)
     print(f"autopar profile: {model.summary()}; {resolved.short()}; {args.gpus} ranks, "
@@ -128,10 +131,11 @@ def run(args: argparse.Namespace) -> int:
 
 def spec(args: argparse.Namespace) -> int:
     from autopar.run.launch import worker_spec
+    target = OutputFile(args.out, "--out")          # checked before any work
     model, layout, training = _problem(args)
     resolved = resolve_layout(layout, model, training, args.gpus)
-    out = Path(args.out)
-    out.write_text(json.dumps(worker_spec(model, resolved, training, steps=args.steps, warmup=args.warmup,
+    out = target.path
+    target.write(json.dumps(worker_spec(model, resolved, training, steps=args.steps, warmup=args.warmup,
                                           seed=args.seed, backend=args.backend, timeout_s=args.timeout,
                                           lr=args.lr, lr_warmup_steps=args.lr_warmup, dtype=args.dtype), indent=1))
     print(f"wrote {out}; run it with:\n  torchrun --nproc-per-node {args.gpus} -m autopar.run.worker --spec {out}")

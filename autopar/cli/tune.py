@@ -20,6 +20,7 @@ from pathlib import Path
 from autopar.cli.common import SCALE_BOUNDS, add_emit_args, add_search_args, count, dump_json, search_options, seconds
 from autopar.defaults import DEFAULT_HARDWARE
 from autopar.errors import AutoparInputError
+from autopar.fileio import OutputFile
 
 SCALE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "experts", "vocab")
 
@@ -55,9 +56,9 @@ def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subpro
 def run(args: argparse.Namespace) -> int:
     from autopar.tune import TuneInterrupted, format_summary, format_trials, plan_document, tune
 
-    for path in (args.out, args.emit_out):
-        if path is not None and not Path(path).parent.is_dir():
-            raise AutoparInputError(f"folder {Path(path).parent} does not exist (for {path})")
+    # every output is checked before the (long) study: its folder exists and takes a file
+    out = OutputFile(args.out, "--out") if args.out is not None else None
+    emit_out = OutputFile(args.emit_out, "--emit-out") if args.emit_out is not None else None
     if args.emit_out and not args.emit:
         raise AutoparInputError("--emit-out needs --emit megatron|bridge|torchtitan|env")
     if args.emit:   # refuse before the (long) tuning run when the launcher cannot train the model at all
@@ -84,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
         emitted = emit(args.emit, result.best.layout, result.model, result.training, result.gpus, result.hardware,
                        torchtitan_version=args.torchtitan_version)
         if args.emit_out:
-            Path(args.emit_out).write_text(emitted)
-    if args.out and result.best is not None:
-        Path(args.out).write_text(json.dumps(plan_document(result), indent=1))
+            emit_out.write(emitted)
+    if out is not None and result.best is not None:
+        out.write(json.dumps(plan_document(result), indent=1))
     if args.json:
         print(dump_json(result.to_dict()))
         return 0 if result.best is not None else 1

@@ -21,6 +21,9 @@ def run_fit(args: argparse.Namespace) -> int:
     from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
     from autopar.validation import load_cases
     err = console(stderr=True)
+    if args.write:   # checked before the fit
+        from autopar.fileio import check_output_dir
+        check_output_dir(args.out, "--out")
     cases, skipped = load_cases(_csv_path(args))
     if not cases:
         raise AutoparInputError(f"{args.csv}: no usable row to fit ({len(skipped)} skipped"
