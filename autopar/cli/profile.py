@@ -22,6 +22,7 @@ from autopar.cli.estimate import add_layout_args, layout_from_args
 from autopar.cli.measure import register_compare, register_hardware
 from autopar.errors import AutoparInputError
 from autopar.fileio import OutputFile, check_output_dir
+from autopar.run._machine import check_cpu_world, runs_on_cpu
 from autopar.run._scale import scale_model
 from autopar.run._training import runner_training
 from autopar.specs.layout import resolve_layout
@@ -94,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(args.workdir, "--workdir")
     model, layout, training = _problem(args)
     resolved = resolve_layout(layout, model, training, args.gpus)
+    if runs_on_cpu(args.backend):
+        check_cpu_world(args.gpus)
     print(f"autopar profile: {model.summary()}; {resolved.short()}; {args.gpus} ranks, "
           f"{training.global_batch} x {training.seq_len} tokens/step, {args.steps} steps", file=sys.stderr)
     res = run_layout(model, layout, training, world=args.gpus, steps=args.steps, warmup=args.warmup,
