@@ -22,9 +22,7 @@ from autopar.cli.estimate import add_layout_args, layout_from_args
 from autopar.cli.measure import register_compare, register_hardware
 from autopar.errors import AutoparInputError
 from autopar.fileio import OutputFile, check_output_dir
-from autopar.run._machine import check_cpu_world, runs_on_cpu
-from autopar.run._scale import scale_model
-from autopar.run._training import runner_training
+from autopar.run import check_cpu_world, runner_training, runs_on_cpu, scale_model
 from autopar.specs.layout import resolve_layout
 from autopar.specs.loaders import build_spec, load_model
 from autopar.specs.model import ModelSpec
