@@ -10,7 +10,7 @@ from rich.table import Table
 from autopar.cli.common import dump_json
 from autopar.cli.render import console
 from autopar.errors import AutoparInputError
-from autopar.measure.validation import DEFAULT_CSV, validate
+from autopar.measure.validation import DEFAULT_CSV, summarize_skipped, validate
 
 
 def run_fit(args: argparse.Namespace) -> int:
@@ -100,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
                   f"{r.predicted_tokens:,.0f}", f"{r.error:+.1%}", f"{r.memory_gib:.1f}/{r.hbm_gib:.0f}",
                   "yes" if r.fits else "[red]OOM[/red]", "; ".join(r.case.assumptions))
     out.print(t)
-    for rid, why in rep.skipped:
-        out.print(f"skipped {rid}: {why}")
+    for line in summarize_skipped(rep.skipped):     # repeated reasons as one line each
+        out.print(line, markup=False, highlight=False)
     for grouping, groups in rep.breakdown().items():
         g = Table(title=f"Error by {grouping}", title_justify="left")
         for c in (grouping, "rows", "mean |error|", "mean error (+ = predicted fast)"):
