@@ -16,6 +16,7 @@ import yaml
 
 from autopar.cli.main import build_parser
 from autopar.cli.common import search_options
+from autopar.specs.bounds import RATE_FLOOR
 from autopar.specs.bounds import BOUNDS
 from autopar.specs.loaders import zoo_dir
 
@@ -80,8 +81,13 @@ def test_tokens_per_step_bound():
 def test_a_gflops_chip_gives_finite_integer_tables(tmp_path):
     """Once: NaN/overflowing step times cast to int64 in the solver's tables (a RuntimeWarning, then no layout)."""
     hw = yaml.safe_load((zoo_dir("hardware") / "h100_sxm.yaml").read_text())
-    hw.update(peak_tflops_bf16=1e-9, hbm_tbps=1e-9, nvlink_gbps=1e-9, scaleout_gbps=1e-9)
     path = tmp_path / "slow.yaml"
+    hw.update(peak_tflops_bf16=1e-9)                      # below the floor: refused, naming the field
+    path.write_text(yaml.safe_dump(hw))
+    _fails(["solve", "--model", "llama3_8b", "--gpus", "8", "--hardware", str(path)], "peak_tflops_bf16",
+           "greater than or equal to 0.001")
+    # the slowest chip accepted (every rate at autopar's RATE_FLOOR) still gives finite tables
+    hw.update(peak_tflops_bf16=RATE_FLOOR, hbm_tbps=RATE_FLOOR, nvlink_gbps=RATE_FLOOR, scaleout_gbps=RATE_FLOOR)
     path.write_text(yaml.safe_dump(hw))
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)       # "invalid value encountered in cast" fails the run
