@@ -141,10 +141,20 @@ def check_output_dir(path: Path | str, flag: str) -> Path:
             raise AutoparInputError(f"{flag}: {show_path(probe)} is not a folder (for {show_path(d)})")
     except OSError as err:
         raise AutoparInputError(f"{flag}: cannot use {show_path(d)}: {err.strerror or err}") from None
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise AutoparInputError(f"{flag}: cannot write in {show_path(probe)}: permission denied"
-                                + ("" if probe == d else f" (to create {show_path(d)})"))
+    _probe(probe, flag, d)
     return d
+
+
+def _probe(folder: Path, flag: str, target: Path) -> None:
+    """Create and remove a file in ``folder``: the one check that catches every reason a write will fail there
+    (permissions, a read-only file system, /proc, a full inode table); os.access misses most of them for root."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".autopar-probe-", dir=folder)
+    except OSError as err:
+        raise AutoparInputError(f"{flag}: cannot write {show_path(target)}: {err.strerror or err} (in "
+                                f"{show_path(folder)})") from None
+    os.close(fd)
+    os.unlink(name)
 
 
 class OutputFile:
@@ -169,10 +179,8 @@ class OutputFile:
                                     "(or choose another path)")
         if self.regular:
             _ensure_parent(self.path, flag)
-            # the temporary file the write goes through: proves the folder takes a new file now, before the work
-            if not os.access(self.path.parent, os.W_OK | os.X_OK):
-                raise AutoparInputError(f"{flag}: cannot write {show_path(self.path)}: folder "
-                                        f"{show_path(self.path.parent)} is not writable")
+            # the write goes through a temporary file in the folder: prove the folder takes one now, before the work
+            _probe(self.path.parent, flag, self.path)
             if st is not None and not os.access(self.path, os.W_OK):
                 raise AutoparInputError(f"{flag}: cannot write {show_path(self.path)}: the file is read-only")
         elif stat.S_ISFIFO(st.st_mode):

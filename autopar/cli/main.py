@@ -11,9 +11,10 @@ import argparse
 import errno
 import importlib
 import os
+import signal
 import sys
 
-from autopar.errors import AutoparInputError
+from autopar.errors import AutoparInputError, Terminated
 
 # Subcommand modules, in the order `autopar --help` lists them.
 SUBCOMMANDS = ("solve", "estimate", "validate", "profile", "tune", "zoo", "schema")
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     Any other failure is a bug in autopar: one ``autopar: internal error:`` line and status 70
     (set AUTOPAR_DEBUG=1 for the traceback)."""
     argv = sys.argv[1:] if argv is None else argv
+    old_term = _catch_sigterm()
     try:
         parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
         args = parser.parse_args(argv)
@@ -64,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except AutoparInputError as err:
         _say(f"autopar: error: {_one_line(err)}")
         return 2
+    except Terminated:
+        _say("autopar: terminated (SIGTERM)")
+        return 143
     except KeyboardInterrupt:
         _say("autopar: interrupted")
         return 130
@@ -86,6 +91,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as err:  # noqa: BLE001 - the promise is one line, never a traceback
         return _internal(err)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess (tests/cli/test_faults.py)
+    raise Terminated()
+
+
+def _catch_sigterm():
+    """Turn SIGTERM into :class:`Terminated` while a command runs (main thread only); the old handler, or None."""
+    try:
+        return signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:        # not the main thread
+        return None
 
 
 def _internal(err: Exception) -> int:

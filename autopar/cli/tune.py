@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
 
 from autopar.cli.common import SCALE_BOUNDS, add_emit_args, add_search_args, count, dump_json, search_options, seconds
 from autopar.defaults import DEFAULT_HARDWARE
-from autopar.errors import AutoparInputError
+from autopar.errors import AutoparInputError, Terminated
 from autopar.fileio import OutputFile
 
 SCALE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "experts", "vocab")
@@ -45,14 +44,6 @@ def _training(args: argparse.Namespace) -> dict:
     return out
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (scancel, a SLURM time limit) stops the tuner as Ctrl-C does."""
-
-
-def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess
-    raise _Terminated()
-
-
 def run(args: argparse.Namespace) -> int:
     from autopar.tune import TuneInterrupted, format_summary, format_trials, plan_document, tune
 
@@ -68,7 +59,6 @@ def run(args: argparse.Namespace) -> int:
         if refusal:
             raise AutoparInputError(f"--emit {args.emit}: {refusal}")
     say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         result = tune(args.model, args.hardware, _training(args), args.gpus, search_options(args), trials=args.trials,
                       top_k=args.top_k, storage=args.storage, study=args.study, seed=args.seed, steps=args.steps,
@@ -76,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
                       seeds=args.seeds, confirm=args.confirm, progress=say)
     except TuneInterrupted as err:
         print(f"autopar tune: interrupted; {err}", file=sys.stderr)
-        return 143 if isinstance(err.__context__, _Terminated) else 130
-    finally:
-        signal.signal(signal.SIGTERM, old)
+        return 143 if isinstance(err.__context__, Terminated) else 130
     emitted = None
     if args.emit and result.best is not None:
         from autopar.emit import emit
