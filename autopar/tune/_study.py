@@ -30,6 +30,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -79,7 +80,8 @@ class _Counts:
 
 
 def _worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid())}"
+    """"host:pid:start:token": the process (its start time tells a reused pid apart) and this StudyWorker in it."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid())}:{uuid.uuid4().hex[:8]}"
 
 
 def _proc_start(pid: int) -> str:
@@ -92,11 +94,12 @@ def _proc_start(pid: int) -> str:
 
 
 def _worker_gone(worker: str | None) -> bool:
-    """True when ``worker`` ("host:pid:start") ran on this host and that process no longer exists."""
+    """True when ``worker`` ("host:pid:start[:token]") ran on this host and that process no longer exists."""
     if not worker:
         return False
     host, _, rest = worker.partition(":")
     pid, _, start = rest.partition(":")
+    start = start.partition(":")[0]
     if host != socket.gethostname() or not pid.isdigit():
         return False
     now = _proc_start(int(pid))
@@ -291,19 +294,12 @@ class StudyWorker:
                                                        states=(TrialState.FAIL,))) - before
         if requeued:
             self.say(f"{requeued} trial(s) whose worker's heartbeat stopped (over {self.s.grace_s} s): queued again")
-        now, wall = datetime.now(), time.time()
         for t in self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            worker = t.user_attrs.get("worker")
-            limit = float(t.user_attrs.get("timeout_s", self.s.timeout_s)) + STALE_MARGIN_S
-            age = (now - t.datetime_start).total_seconds() if t.datetime_start else 0.0
-            beat = t.user_attrs.get(ATTR_HEARTBEAT)
-            silent = wall - float(beat) if isinstance(beat, (int, float)) else 0.0
-            if worker == self.worker or not (_worker_gone(worker) or silent > self.s.grace_s or age > limit):
+            why = self._stale(t)
+            if why is None:
                 continue
+            worker = t.user_attrs.get("worker")
             tid = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, t.number)
-            why = ("its worker is gone" if _worker_gone(worker) else
-                   f"no heartbeat for {silent:.0f} s" if silent > self.s.grace_s else
-                   f"running {age:.0f} s, past its timeout")
             try:
                 self.storage.set_trial_user_attr(tid, "outcome", INTERRUPTED)
                 self.storage.set_trial_user_attr(tid, "reason", f"interrupted: {why} ({worker})")
@@ -314,6 +310,25 @@ class StudyWorker:
             except Exception:      # another worker got there first
                 continue
         return requeued
+
+    def _stale(self, t: Any) -> str | None:
+        """Why the RUNNING trial ``t`` has lost its worker, or None while it may still be running. Called only
+        between this worker's own trials, so a trial under this worker's own id is one it abandoned (a storage
+        write that failed as it finished)."""
+        worker = t.user_attrs.get("worker")
+        if worker == self.worker:
+            return "abandoned by this worker"
+        if _worker_gone(worker):
+            return "its worker is gone"
+        beat = t.user_attrs.get(ATTR_HEARTBEAT)
+        silent = time.time() - float(beat) if isinstance(beat, (int, float)) else 0.0
+        if silent > self.s.grace_s:
+            return f"no heartbeat for {silent:.0f} s"
+        limit = float(t.user_attrs.get("timeout_s", self.s.timeout_s)) + STALE_MARGIN_S
+        age = (datetime.now() - t.datetime_start).total_seconds() if t.datetime_start else 0.0
+        if age > limit:
+            return f"running {age:.0f} s, past its timeout"
+        return None
 
     def _index_space(self) -> None:
         """Label every parameter set; keep those that are valid and predicted to fit (the runnable space)."""
@@ -435,13 +450,9 @@ class StudyWorker:
             with storage_lock(self.target), _no_sigint():
                 if self._requeue_stale() and self._counts().ran < self.s.trials:
                     return True
-            now = datetime.now()
-            live = []
-            for t in self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-                limit = float(t.user_attrs.get("timeout_s", self.s.timeout_s)) + STALE_MARGIN_S
-                age = (now - t.datetime_start).total_seconds() if t.datetime_start else 0.0
-                if not _worker_gone(t.user_attrs.get("worker")) and age <= limit:
-                    live.append(t.number)
+            live = [t.number for t in self.storage.get_all_trials(self.study_id, deepcopy=False,
+                                                                  states=(TrialState.RUNNING,))
+                    if self._stale(t) is None]
             if not live:
                 return False
             if not told:
