@@ -1,10 +1,13 @@
-"""`autopar zoo`: the models and hardware shipped with autopar (names accepted by --model and --hardware)."""
+"""`autopar zoo`: the models and hardware shipped with autopar (names accepted by --model and --hardware), and the
+block kinds a model's layers may be made of (the catalogue of :mod:`autopar.blocks`)."""
 
 from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
 
+from autopar.blocks import CHANNELS, MIXERS
 from autopar.cli.common import dump_json
 from autopar.cli.render import console, fitted_table
 from autopar.specs.loaders import load_hardware, load_model, zoo_dir, zoo_names
@@ -12,11 +15,18 @@ from autopar.specs.loaders import load_hardware, load_model, zoo_dir, zoo_names
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("zoo", help="list the zoo models and hardware (names for --model / --hardware)",
-                       description="List the models in models/ and the hardware in hardware/ with their key figures.")
-    p.add_argument("kind", nargs="?", choices=("models", "hardware", "all"), default="all",
-                   help="what to list (default: all)")
+                       description="List the models in models/ and the hardware in hardware/ with their key figures; "
+                                   "'blocks' lists the layer kinds a model file may use.")
+    p.add_argument("kind", nargs="?", choices=("models", "hardware", "blocks", "all"), default="all",
+                   help="what to list (default: all = models and hardware)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     p.set_defaults(func=run)
+
+
+def params_b(n: float) -> str:
+    """A parameter count in billions as every command prints it (one decimal, rounded once from the count:
+    solve's header and this table both say 70.6 for llama3_70b; rounding a rounded 70.55 gave 70.5)."""
+    return f"{n / 1e9:.1f}"
 
 
 def _models() -> list[dict]:
@@ -24,7 +34,8 @@ def _models() -> list[dict]:
     for name in zoo_names("models"):
         m = load_model(name)
         rows.append({"name": name, "total_params_b": round(m.total_params / 1e9, 2),
-                     "active_params_b": round(m.active_params / 1e9, 2), "layers": m.num_layers,
+                     "active_params_b": round(m.active_params / 1e9, 2),
+                     "_total": params_b(m.total_params), "_active": params_b(m.active_params), "layers": m.num_layers,
                      "hidden": m.hidden_size, "heads": m.num_attention_heads, "kv_heads": m.kv_heads,
                      "experts": m.moe.num_experts if m.moe else None, "top_k": m.moe.top_k if m.moe else None,
                      "mla": m.mla is not None, "vocab": m.vocab_size, "mixers": _mixers(m)})
@@ -40,6 +51,14 @@ def _mixers(m) -> str:
         if kinds:
             counts[kinds] = counts.get(kinds, 0) + 1
     return ", ".join(f"{k} x{n}" for k, n in counts.items())
+
+
+def _blocks() -> list[dict]:
+    """The catalogue: token mixers by MixerSpec.kind (``attention`` becomes MLA on a model with ``mla``), channel
+    mixers by mlp_pattern entry."""
+    rows = [{"kind": k, "role": "token mixer", "title": c.title, "source": c.source} for k, c in MIXERS.items()]
+    return rows + [{"kind": k, "role": "channel mixer", "title": c.title, "source": c.source}
+                   for k, c in CHANNELS.items()]
 
 
 def _hardware() -> list[dict]:
@@ -59,20 +78,30 @@ def run(args: argparse.Namespace) -> int:
         out["models"] = _models()
     if args.kind in ("hardware", "all"):
         out["hardware"] = _hardware()
+    if args.kind == "blocks":
+        out["blocks"] = _blocks()
     if args.json:
-        print(dump_json(out))
+        print(dump_json({k: [{f: v for f, v in r.items() if not f.startswith("_")} for r in rows]
+                         for k, rows in out.items()}))
         return 0
     c = console()
-    c.print(f"[dim]from {zoo_dir('models')} and {zoo_dir('hardware')}[/dim]")
+    if "blocks" in out:
+        rows = [[r["kind"], r["role"], r["title"], r["source"]] for r in out["blocks"]]
+        c.print(*fitted_table(c.width, "Block kinds (MixerSpec.kind, mlp_pattern; autopar/blocks/)",
+                             ["kind", "role", "what", "source"], rows, left=("kind", "role", "what", "source"),
+                             optional=("source",)))
+        return 0
+    c.print(f"[dim]from {escape(str(zoo_dir('models')))} and {escape(str(zoo_dir('hardware')))}[/dim]")
     if "models" in out:
-        rows = [[r["name"], f"{r['total_params_b']:.1f}", f"{r['active_params_b']:.1f}", str(r["layers"]),
+        rows = [[r["name"], r["_total"], r["_active"], str(r["layers"]),
                  str(r["hidden"]), f"{r['heads']}/{r['kv_heads']}",
                  f"{r['experts']} ({r['top_k']})" if r["experts"] else "-", "yes" if r["mla"] else "", r["mixers"]]
                 for r in out["models"]]
         c.print(*fitted_table(c.width, "Models (--model NAME)",
                              ["name", "total B", "active B", "layers", "hidden", "heads/ kv", "experts (top-k)", "MLA",
                               "token mixers (layers)"],
-                             rows, left=("name", "token mixers (layers)"), optional=("hidden", "heads/ kv", "MLA")))
+                             rows, left=("name", "token mixers (layers)"),
+                             optional=("layers", "hidden", "heads/ kv", "MLA"), wrap_at=20))
     if "hardware" in out:
         rows = [[r["name"], f"{r['bf16_tflops']:g}", f"{r['fp8_tflops']:g}" if r["fp8_tflops"] else "-",
                  f"{r['fp4_tflops']:g}" if r["fp4_tflops"] else "-", f"{r['hbm_gib']:g}", f"{r['hbm_tbps']:g}",

@@ -19,7 +19,7 @@ Nemotron-H reduces once per pass, not twice.
 from __future__ import annotations
 
 from autopar.cost.collectives import Network
-from autopar.cost.profile import ModelProfile
+from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout

@@ -1,6 +1,6 @@
 """The Markdown analysis report of one search (``autopar solve --report out.md``), with its two PNG figures.
 
-Layout of the report (after /work/shared/reference/example-analysis-report.md): a summary; Model, Training
+Layout of the report (after the project's reference example, example-analysis-report.md): a summary; Model, Training
 and Hardware tables (with the efficiency constants the prediction used); the ranked table of layouts and its
 column legend; the figures; the best layout in detail (memory with what each term counts, step time as a
 sum of named terms); the comparison with the rules-of-thumb layout; what to try next; the solver's status;
@@ -393,7 +393,7 @@ def _summary(res: SolveResult, hw: HardwareSpec) -> str:
     elif res.heuristic:
         lines.append(f"- The rules-of-thumb layout ({res.heuristic.layout.short()}) does not fit "
                      f"({res.heuristic.estimate.memory_gib.total:.1f} of {hw.hbm_gib:.1f} GiB), so it is no baseline")
-    lines.append(f"- Search: {res.method}, status {res.status}, gap {res.gap:.2%}, {res.solve_s:.2f} s")
+    lines.append(f"- Search: {res.method}, {res.status_text()}, {res.solve_s:.2f} s")
     return "\n".join(lines)
 
 

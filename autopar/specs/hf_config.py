@@ -17,6 +17,8 @@ shipped with the checkpoints; key names as in those classes):
 ``deepseek_v2``, ``deepseek_v3``,      MLA attention, shared experts, ``first_k_dense_replace`` leading dense
 ``kimi_k2``                            layers, ``num_nextn_predict_layers`` MTP modules (Moonlight and Kimi K2
                                        use the DeepSeek-V3 code)
+``deepseek_v32``                       DeepSeek-V3.2: V3 plus DeepSeek Sparse Attention's lightning indexer
+                                       (``index_n_heads``, ``index_head_dim``, ``index_topk``; autopar.blocks.mla)
 ``glm4_moe``                           GLM-4.5 / 4.5-Air (Q/K/V biases, shared expert, leading dense layers, MTP)
 ``gpt_oss``                            GPT-OSS (attention and expert biases, alternating sliding window)
 ``llama4``, ``llama4_text``            Llama 4 (``text_config``; MoE every ``interleave_moe_layer_step``-th
@@ -25,7 +27,9 @@ shipped with the checkpoints; key names as in those classes):
                                        ``full_attention_interval``-th layer (or ``layer_types``), MoE + 1 shared
 ``nemotron_h``                         Nemotron-H and Nemotron 3: one mixer per layer from
                                        ``hybrid_override_pattern`` / ``layers_block_type`` (M Mamba-2, * attention,
-                                       - squared-ReLU MLP, E MoE with one shared expert)
+                                       - squared-ReLU MLP, E MoE with one shared expert); Nemotron 3 Super and
+                                       Ultra's LatentMoE (``moe_latent_size``) and MTP modules
+                                       (``num_nextn_predict_layers`` of ``mtp_layers_block_type`` sub-layers)
 ``kimi_linear``                        Kimi Linear: Kimi Delta Attention and MLA (``linear_attn_config``), MoE
 ``gemma3``, ``gemma3_text``            Gemma 3 (``text_config``; 5 local sliding-window layers : 1 global,
                                        ``sliding_window_pattern`` or ``layer_types``; tied embeddings)
@@ -34,7 +38,15 @@ shipped with the checkpoints; key names as in those classes):
                                        MoE every ``expert_layer_period``-th layer, dense SwiGLU MLPs elsewhere
 ``falcon_h1``                          Falcon-H1: attention and a Mamba-2 mixer in parallel in every layer
                                        (layer_pattern ``attention+mamba``), SwiGLU MLP
+``phi3``                               Phi-3 / Phi-4 (Llama shape, packed qkv_proj and gate_up_proj)
+``smollm3``                            SmolLM3 (Llama shape, tied embeddings, RoPE left out on some layers)
+``minimax_m2``                         MiniMax-M2 (GQA with explicit head_dim, every layer MoE, MTP modules)
+``bailing_moe``                        Ling / Ring v1 and v2 (shared experts, leading dense layers, MTP)
+``ernie4_5_moe``                       ERNIE 4.5 MoE (MoE from moe_layer_start_index, shared experts)
 =====================================  ==========================================================================
+
+Each mixer a family maps to names its block class (:mod:`autopar.blocks`), whose ``field_problem`` checks the
+fields read here; a new mixer kind is one block file, its torch twin and a reader here (docs/architectures.md).
 
 Weights that exist in these checkpoints but are not modelled by ModelSpec, all under 0.01 % of the total:
 Q/K-norm scales (Qwen3, OLMoE, GLM-4.5: 2·d or (a+g)·d per layer), router and expert-score-correction biases
@@ -46,200 +58,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from autopar.blocks import KDA, Attention, GatedDeltaNet, Mamba1, Mamba2
 from autopar.errors import AutoparInputError
 from autopar.specs._base import build_spec
-from autopar.specs.bounds import bound_note, limit
+from autopar.specs._hf_reader import IGNORED_KEYS, _base, _mla, _moe_from_lists, _Reader, _window
 from autopar.specs.model import ModelSpec
 
-# Keys that never change parameter counts, FLOPs or memory as autopar models them. Each group says why.
-IGNORED_KEYS: dict[str, str] = {}
-
-
-def _ignore(reason: str, *keys: str) -> None:
-    for key in keys:
-        IGNORED_KEYS[key] = reason
-
-
-_ignore("bookkeeping of the checkpoint or of transformers",
-        "architectures", "auto_map", "_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache",
-        "return_dict", "output_hidden_states", "output_attentions", "torchscript", "pruned_heads",
-        "tie_encoder_decoder", "is_encoder_decoder", "is_decoder", "chunk_size_feed_forward", "id2label",
-        "label2id", "problem_type", "tokenizer_class", "prefix", "finetuning_task", "task_specific_params",
-        "cross_attention_hidden_size", "add_cross_attention", "_attn_implementation_autoset",
-        "_attn_implementation", "pretraining_tp", "for_llm_compressor")
-_ignore("special token ids",
-        "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
-        "boi_token_index", "eoi_token_index", "image_token_index")
-_ignore("generation defaults (inference only)",
-        "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-        "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-        "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-        "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-        "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-        "suppress_tokens", "begin_suppress_tokens")
-_ignore("initialisation and regularisation (no effect on shapes)",
-        "rescale_prenorm_residual", "time_step_min", "time_step_max", "time_step_floor", "time_step_limit",
-        "initializer_range", "attention_dropout", "hidden_dropout", "embd_pdrop", "resid_pdrop",
-        "router_aux_loss_coef", "aux_loss_alpha", "seq_aux", "output_router_logits", "router_z_loss_coef",
-        "router_jitter_noise")
-_ignore("normalisation epsilon", "rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon")
-_ignore("position encoding without weights (RoPE variants, NoPE layers)",
-        "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "rope_interleave",
-        "no_rope_layers", "no_rope_layer_interval", "initial_context_length")
-_ignore("activation function: the MLP shape (gated or not) is fixed by the architecture family",
-        "hidden_act", "mlp_hidden_act", "mamba_hidden_act")
-_ignore("inference or kernel settings (no effect on training shapes or FLOPs)",
-        "num_logits_to_keep", "use_mamba_kernels", "mamba_ssm_cache_dtype", "residual_in_fp32")
-_ignore("routing rule or activation clamp, no weights",
-        "norm_topk_prob", "n_group", "topk_group", "topk_method", "scoring_func", "routed_scaling_factor",
-        "ep_size", "swiglu_limit", "clip_qkv")
-_ignore("attention scaling without weights (Llama 4 temperature tuning, L2 Q/K norm)",
-        "attn_temperature_tuning", "floor_scale", "attn_scale")
-_ignore("Q/K RMSNorm scales: 2·d weights per layer, below 0.01 % of any supported model",
-        "use_qk_norm")
-_ignore("µP scalar multipliers (Falcon-H1): constants on activations, no weights, elementwise FLOPs only",
-        "lm_head_multiplier", "embedding_multiplier", "mlp_multipliers", "key_multiplier",
-        "attention_out_multiplier", "attention_in_multiplier", "ssm_multipliers", "ssm_in_multiplier",
-        "ssm_out_multiplier")
-
-_REQUIRED = object()
-_KINDS = {int: "an integer", bool: "true or false", list: "a list", dict: "a mapping", str: "a string"}
-
-
-class _Reader:
-    """Reads keys from one config mapping, checks their types, and remembers which keys were used."""
-
-    def __init__(self, data: dict, where: str, family: str, prefix: str = ""):
-        self.data, self.where, self.family, self.prefix = data, where, family, prefix
-        self.used: set[str] = set()
-
-    def get(self, key: str, default: Any = _REQUIRED, kind: type = int, nullable: bool = False) -> Any:
-        self.used.add(key)
-        if key not in self.data:
-            if default is _REQUIRED:
-                raise AutoparInputError(
-                    f"{self.where}: required key '{self.prefix}{key}' is missing "
-                    f"(needed for model_type '{self.family}')")
-            return default
-        value = self.data[key]
-        if value is None:
-            if nullable:
-                return None
-            if default is not _REQUIRED:
-                return default
-            raise AutoparInputError(f"{self.where}: key '{self.prefix}{key}' is null; expected {_KINDS[kind]}")
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if kind is int and isinstance(value, float) and value.is_integer():
-            value, ok = int(value), True
-        if not ok:
-            raise AutoparInputError(
-                f"{self.where}: key '{self.prefix}{key}' must be {_KINDS[kind]}, got {value!r}")
-        return value
-
-    def count(self, key: str, default: Any = _REQUIRED, bound: str | None = None) -> int:
-        """A positive whole number (a size, a layer step), at most autopar's ``bound`` (see specs/bounds.py)."""
-        value = self.get(key, default)
-        if value < 1:
-            raise self.fail(f"key '{self.prefix}{key}' must be at least 1, got {value}")
-        if bound is not None and value > limit(bound):
-            raise self.fail(f"key '{self.prefix}{key}' = {value:,}: autopar's bound {bound_note(bound)}")
-        return value
-
-    def layer_list(self, key: str, default: Any = _REQUIRED, nullable: bool = False) -> list[int] | None:
-        """A list of 0-based layer indices."""
-        value = self.get(key, default, kind=list, nullable=nullable)
-        if value is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-            raise self.fail(f"key '{self.prefix}{key}' must be a list of layer numbers, got {value!r:.80}")
-        return value
-
-    def mark(self, *keys: str) -> None:
-        """Declare keys as consumed (their meaning is fixed by the family or checked elsewhere)."""
-        self.used.update(keys)
-
-    def unmapped(self) -> set[str]:
-        return {f"{self.prefix}{k}" for k in self.data if k not in self.used and k not in IGNORED_KEYS}
-
-    def fail(self, message: str) -> AutoparInputError:
-        return AutoparInputError(f"{self.where}: {message}")
-
-
-# ---- shared pieces ------------------------------------------------------------------------------------------
-def _base(r: _Reader, kv_required: bool, head_dim_required: bool = False) -> dict[str, Any]:
-    """Fields every decoder-only config has: depth, width, heads, vocabulary, tying."""
-    h = r.count("hidden_size", bound="hidden")
-    a = r.count("num_attention_heads", bound="heads")
-    kv = r.get("num_key_value_heads") if kv_required else r.get("num_key_value_heads", None, nullable=True)
-    head_dim = r.get("head_dim") if head_dim_required else r.get("head_dim", None, nullable=True)
-    if head_dim is not None and h % a == 0 and head_dim == h // a:
-        head_dim = None  # the default; keeps specs from different sources identical
-    fields: dict[str, Any] = dict(
-        num_layers=r.count("num_hidden_layers", bound="layers"), hidden_size=h, num_attention_heads=a,
-        num_kv_heads=None if kv in (None, a) else kv, head_dim=head_dim,
-        vocab_size=r.get("vocab_size"), tie_embeddings=r.get("tie_word_embeddings", False, kind=bool),
-        gated_mlp=True, norm="rmsnorm", position_embedding="rope")
-    max_pos = r.get("max_position_embeddings", None, nullable=True)
-    if max_pos is not None:
-        fields["max_position_embeddings"] = max_pos
-    return fields
-
-
-def _moe_from_lists(r: _Reader, num_layers: int, moe_layers: list[int], what: str) -> tuple[int, int]:
-    """(first_dense_layers, moe_layer_interval) reproducing exactly the 0-based MoE layer list ``moe_layers``
-    under ModelSpec.is_moe_layer: layer i is MoE iff i >= first_dense and (i - first_dense + 1) % interval == 0."""
-    if not moe_layers:
-        raise r.fail(f"{what}: no layer is an MoE layer; a dense model should not carry expert keys")
-    first = moe_layers[0]
-    for interval in range(1, first + 2):
-        first_dense = first - interval + 1
-        expected = [i for i in range(num_layers) if i >= first_dense and (i - first_dense + 1) % interval == 0]
-        if expected == list(moe_layers):
-            return first_dense, interval
-    raise r.fail(f"{what}: MoE layers {list(moe_layers)} of {num_layers} do not follow the pattern autopar "
-                 "models (k leading dense layers, then every n-th layer MoE)")
-
-
-def _window(r: _Reader, num_layers: int, all_layers_key: bool,
-            default_types: list[str] | None = None) -> dict[str, Any]:
-    """Sliding-window fields from ``layer_types`` (or the family's default list of it), else ``sliding_window`` on
-    every layer (``all_layers_key``: Mistral) or Qwen's ``use_sliding_window`` / ``max_window_layers``."""
-    types = r.get("layer_types", default_types, kind=list, nullable=True)
-    window = r.get("sliding_window", None, nullable=True)
-    use = r.get("use_sliding_window", None, kind=bool, nullable=True)
-    max_window_layers = r.get("max_window_layers", None, nullable=True)
-    if types is not None:
-        if len(types) != num_layers:
-            raise r.fail(f"layer_types has {len(types)} entries but num_hidden_layers is {num_layers}")
-        windowed = [t == "sliding_attention" for t in types]
-        unknown = sorted({str(t) for t in types if t not in ("sliding_attention", "full_attention")})
-        if unknown:
-            raise r.fail(f"layer_types: unsupported attention type(s) {unknown} "
-                         "(autopar models 'full_attention' and 'sliding_attention')")
-    elif use is not None:  # Qwen2/Qwen3: layers from max_window_layers on use the window, if enabled
-        if not use:
-            return {}
-        start = max_window_layers or 0
-        windowed = [i >= start for i in range(num_layers)]
-    elif window is not None and all_layers_key:
-        windowed = [True] * num_layers
-    else:
-        return {}
-    if not any(windowed):
-        return {}
-    if window is None:
-        raise r.fail("some layers use sliding-window attention but 'sliding_window' is not set")
-    if all(windowed):
-        return dict(sliding_window=window, sliding_window_every=0)
-    for every in range(2, num_layers + 1):
-        if windowed == [(i + 1) % every != 0 for i in range(num_layers)]:
-            return dict(sliding_window=window, sliding_window_every=every)
-    raise r.fail("the pattern of sliding-window layers is not 'every n-th layer global'; autopar cannot model it")
-
-
-def _mla(r: _Reader) -> dict[str, Any]:
-    return dict(q_lora_rank=r.get("q_lora_rank", None, nullable=True), kv_lora_rank=r.get("kv_lora_rank"),
-                qk_nope_head_dim=r.get("qk_nope_head_dim"), qk_rope_head_dim=r.get("qk_rope_head_dim"),
-                v_head_dim=r.get("v_head_dim"))
-
+__all__ = ["IGNORED_KEYS", "SUPPORTED_MODEL_TYPES", "model_from_hf_config"]
 
 # ---- families -------------------------------------------------------------------------------------------------
 def _llama_like(r: _Reader, kv_required: bool, head_dim_required: bool = False) -> dict[str, Any]:
@@ -348,6 +173,11 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
     if r.get("attention_bias", False, kind=bool):
         r.used.discard("attention_bias")  # MLA with biases is not modelled: report the key
     f["mla"] = _mla(r)
+    if r.family == "deepseek_v32":
+        # DeepSeek Sparse Attention: the lightning indexer next to MLA (autopar.blocks.mla)
+        f["mla"]["indexer"] = dict(n_heads=r.get("index_n_heads"), head_dim=r.get("index_head_dim"),
+                                   topk=r.get("index_topk"))
+        r.mark("indexer_rope_interleave")   # RoPE layout of the index key: no weights
     moe = _deepseek_moe(r, f, r.family)
     if moe is not None:
         f["moe"] = moe
@@ -425,8 +255,8 @@ def _qwen3_next(r: _Reader) -> dict[str, Any]:
     if unknown:
         raise r.fail(f"layer_types: unsupported type(s) {unknown} (qwen3_next has full_attention, linear_attention)")
     f["mixers"] = {
-        "gated_attention": dict(kind="attention", output_gate=True),
-        "gated_deltanet": dict(kind="gated_deltanet", num_heads=r.get("linear_num_key_heads"),
+        "gated_attention": dict(kind=Attention.kind, output_gate=True),
+        "gated_deltanet": dict(kind=GatedDeltaNet.kind, num_heads=r.get("linear_num_key_heads"),
                                num_value_heads=r.get("linear_num_value_heads"),
                                head_dim=r.get("linear_key_head_dim"),
                                value_head_dim=r.get("linear_value_head_dim"),
@@ -470,7 +300,7 @@ def _nemotron_h(r: _Reader) -> dict[str, Any]:
     for key in ("use_bias", "mlp_bias", "attention_bias", "mamba_proj_bias"):
         if r.get(key, False, kind=bool):
             r.used.discard(key)   # biases on these layers are not modelled: report the key
-    r.mark("use_conv_bias")       # the Mamba-2 convolution bias is counted (MixerSpec.other_params)
+    r.mark("use_conv_bias")       # the Mamba-2 convolution bias is counted (Mamba2.other_params)
     f: dict[str, Any] = dict(
         num_layers=n, hidden_size=h, num_attention_heads=a, num_kv_heads=None if kv in (None, a) else kv,
         head_dim=None if head_dim in (None, h // a) else head_dim, vocab_size=r.get("vocab_size"),
@@ -485,21 +315,37 @@ def _nemotron_h(r: _Reader) -> dict[str, Any]:
         expand = r.get("expand", None, nullable=True)
         if expand is not None and expand * h != heads * hd:
             raise r.fail(f"expand·hidden_size = {expand}·{h} != mamba_num_heads·mamba_head_dim = {heads}·{hd}")
-        f["mixers"] = {"mamba": dict(kind="mamba2", num_heads=heads, head_dim=hd, state_size=r.get("ssm_state_size"),
+        f["mixers"] = {"mamba": dict(kind=Mamba2.kind, num_heads=heads, head_dim=hd, state_size=r.get("ssm_state_size"),
                                      n_groups=r.get("n_groups", 1), conv_kernel=r.get("conv_kernel", 4),
                                      chunk_size=r.get("chunk_size", 128))}
     f["layer_pattern"] = [_NEMOTRON_KINDS[c][0] for c in pattern]
     f["mlp_pattern"] = [_NEMOTRON_KINDS[c][1] for c in pattern]
     if "E" in pattern:
-        if r.get("moe_latent_size", None, nullable=True) is not None:
-            r.used.discard("moe_latent_size")   # latent MoE (Nemotron 3 Super) projections are not modelled
         shared = r.get("moe_shared_expert_intermediate_size", 0)
+        # LatentMoE (Nemotron 3 Super / Ultra): the routed experts run at moe_latent_size (autopar.blocks.moe)
         f["moe"] = dict(num_experts=r.get("n_routed_experts"), top_k=r.get("num_experts_per_tok"),
                         expert_ffn_hidden_size=r.get("moe_intermediate_size"),
-                        num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared or None)
+                        num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared or None,
+                        latent_size=r.get("moe_latent_size", None, nullable=True))
     else:
         r.mark("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
-               "moe_shared_expert_intermediate_size")
+               "moe_shared_expert_intermediate_size", "moe_latent_size")
+    # MTP (Nemotron 3 Super / Ultra): num_nextn_predict_layers modules, each the sub-layers of
+    # mtp_layers_block_type (["attention", "moe"]) or mtp_hybrid_override_pattern ("*E")
+    f["mtp_layers"] = r.get("num_nextn_predict_layers", 0)
+    kinds = r.get("mtp_layers_block_type", None, kind=list, nullable=True)
+    mtp = r.get("mtp_hybrid_override_pattern", None, kind=str, nullable=True)
+    if mtp is None and kinds is not None:
+        bad = sorted({str(b) for b in kinds if b not in _NEMOTRON_NAMES})
+        if bad:
+            raise r.fail(f"mtp_layers_block_type: unknown block type(s) {bad} (mamba, attention, mlp, moe)")
+        mtp = "".join(_NEMOTRON_NAMES[b] for b in kinds)
+    if f["mtp_layers"] and mtp:
+        bad = sorted(set(mtp) - set(pattern))
+        if bad:
+            raise r.fail(f"the MTP sub-layers {mtp!r} use block kinds {bad} that no main layer has")
+        f["mtp_layer_pattern"] = [_NEMOTRON_KINDS[c][0] for c in mtp]
+        f["mtp_mlp_pattern"] = [_NEMOTRON_KINDS[c][1] for c in mtp]
     return f
 
 
@@ -536,7 +382,7 @@ def _kimi_linear(r: _Reader) -> dict[str, Any]:
     kda = sub.get("kda_layers", [i for i in range(1, n + 1) if i not in full], kind=list)
     if sorted(full + kda) != list(range(1, n + 1)):
         raise r.fail(f"linear_attn_config: full_attn_layers {full} and kda_layers {kda} must cover layers 1..{n} once")
-    f["mixers"] = {"kda": dict(kind="kda", num_heads=sub.get("num_heads"), head_dim=sub.get("head_dim"),
+    f["mixers"] = {"kda": dict(kind=KDA.kind, num_heads=sub.get("num_heads"), head_dim=sub.get("head_dim"),
                                conv_kernel=sub.get("short_conv_kernel_size", 4))}
     f["layer_pattern"] = ["attention" if i + 1 in full else "kda" for i in range(n)]
     sub.mark("gate_lower_bound", "use_full_rank_gate")
@@ -598,8 +444,8 @@ def _jamba(r: _Reader) -> dict[str, Any]:
             raise r.fail(f"key 'mamba_dt_rank' must be a positive integer or \"auto\", got {rank!r}")
         if r.get("mamba_proj_bias", False, kind=bool):
             r.used.discard("mamba_proj_bias")    # in/out projection biases are not modelled: report the key
-        r.mark("mamba_conv_bias")                # the convolution bias is counted (MixerSpec.other_params)
-        f["mixers"] = {"mamba": dict(kind="mamba1", inner_size=r.count("mamba_expand", 2) * h,
+        r.mark("mamba_conv_bias")                # the convolution bias is counted (Mamba1.other_params)
+        f["mixers"] = {"mamba": dict(kind=Mamba1.kind, inner_size=r.count("mamba_expand", 2) * h,
                                      state_size=r.count("mamba_d_state", 16), conv_kernel=r.count("mamba_d_conv", 4),
                                      dt_rank=rank, bc_norms=True)}
     f["layer_pattern"] = _shortest_period(types)      # one Jamba block of attn_layer_period layers
@@ -641,10 +487,113 @@ def _falcon_h1(r: _Reader) -> dict[str, Any]:
         raise r.fail(f"mamba_n_heads·mamba_d_head = {heads}·{head_dim!r} must equal the SSM width {d_ssm} "
                      "(mamba_d_ssm, or mamba_expand·hidden_size)")
     r.mark("mamba_conv_bias", "mamba_rms_norm", "mamba_norm_before_gate")
-    f["mixers"] = {"mamba": dict(kind="mamba2", num_heads=heads, head_dim=head_dim,
+    f["mixers"] = {"mamba": dict(kind=Mamba2.kind, num_heads=heads, head_dim=head_dim,
                                  state_size=r.count("mamba_d_state"), n_groups=r.count("mamba_n_groups", 1),
                                  conv_kernel=r.count("mamba_d_conv", 4), chunk_size=r.count("mamba_chunk_size", 256))}
     f["layer_pattern"] = ["attention+mamba"]
+    return f
+
+
+def _phi3(r: _Reader) -> dict[str, Any]:
+    """Phi-3 / Phi-4 (transformers Phi3Config / modeling_phi3.py): the Llama shape with Q/K/V packed into one
+    ``qkv_proj`` and gate/up into one ``gate_up_proj`` (same weights, same FLOPs as separate projections). Phi-4
+    (microsoft/phi-4) has no sliding window (``sliding_window`` null); Phi-3-mini's 2047-token window on every
+    layer is read like Mistral's. ``partial_rotary_factor`` (Phi-4-mini) has no weights."""
+    f = _llama_like(r, kv_required=False)
+    f.update(_window(r, f["num_layers"], all_layers_key=True))
+    r.mark("original_max_position_embeddings", "resid_pdrop")
+    return f
+
+
+def _smollm3(r: _Reader) -> dict[str, Any]:
+    """SmolLM3 (transformers SmolLM3Config): the Llama shape (GQA, SwiGLU, tied embeddings by default) with RoPE
+    left out on every ``no_rope_layer_interval``-th layer (``no_rope_layers``: no weights, ignored)."""
+    f = _llama_like(r, kv_required=True)
+    f["tie_embeddings"] = r.get("tie_word_embeddings", True, kind=bool)
+    f.update(_window(r, f["num_layers"], all_layers_key=False))
+    return f
+
+
+def _minimax_m2(r: _Reader) -> dict[str, Any]:
+    """MiniMax-M2 (MiniMaxAI's configuration_minimax_m2.py / transformers MiniMaxM2Config): GQA attention with an
+    explicit ``head_dim`` (48 heads of 128 on a 3072-wide model), Q/K RMSNorm, every layer a MoE of
+    ``num_local_experts`` SwiGLU experts of width ``intermediate_size``, sigmoid routing, no shared expert;
+    ``num_mtp_modules`` multi-token prediction modules when ``use_mtp``. The routing bias (E per layer) is below
+    0.01 % and not counted."""
+    f = _base(r, kv_required=True, head_dim_required=True)
+    width = r.get("intermediate_size")
+    f["ffn_hidden_size"] = width
+    if r.get("attention_bias", False, kind=bool):
+        f["qkv_bias"] = True
+    shared = r.get("shared_intermediate_size", 0)
+    f["moe"] = dict(num_experts=r.get("num_local_experts"), top_k=r.get("num_experts_per_tok"),
+                    expert_ffn_hidden_size=width, num_shared_experts=1 if shared else 0,
+                    shared_expert_ffn_hidden_size=shared or None)
+    use_mtp = r.get("use_mtp", False, kind=bool)
+    modules = r.get("num_mtp_modules", 0)
+    per_module = r.get("mtp_transformer_layers", 1)
+    f["mtp_layers"] = modules * per_module if use_mtp else 0
+    f.update(_window(r, f["num_layers"], all_layers_key=False))
+    r.mark("rotary_dim", "use_routing_bias", "qk_norm_type", "attn_type_list", "layernorm_full_attention_beta",
+           "layernorm_full_attention_alpha", "layernorm_mlp_alpha", "layernorm_mlp_beta",
+           "layernorm_linear_attention_alpha", "layernorm_linear_attention_beta", "full_attn_alpha_factor",
+           "full_attn_beta_factor", "linear_attn_alpha_factor", "linear_attn_beta_factor", "mlp_alpha_factor",
+           "mlp_beta_factor", "postnorm", "use_gradient_checkpointing", "block_size", "head_dim_rope")
+    return f
+
+
+def _bailing_moe(r: _Reader) -> dict[str, Any]:
+    """Ling / Ring (inclusionAI's configuration_bailing_moe.py and configuration_bailing_moe_v2.py, both
+    ``model_type`` bailing_moe): GQA, SwiGLU experts of ``moe_intermediate_size``, ``num_shared_experts`` always-on
+    shared experts (each of ``moe_shared_expert_intermediate_size``, else of the routed width: BailingMoeV2 sizes
+    the shared block as ``moe_intermediate_size * num_shared_experts``), ``first_k_dense_replace`` leading dense
+    layers of ``intermediate_size``; v2 adds Q/K norms (``use_qk_norm``), sigmoid group routing and
+    ``num_nextn_predict_layers`` MTP layers. ``use_qkv_bias`` puts biases on Q/K/V."""
+    f = _base(r, kv_required=True)
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    if r.get("use_qkv_bias", False, kind=bool):
+        f["qkv_bias"] = True
+    if r.get("use_bias", False, kind=bool):
+        r.used.discard("use_bias")    # biases on every linear layer are not modelled: report the key
+    expert = r.get("moe_intermediate_size")
+    shared = r.get("num_shared_experts", 0, nullable=False)
+    f["moe"] = dict(num_experts=r.get("num_experts"), top_k=r.get("num_experts_per_tok"),
+                    expert_ffn_hidden_size=expert, num_shared_experts=shared,
+                    shared_expert_ffn_hidden_size=r.get("moe_shared_expert_intermediate_size", None, nullable=True),
+                    first_dense_layers=r.get("first_k_dense_replace", 0))
+    f["mtp_layers"] = r.get("num_nextn_predict_layers", 0)
+    r.mark("norm_head", "norm_softmax", "embedding_dropout", "output_dropout", "use_rmsnorm", "score_function",
+           "moe_router_enable_expert_bias", "router_dtype", "use_qk_norm", "mtp_loss_scaling_factor")
+    return f
+
+
+def _ernie4_5_moe(r: _Reader) -> dict[str, Any]:
+    """ERNIE 4.5 MoE (transformers Ernie4_5_MoeConfig / baidu's configuration_ernie4_5_moe.py): GQA, SwiGLU
+    experts; layer i is MoE when moe_layer_start_index <= i <= moe_layer_end_index (default: the last layer) and
+    (i - start) % moe_layer_interval == 0, else a dense SwiGLU MLP of ``intermediate_size``;
+    ``moe_num_shared_experts`` shared experts of the routed width. ``use_bias`` puts biases on every linear layer
+    (not modelled; reported)."""
+    f = _base(r, kv_required=True)
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    f["tie_embeddings"] = r.get("tie_word_embeddings", True, kind=bool)
+    if r.get("use_bias", False, kind=bool):
+        r.used.discard("use_bias")
+    n = f["num_layers"]
+    start = r.get("moe_layer_start_index", 1)
+    end = r.get("moe_layer_end_index", None, nullable=True)
+    end = n - 1 if end is None or end < 0 else end
+    interval = r.count("moe_layer_interval", 1)
+    moe_layers = [i for i in range(n) if start <= i <= end and (i - start) % interval == 0]
+    first_dense, every = _moe_from_lists(r, n, moe_layers, "moe_layer_start_index / moe_layer_end_index / "
+                                         "moe_layer_interval")
+    f["moe"] = dict(num_experts=r.get("moe_num_experts"), top_k=r.get("moe_k"),
+                    expert_ffn_hidden_size=r.get("moe_intermediate_size"),
+                    num_shared_experts=r.get("moe_num_shared_experts", 0, nullable=False),
+                    first_dense_layers=first_dense, moe_layer_interval=every)
+    f["mtp_layers"] = r.get("num_nextn_predict_layers", 0)
+    r.mark("moe_gate_act", "moe_capacity", "moe_gate", "moe_use_aux_free", "moe_norm_min", "use_rmsnorm",
+           "compression_ratio", "fuse_rms_norm", "use_flash_attention", "multi_token_pred_lambda",
+           "enable_mtp_magic_send")
     return f
 
 
@@ -657,9 +606,11 @@ def _refuse(why: str):
 _FAMILIES = {
     "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "olmoe": _olmoe, "deepseek_v2": _deepseek,
-    "deepseek_v3": _deepseek, "kimi_k2": _deepseek, "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss,
+    "deepseek_v3": _deepseek, "deepseek_v32": _deepseek, "kimi_k2": _deepseek, "glm4_moe": _glm4_moe,
+    "gpt_oss": _gpt_oss,
     "llama4_text": _llama4_text, "qwen3_next": _qwen3_next, "nemotron_h": _nemotron_h, "gemma3_text": _gemma3_text,
-    "kimi_linear": _kimi_linear, "jamba": _jamba, "falcon_h1": _falcon_h1,
+    "kimi_linear": _kimi_linear, "jamba": _jamba, "falcon_h1": _falcon_h1, "phi3": _phi3, "smollm3": _smollm3,
+    "minimax_m2": _minimax_m2, "bailing_moe": _bailing_moe, "ernie4_5_moe": _ernie4_5_moe,
 }
 _REFUSED: dict[str, str] = {}
 _WRAPPERS = {"llama4": ("llama4_text", _llama4_text), "gemma3": ("gemma3_text", _gemma3_text)}

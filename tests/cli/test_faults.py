@@ -22,7 +22,6 @@ import hashlib
 import os
 import random
 import signal
-import stat
 import subprocess
 import sys
 import threading
