@@ -305,6 +305,7 @@ def test_a_corrupt_sqlite_file_is_refused_before_anything_and_left_as_it_was(tmp
     _assert_intact(before)
 
 
+@pytest.mark.slow
 def test_a_cut_journal_is_repaired_after_a_backup_and_a_damaged_one_refused(tmp_path):
     journal = tmp_path / "study.log"
     url = f"journal:{journal}"
@@ -350,6 +351,7 @@ def _kill_at(case: Case, sig: int, delay: float) -> None:
 KILLS = [(sig, round(RNG.uniform(0.3, 12.0), 2)) for sig in (signal.SIGKILL, signal.SIGTERM) for _ in range(2)]
 
 
+@pytest.mark.slow
 def test_tune_killed_at_random_points_keeps_its_study(tmp_path):
     """SIGKILL and SIGTERM at seeded random points of `tune` on one SQLite study, then a resume to the end: the
     study loads after each kill with every trial finished before it, and the last run completes the budget."""
@@ -374,6 +376,7 @@ def test_tune_killed_at_random_points_keeps_its_study(tmp_path):
 RUN_KILLS = [(sig, round(RNG.uniform(0.2, 7.0), 2)) for sig in (signal.SIGKILL, signal.SIGTERM) for _ in range(2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, delay", RUN_KILLS)
 def test_profile_run_killed_at_a_random_point_leaves_nothing(tmp_path, sig, delay):
     before = _snapshot(tmp_path)
@@ -385,6 +388,7 @@ def test_profile_run_killed_at_a_random_point_leaves_nothing(tmp_path, sig, dela
     _assert_intact(before)
 
 
+@pytest.mark.slow
 def test_two_workers_one_killed_the_other_runs_its_trial(tmp_path):
     """Two workers share a study; one is SIGKILLed in the middle of its first trial. The survivor queues that
     trial again and runs it: the study ends with its whole budget measured, no trial lost or left running."""
