@@ -398,7 +398,8 @@ def test_two_workers_one_killed_the_other_runs_its_trial(tmp_path):
     (tmp_path / "b").mkdir()          # each worker its own folder: a run folder left behind is its own
     a = _start(argv, tmp_path / "a")
     deadline = time.monotonic() + 240
-    while "running 2 steps" not in a.stderr and a.proc.poll() is None and time.monotonic() < deadline:
+    while ("running 2 steps" not in " ".join(a.stderr.split())          # the line may be wrapped
+           and a.proc.poll() is None and time.monotonic() < deadline):
         time.sleep(0.1)
     assert a.proc.poll() is None, a.stderr
     b = _start(argv, tmp_path / "b")
