@@ -238,7 +238,10 @@ def add_search_args(p: argparse.ArgumentParser, title: str, time_limit_default: 
                    help=f"share of HBM kept free beyond the memory model (default: {DEFAULT_MEMORY_MARGIN:g}, "
                         f"{MEMORY_MARGIN_SOURCE.replace('%', '%%')}; 0 fills HBM up to the prediction)")
     g.add_argument("--time-limit", type=seconds("time_limit_s"), default=time_limit_default,
-                   help=f"time limit in seconds of the whole search: tables, CP-SAT and the infeasibility explanation (default: {time_limit_default:g})")
+                   help=f"wall-clock seconds for the search (default: {time_limit_default:g}): the cost tables, CP-SAT "
+                        "and the infeasibility explanation; tune gives it to each of its solves. Start-up, loading "
+                        "and printing are outside it, the tables stop at it only once one layout is found, and a "
+                        "mesh's table in progress finishes first (see README, bounds)")
     return g
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from autopar.cli.common import overlap_fields, overlap_set
 from autopar.errors import AutoparInputError
+from autopar.fileio import OutputFile, read_input, show_path
 from autopar.measure import ProfileError
 from autopar.measure.collectives import OP_LABELS, OPS, busbw_table, measured_collectives
 from autopar.specs.hardware import HardwareSpec
@@ -68,12 +69,10 @@ def register_hardware(subparsers: Any) -> argparse.ArgumentParser:
 def _cmd_hardware(args: argparse.Namespace) -> int:
     from autopar.specs.loaders import load_hardware, load_model
     out: Path = args.out
-    if out.exists() and not args.force:  # fail before minutes of measuring, and again before writing
-        raise AutoparInputError(f"{out} exists; pass --force to overwrite it (or choose another --out)")
+    OutputFile(out, "--out", overwrite=args.force)    # fail before minutes of measuring, and again before writing
     if args.world < 1:
         raise AutoparInputError(f"--world must be at least 1 (got {args.world})")
-    if args.results_from is not None and not args.results_from.is_file():
-        raise AutoparInputError(f"--results-from: file not found: {args.results_from}")
+    extra = _json_lines(args.results_from) if args.results_from is not None else None   # read before measuring
     base = load_hardware(args.base) if args.base else None
     model = load_model(args.model) if args.model else None
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
@@ -86,8 +85,7 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
     except ProfileError as err:
         print(f"autopar: profile failed: {err}", file=sys.stderr)
         return 1
-    if args.results_from:
-        extra = [json.loads(line) for line in args.results_from.read_text().splitlines() if line.strip()]
+    if extra is not None:
         raw["records"].extend(extra)
         raw["nodes"] = "see --results-from"
         raw["cross_node"] = f"merged from {args.results_from}"
@@ -104,6 +102,26 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
     write_new_file(spec, out, file_header(spec, raw), force=args.force)
     print(f"wrote {out}", file=sys.stderr)
     return 0
+
+
+def _json_lines(path: Path) -> list[dict]:
+    """The records of a JSON-lines file (--results-from), read through the bounded input reader."""
+    out = []
+    try:
+        text = read_input(path).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise AutoparInputError(f"--results-from {show_path(path)}: not UTF-8 text (byte {err.start})") from None
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise AutoparInputError(f"--results-from {show_path(path)} line {i}: not JSON ({err.msg})") from None
+        if not isinstance(rec, dict):
+            raise AutoparInputError(f"--results-from {show_path(path)} line {i}: expected a JSON object")
+        out.append(rec)
+    return out
 
 
 # ---- compare ------------------------------------------------------------------------------------------------
@@ -165,9 +183,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                                          load_layouts_file, parse_layouts)
     from autopar.measure.hwfile import write_new_file
     from autopar.specs.loaders import load_hardware, load_model
-    for path in (args.out, args.json):
-        if path is not None and path.exists() and not args.force:
-            raise AutoparInputError(f"{path} exists; pass --force to overwrite it (or choose another path)")
+    json_out = OutputFile(args.json, "--json", overwrite=args.force) if args.json is not None else None
+    if args.out is not None:
+        OutputFile(args.out, "--out", overwrite=args.force)   # checked again when written
     if args.no_fit and args.out is not None:
         raise AutoparInputError("--out writes the fitted hardware file; it cannot go with --no-fit")
     model = load_model(args.model)
@@ -204,7 +222,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                    "not_identifiable": report.not_identifiable, "tau_before": report.tau_before,
                    "tau_after": report.tau_after, "mae_before": report.mae_before, "mae_after": report.mae_after,
                    "loo_predicted": loo, "notes": report.notes}}
-        args.json.write_text(json.dumps(doc, indent=1))
+        json_out.write(json.dumps(doc, indent=1))
     if args.out is not None:
         if report is None:
             print("autopar: nothing written: no fit", file=sys.stderr)

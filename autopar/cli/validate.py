@@ -10,7 +10,7 @@ from rich.markup import escape
 from autopar.cli.common import dump_json
 from autopar.cli.render import console, fitted_table
 from autopar.errors import AutoparInputError
-from autopar.measure.validation import DEFAULT_CSV, validate
+from autopar.measure.validation import DEFAULT_CSV, summarize_skipped, validate
 
 
 def run_fit(args: argparse.Namespace) -> int:
@@ -21,6 +21,9 @@ def run_fit(args: argparse.Namespace) -> int:
     from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
     from autopar.measure.validation import load_cases
     err = console(stderr=True)
+    if args.write:   # checked before the fit
+        from autopar.fileio import check_output_dir
+        check_output_dir(args.out, "--out")
     cases, skipped = load_cases(_csv_path(args))
     if not cases:
         raise AutoparInputError(f"{args.csv}: no usable row to fit ({len(skipped)} skipped"
@@ -100,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
     out.print(*fitted_table(out.width, f"Predicted vs measured tokens/s/GPU — {args.csv}", headers, rows,
                             left=("row", "layout", "from", "fits", "assumed"),
                             optional=("mem GiB", "fits", "from", "assumed"), wrap_at=20))
-    for rid, why in rep.skipped:
-        out.print(f"skipped {escape(rid)}: {escape(why)}")
+    for line in summarize_skipped(rep.skipped):     # repeated reasons as one line each
+        out.print(escape(line))
     for grouping, groups in rep.breakdown().items():
         out.print(*fitted_table(out.width, f"Error by {grouping}",
                                 [grouping, "rows", "mean |error|", "mean error (+ = predicted fast)"],

@@ -13,7 +13,7 @@ from typing import Annotated, Literal, NamedTuple
 from pydantic import Field, field_validator, model_validator
 
 from autopar.specs._base import Spec
-from autopar.specs.bounds import limit
+from autopar.specs.bounds import RATE_FLOOR, limit
 
 Precision = Literal["bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4")
@@ -332,28 +332,37 @@ class HardwareSpec(Spec):
 
     name: str = Field(description="Short identifier, e.g. 'h100_sxm'.")
     source: str = Field(default="", description="Datasheet or paper the numbers come from.")
-    peak_tflops_bf16: float = Field(gt=0, description="Dense BF16 tensor-core peak, TFLOP/s (no sparsity).")
-    peak_tflops_fp16: float = Field(gt=0, description="Dense FP16 tensor-core peak, TFLOP/s.")
-    peak_tflops_fp8: float | None = Field(default=None, gt=0, description="Dense FP8 peak, TFLOP/s; None = none.")
-    peak_tflops_mxfp8: float | None = Field(default=None, gt=0, description="Dense MXFP8 peak; None = none.")
-    peak_tflops_nvfp4: float | None = Field(default=None, gt=0, description="Dense NVFP4 peak; None = none.")
-    hbm_gib: float = Field(gt=0, description="HBM capacity per GPU, GiB.")
-    hbm_tbps: float = Field(gt=0, description="HBM bandwidth per GPU, TB/s.")
+    peak_tflops_bf16: float = Field(ge=RATE_FLOOR, le=limit("hardware_rate"),
+                                    description="Dense BF16 tensor-core peak, TFLOP/s (no sparsity).")
+    peak_tflops_fp16: float = Field(ge=RATE_FLOOR, le=limit("hardware_rate"),
+                                    description="Dense FP16 tensor-core peak, TFLOP/s.")
+    peak_tflops_fp8: float | None = Field(default=None, ge=RATE_FLOOR, le=limit("hardware_rate"),
+                                          description="Dense FP8 peak, TFLOP/s; None = none.")
+    peak_tflops_mxfp8: float | None = Field(default=None, ge=RATE_FLOOR, le=limit("hardware_rate"),
+                                            description="Dense MXFP8 peak; None = none.")
+    peak_tflops_nvfp4: float | None = Field(default=None, ge=RATE_FLOOR, le=limit("hardware_rate"),
+                                            description="Dense NVFP4 peak; None = none.")
+    hbm_gib: float = Field(gt=0, le=limit("hbm_gib"), description="HBM capacity per GPU, GiB.")
+    hbm_tbps: float = Field(ge=RATE_FLOOR, le=limit("hardware_rate"), description="HBM bandwidth per GPU, TB/s.")
     gpus_per_node: int = Field(gt=0, le=limit("gpus_per_node"),
                                description="GPUs per server (scale-out NICs are counted per GPU).")
     nvlink_domain_size: int = Field(gt=0, le=limit("nvlink_domain"),
                                     description="GPUs in one NVLink/xGMI domain (8 on HGX, 72 on NVL72).")
-    nvlink_gbps: float = Field(gt=0, description="NVLink bandwidth per GPU per direction, GB/s.")
-    scaleout_gbps: float = Field(gt=0, description="Scale-out (InfiniBand/RoCE) bandwidth per GPU per direction, GB/s.")
+    nvlink_gbps: float = Field(ge=RATE_FLOOR, le=limit("hardware_rate"),
+                               description="NVLink bandwidth per GPU per direction, GB/s.")
+    scaleout_gbps: float = Field(ge=RATE_FLOOR, le=limit("hardware_rate"),
+                                 description="Scale-out (InfiniBand/RoCE) bandwidth per GPU per direction, GB/s.")
     host_link_gbps: float | None = Field(
-        default=None, gt=0, description="GPU<->host-memory bandwidth per GPU per direction, GB/s (PCIe or "
-                                        "NVLink-C2C); None = unknown, activation offloading is then unavailable.")
+        default=None, ge=RATE_FLOOR, le=limit("hardware_rate"),
+        description="GPU<->host-memory bandwidth per GPU per direction, GB/s (PCIe or "
+                    "NVLink-C2C); None = unknown, activation offloading is then unavailable.")
     host_memory_gib: float | None = Field(
-        default=None, gt=0, description="Host DRAM per GPU on the reference server (total / GPUs per node), GiB; "
-                                        "room for offloaded activations.")
+        default=None, gt=0, le=limit("hbm_gib"),
+        description="Host DRAM per GPU on the reference server (total / GPUs per node), GiB; "
+                    "room for offloaded activations.")
     nvlink_latency_us: float = Field(default=3.0, ge=0, description="Per-step latency (alpha) inside the domain, us.")
     scaleout_latency_us: float = Field(default=8.0, ge=0, description="Per-step latency across the network, us.")
-    reserve_gib: float = Field(default=3.0, ge=0,
+    reserve_gib: float = Field(default=3.0, ge=0, le=limit("hbm_gib"),
                                description="HBM the framework keeps (CUDA context, allocator fragmentation), GiB.")
     fragmentation: float = Field(default=0.02, ge=0, le=1,
                                  description="Extra HBM lost to caching-allocator fragmentation, as a fraction of "
