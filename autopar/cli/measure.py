@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autopar.cli.common import overlap_fields, overlap_set
 from autopar.errors import AutoparInputError
 from autopar.fileio import OutputFile, read_input, show_path
 from autopar.measure import ProfileError
@@ -129,7 +130,7 @@ def register_compare(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "compare", help="run layouts for real, compare with the cost model, fit the hardware's efficiency constants",
         description="Run each layout with real processes, print predicted vs measured step time and memory, fit "
-                    "the hardware file's efficiency constants (GEMM, collectives, overlaps) to the measured step "
+                    "the hardware file's efficiency constants (GEMM, collectives, per-layer overhead) to the measured step "
                     "times (autopar/measure/calibrate.py: the one fitter, bounded, mean |error| by default) and, with --out, write the calibrated hardware file.")
     p.add_argument("--model", required=True, help="model zoo name or file (a small one: it really runs)")
     p.add_argument("--hardware", required=True, help="hardware zoo name or file (e.g. from 'autopar profile hardware')")
@@ -138,6 +139,8 @@ def register_compare(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=None, help="override training seq_len")
     p.add_argument("--global-batch", type=int, default=None, help="override training global_batch")
     p.add_argument("--precision", default=None, help="override training precision")
+    p.add_argument("--overlap", type=overlap_set, default=None, metavar="none|tp,dp,ep,cp",
+                   help="communication the predictions count as overlapped (default: the training's switches)")
     p.add_argument("--world", type=int, default=2, help="processes (GPUs) to run on (default 2)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--layouts", default=None, help="'tp=2,pp=1;tp=1,pp=2,mbs=2;...' (';' between layouts)")
@@ -171,6 +174,7 @@ def _training(args: argparse.Namespace) -> TrainingSpec:
     for key, val in (("seq_len", args.seq_len), ("global_batch", args.global_batch), ("precision", args.precision)):
         if val is not None:
             data[key] = val
+    data.update(overlap_fields(args))
     return build_spec(TrainingSpec, data, str(args.training or "training"))
 
 

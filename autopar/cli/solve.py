@@ -9,6 +9,7 @@ from pathlib import Path
 from autopar.cli.common import (SCHEMA_VERSION, add_emit_args, add_problem_args, add_search_args, count, dump_json,
                                 fraction, load_problem, search_options)
 from autopar.cost.legend import APPROX_NOTE
+from autopar.defaults import MEMORY_MARGIN_SOURCE
 from autopar.errors import AutoparInputError
 
 
@@ -159,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"  {e.step_time_s:.3f} s/step, {e.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {e.mfu:.1%}; "
               f"memory {e.memory_gib.total:.1f} of {e.hbm_gib:.1f} GiB per GPU ({free:.1f} GiB free, "
               f"{free / e.hbm_gib:.0%} headroom)")
+    out.print(f"  memory margin {res.memory_margin:.1%} of HBM kept free beyond the prediction ("
+              + (MEMORY_MARGIN_SOURCE if args.memory_margin is None else "--memory-margin") + ")")
     if tokens:
         b = budgets[best.rank]
         out.print(f"  {tokens / 1e12:g}T tokens: {b.days:,.1f} days on {gpus} GPUs, {b.gpu_hours:,.0f} GPU-hours"

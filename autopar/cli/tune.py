@@ -15,7 +15,8 @@ import argparse
 import json
 import sys
 
-from autopar.cli.common import SCALE_BOUNDS, add_emit_args, add_search_args, count, dump_json, search_options, seconds
+from autopar.cli.common import (SCALE_BOUNDS, add_emit_args, add_search_args, count, dump_json, overlap_fields,
+                                overlap_set, search_options, seconds)
 from autopar.defaults import DEFAULT_HARDWARE
 from autopar.errors import AutoparInputError, Terminated
 from autopar.fileio import OutputFile
@@ -40,6 +41,7 @@ def _training(args: argparse.Namespace) -> dict:
         out["global_batch"] = args.global_batch
     if args.precision is not None:
         out["precision"] = args.precision
+    out.update(overlap_fields(args))
     return out
 
 
@@ -127,6 +129,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--global-batch", type=count("global_batch"), default=None,
                    help="sequences per step (default: 4 per rank on CPU, else by model size)")
     g.add_argument("--precision", default=None, help="GEMM precision of the predictions (default: bf16)")
+    g.add_argument("--overlap", type=overlap_set, default=None, metavar="none|tp,dp,ep,cp",
+                   help="communication the framework overlaps, for the predictions (default: tp,dp,ep,cp)")
     s = p.add_argument_group("scale the model down (default on a machine without GPUs: at most 4 layers, hidden 64, "
                              "ffn 256, 4 heads, 4 experts, vocab 512)")
     for name in SCALE_FLAGS:

@@ -80,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         raise AutoparInputError("--write needs --fit and --out DIR (the folder to write the hardware YAML files to)")
     if args.fit:
         return run_fit(args)
+    if args.memory:
+        return run_memory(args)
     rep = validate(_csv_path(args))
     if args.json:
         print(dump_json({"mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
@@ -114,12 +116,37 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_memory(args: argparse.Namespace) -> int:
+    """Published runs that print their peak memory (data/published_memory.csv): predicted vs measured."""
+    from autopar.measure.published_memory import default_csv, predict_rows
+    rows = predict_rows()
+    under = [r for r in rows if r.predicted_gib < r.measured_gib]
+    if args.json:
+        print(dump_json({"rows": [{"id": r.row_id, "source": r.source, "layout": r.layout,
+                                   "measured_peak_gib": r.measured_gib, "predicted_gib": r.predicted_gib}
+                                  for r in rows], "under_predicted": [r.row_id for r in under]}))
+        return 0
+    out = console()
+    t = Table(title=f"Predicted vs measured peak memory per GPU — {default_csv()}", title_justify="left")
+    for c in ("row", "layout", "measured GiB", "predicted GiB", "predicted/measured"):
+        t.add_column(c, justify="left" if c in ("row", "layout") else "right")
+    for r in rows:
+        t.add_row(r.row_id, r.layout, f"{r.measured_gib:.1f}", f"{r.predicted_gib:.1f}",
+                  ("[red]" if r.ratio < 1 else "") + f"{r.ratio:.2f}" + ("[/red]" if r.ratio < 1 else ""))
+    out.print(t)
+    out.print(f"[bold]{len(rows)} rows: {len(under)} predicted below their measured peak[/bold]")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="compare predictions with published measured runs",
                        description="Estimate every row of a published-runs CSV and print predicted vs measured "
                                    "tokens/s/GPU with the per-row error, the mean absolute error and the max.")
     p.add_argument("--csv", default=str(DEFAULT_CSV), help=f"runs file (default: {DEFAULT_CSV.name} shipped in data/)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--memory", action="store_true",
+                   help="instead: predicted vs measured peak memory of the published runs that print it "
+                        "(data/published_memory.csv)")
     p.add_argument("--fit", action="store_true",
                    help="fit the physical efficiency constants to the runs (see autopar/measure/calibration.py)")
     p.add_argument("--cv", action="store_true", help="with --fit: cross-validate by holding out each source")

@@ -4,10 +4,9 @@ Kernel speeds (GEMM by shape, flash attention, grouped GEMM, memory-bound bandwi
 measured or published figures in ``hardware/*.yaml`` (``kernel_model``) and are NOT fitted. What is fitted is
 data, declared on each constant's hardware-file field (its ``FitBound`` in :mod:`autopar.specs.hardware`: bounds,
 why, and ``"runs"`` among the fits that move it), today shared by every chip and run (nothing per chip, precision
-or row):
+or row). How much TP/DP/EP/CP communication hides is not fitted: the cost model prices it from the
+schedule's compute window (autopar.cost.tp, dp, ep, cp).
 
-  * ``dp_overlap``, ``tp_overlap``, ``ep_overlap``, ``cp_overlap``: the share of each communication a framework
-    hides behind compute (Megatron-Core's overlap features; no single-kernel benchmark measures them);
   * ``layer_overhead_us``: time per layer and micro-batch that no kernel accounts for (launch gaps, host work);
   * ``moe_dropless_imbalance``: busiest expert rank / mean under dropless routing (a property of the trained
     router at that point of training, not of the hardware).

@@ -207,7 +207,7 @@ def _describe_machine(raw: dict, world: int, table: MeasuredCollectives | None, 
                                         "factors not measured: 1.0", gemm=gemm_eff, gemm_half_m=1e-6,
                                  gemm_half_nk=1e-6, grouped_gemm=1.0, attention_fwd=1.0, attention_bwd=1.0,
                                  attention_half_seq=1e-6, attention_head_dim={128: 1.0}, hbm=1.0, nvlink=1.0,
-                                 scaleout=1.0),
+                                 scaleout=1.0, sustained_gemm=1.0, sustained_attention=1.0),
         measured_busbw_gbps=table,
         kernels=raw.get("kernels"),
     )

@@ -214,6 +214,13 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
     tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
     if not kernels["tp_comm_overlap"] and tp > 1:
         notes.append("TP comm overlap n/f: off")
+    # So is the MoE all-to-all overlap (Megatron's combined 1F1B, --overlap-moe-expert-parallel-comm): on only where
+    # the source says so. DP overlap (--overlap-grad-reduce, PyTorch DDP's bucketed all-reduce in 2021) and ring
+    # attention's KV overlap are the frameworks' defaults: on.
+    text = row.get("notes", "")
+    kernels["ep_comm_overlap"] = "1f1b overlap" in text or "--overlap-moe-expert-parallel-comm" in text
+    if model.is_moe and not kernels["ep_comm_overlap"] and _int(row, "ep", 1) > 1:
+        notes.append("EP comm overlap n/f: off")
     training = build_spec(TrainingSpec, dict(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half,
                                              grad_dtype=half, moe_routing=routing if model.is_moe else "balanced",
                                              **kernels), "training")

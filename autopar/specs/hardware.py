@@ -112,6 +112,19 @@ class KernelTables(Spec):
         return table
 
 
+class AttentionFigures(Spec):
+    """One flash-attention implementation's measured figures on a chip, with the meaning of KernelModel's
+    ``attention_fwd``, ``attention_bwd`` and ``attention_half_seq`` (short-run, before ``sustained_attention``)."""
+
+    fwd: float = Field(gt=0, le=1, description="Causal forward achieved/BF16 peak, long span, d=128.")
+    bwd: float = Field(gt=0, le=1, description="Causal backward achieved/BF16 peak (2.5x forward FLOPs).")
+    half_seq: float = Field(gt=0, le=1_048_576, description="Key span at which the efficiency halves.")
+    source: str = Field(min_length=1, description="Benchmark, machine and date, or citation.")
+
+
+AttentionKernelName = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,32}$")]
+
+
 class KernelModel(Spec):
     """Achieved fractions of the datasheet peaks, by kernel class, from microbenchmarks (measured with
     ``autopar profile hardware``, or published: ``source`` names them). Nothing here is fitted to training runs.
@@ -130,7 +143,19 @@ class KernelModel(Spec):
     of the BF16 peak (attention runs in BF16 under FP8 linear-layer recipes unless the training spec asks for
     FP8 attention; then at ``attention_fp8`` of the FP8 peak), with s the keys one query block spans (the
     sequence, the window, or the CP block s/cp) and the head-dim factor interpolated in log2(d) between the
-    measured head dims (1.0 at d = 128). Memory-bound kernels stream at ``hbm`` of the HBM peak."""
+    measured head dims (1.0 at d = 128). Memory-bound kernels stream at ``hbm`` of the HBM peak.
+
+    **Sustained rates.** The figures above are short microbenchmarks: best-of-N iterations, or clocks locked
+    (FlashAttention-3's tables at 1830 MHz). A training run keeps every SM busy for hours under the chip's power
+    limit, and the SM clock settles lower (B200: 1965 -> ~1580 MHz after a few tens of milliseconds of
+    back-to-back kernels, flashinfer-ai/flashinfer PR #2899). Compute-bound kernels scale with that clock, so
+
+        GEMM and grouped GEMM:  gemm · sustained_gemm · shape factors
+        flash attention:        attention_{fwd|bwd} · sustained_attention · span and head-dim factors
+
+    ``sustained_*`` = throughput measured after a long warm-up at the power limit / the short-run figure above
+    (each hardware file cites the pair). Memory-bound kernels and links are not scaled: the power limit lowers
+    the SM clock, not the memory clock, which sets the rate of the memory-bound kernels ``hbm`` was measured on."""
 
     source: str = Field(default="defaults: the H100 SXM figures of hardware/h100_sxm.yaml, NOT measured for this "
                                 "hardware (run 'autopar profile hardware')",
@@ -161,6 +186,32 @@ class KernelModel(Spec):
         description="Attention throughput at head dim d relative to d = 128 (measured points).")
     attention_fp8: float | None = Field(default=None, gt=0, le=1,
                                         description="FP8 attention forward achieved/FP8 peak; None = not available.")
+    grouped_gemm_kernel: AttentionKernelName = Field(
+        default="mixed",
+        description="The grouped-GEMM implementation 'grouped_gemm' was measured with (cutlass_sm90, "
+                    "torch_grouped_mm, cublas_loop, ...; 'mixed' when it averages several).")
+    grouped_gemm_kernels: dict[AttentionKernelName, Annotated[float, Field(gt=0, le=1)]
+                               | dict[str, Annotated[float, Field(gt=0, le=1)]]] = Field(
+        default_factory=dict,
+        description="Measured grouped-GEMM figures of named implementations on this chip (same meaning as "
+                    "grouped_gemm); a software stack selects one with with_grouped_gemm_kernel().")
+    attention_kernel: AttentionKernelName = Field(
+        default="fa3",
+        description="The attention implementation (fa2, fa3, fa4, cudnn, ...) that attention_fwd, attention_bwd and "
+                    "attention_half_seq were measured with.")
+    attention_kernels: dict[AttentionKernelName, AttentionFigures] = Field(
+        default_factory=dict,
+        description="Measured figures of other attention implementations on this chip, by name; a software stack "
+                    "that runs one of them selects it with with_attention_kernel().")
+    sustained_gemm: float = Field(
+        default=0.982, gt=0, le=1,
+        description="Dense and grouped GEMM throughput sustained under the power limit in a long run / the "
+                    "short-run 'gemm' figure (H100 default: cuBLASLt FP8 after 10,000 warm-up iterations, 1377.3 "
+                    "TFLOP/s, over the best-of-N 1402.6).")
+    sustained_attention: float = Field(
+        default=0.982, gt=0, le=1,
+        description="Flash-attention throughput sustained under the power limit / the short-run attention "
+                    "figures (H100 default: the GEMM ratio, assumed).")
     nvlink: Annotated[float, FitBound(0.3, 1.0, "achieved / link bandwidth of NVLink collectives (nccl-tests "
                                                 "busbw reaches 0.7-0.9 of the link rate at large messages)",
                                       LAYOUTS)] = Field(
@@ -195,6 +246,41 @@ class KernelModel(Spec):
             raise AutoparInputError(f"kernel_model.grouped_gemm has no entry for '{precision}' and no 'bf16' entry")
         return g
 
+    def with_grouped_gemm_kernel(self, name: str) -> "KernelModel":
+        """This model with the grouped-GEMM figure of implementation ``name`` (itself when ``grouped_gemm`` is
+        that implementation's; its own figure is kept in ``grouped_gemm_kernels``). A name with no measured figure
+        is an input error listing the measured ones."""
+        if name == self.grouped_gemm_kernel:
+            return self
+        fig = self.grouped_gemm_kernels.get(name)
+        if fig is None:
+            from autopar.errors import AutoparInputError
+            known = ", ".join(sorted({self.grouped_gemm_kernel, *self.grouped_gemm_kernels}))
+            raise AutoparInputError(f"kernel_model has no measured figure for grouped-GEMM kernel '{name}' "
+                                    f"(measured on this hardware: {known})")
+        others = {k: v for k, v in self.grouped_gemm_kernels.items() if k != name}
+        return self.model_copy(update={"grouped_gemm": fig, "grouped_gemm_kernel": name,
+                                       "grouped_gemm_kernels": {**others, self.grouped_gemm_kernel: self.grouped_gemm}})
+
+    def with_attention_kernel(self, name: str) -> "KernelModel":
+        """This model with the attention figures of implementation ``name``: itself when its own figures are that
+        implementation's, else a copy taking the entry of ``attention_kernels`` (and keeping its own figures there
+        under their name). A name with no measured figures is an input error listing the measured ones."""
+        if name == self.attention_kernel:
+            return self
+        fig = self.attention_kernels.get(name)
+        if fig is None:
+            from autopar.errors import AutoparInputError
+            known = ", ".join(sorted({self.attention_kernel, *self.attention_kernels}))
+            raise AutoparInputError(f"kernel_model has no measured figures for attention kernel '{name}' "
+                                    f"(measured on this hardware: {known})")
+        own = AttentionFigures(fwd=self.attention_fwd, bwd=self.attention_bwd, half_seq=self.attention_half_seq,
+                               source=self.source)
+        others = {k: v for k, v in self.attention_kernels.items() if k != name}
+        return self.model_copy(update={"attention_fwd": fig.fwd, "attention_bwd": fig.bwd,
+                                       "attention_half_seq": fig.half_seq, "attention_kernel": name,
+                                       "attention_kernels": {**others, self.attention_kernel: own}})
+
     def head_dim_factor(self, d: float) -> float:
         """attention_head_dim interpolated in log2(d); the nearest point beyond the measured range."""
         import math
@@ -211,27 +297,19 @@ class KernelModel(Spec):
 
 
 class Efficiency(Spec):
-    """Constants no microbenchmark of a single kernel can see: how much communication a framework hides
-    (overlaps), what it spends between kernels (per-layer overhead), how unevenly dropless routing loads the
-    experts. These are fitted to training runs (``autopar validate --fit``, ``autopar profile compare``); each
-    field's :class:`FitBound` says within what bounds, why, and which fits move it."""
+    """Constants no microbenchmark of a single kernel can see: what a framework spends between kernels (per-layer
+    overhead), how unevenly dropless routing loads the experts, how much of the pipeline's sends hide. These are
+    fitted to training runs (``autopar validate --fit``, ``autopar profile compare``); each field's
+    :class:`FitBound` says within what bounds, why, and which fits move it. How much TP, DP, EP and CP
+    communication hides is not a constant: the cost model prices it from the compute window of the schedule
+    (autopar.cost.tp, dp, ep, cp), where ``TrainingSpec.*_comm_overlap`` says the framework overlaps at all."""
 
-    dp_overlap: Annotated[float, FitBound(0.0, 1.0, "a share of the gradient reduce-scatter / parameter all-gather",
-                                          RUNS_AND_LAYOUTS)] = Field(
-        default=0.8, ge=0, le=1, description="Fraction of DP/FSDP communication hidden behind compute.")
-    tp_overlap: Annotated[float, FitBound(0.0, 0.9, "a share; TP comm overlap cannot hide the first and last chunk "
-                                                    "of a layer", RUNS_AND_LAYOUTS)] = Field(
-        default=0.0, ge=0, le=1, description="Fraction of TP/SP communication hidden (TP comm-overlap).")
-    ep_overlap: Annotated[float, FitBound(0.0, 0.9, "a share; the dispatch before the first expert GEMM cannot be "
-                                                    "hidden", RUNS_AND_LAYOUTS)] = Field(
-        default=0.0, ge=0, le=1, description="Fraction of EP all-to-all hidden.")
-    cp_overlap: Annotated[float, FitBound(0.0, 1.0, "a share of the ring's KV exchange", RUNS_AND_LAYOUTS)] = Field(
-        default=0.5, ge=0, le=1, description="Fraction of ring-attention KV exchange hidden behind attention.")
     pp_overlap: Annotated[float, FitBound(0.0, 1.0, "a share of the pipeline send/recv", LAYOUTS)] = Field(
         default=0.0, ge=0, le=1, description="Fraction of pipeline send/recv hidden.")
     layer_overhead_us: Annotated[float, FitBound(0.0, 3000.0, "per layer and micro-batch; 3 ms is ~100 kernel "
                                                               "launches' worth of host time at 30 us each, far beyond "
-                                                              "a CUDA-graph-free layer's launches", RUNS)] = Field(
+                                                              "a CUDA-graph-free layer's launches",
+                                                 RUNS_AND_LAYOUTS)] = Field(
         default=0.0, ge=0, le=10_000,
         description="Time per transformer layer and micro-batch (forward + backward) that no kernel accounts for: "
                     "launch gaps, host-side framework work, synchronisation (calibrated), microseconds.")

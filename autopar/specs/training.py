@@ -10,6 +10,7 @@ from autopar.specs._base import Spec
 from autopar.specs.bounds import bound_note, limit
 from autopar.specs.hardware import Precision
 
+OVERLAPS = ("tp", "dp", "ep", "cp")   # the communication overlaps a run can switch on (``*_comm_overlap``)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
 
 
@@ -40,7 +41,21 @@ class TrainingSpec(Spec):
         default=True,
         description="Framework overlaps TP/SP communication with the GEMMs (Megatron --tp-comm-overlap, Transformer "
                     "Engine userbuffers; on in NVIDIA's dense performance recipes). Off: every TP collective is "
-                    "exposed; on: efficiency.tp_overlap of it is hidden.")
+                    "exposed; on: what the layer's TP-split GEMMs can cover is hidden (autopar.cost.tp).")
+    dp_comm_overlap: bool = Field(
+        default=True,
+        description="Framework overlaps data-parallel traffic with compute (Megatron --overlap-grad-reduce / "
+                    "--overlap-param-gather, FSDP2 prefetch). Off: every gradient reduction and parameter gather "
+                    "is exposed; on: what the backward/forward window covers is hidden (autopar.cost.dp).")
+    ep_comm_overlap: bool = Field(
+        default=True,
+        description="Framework overlaps the MoE dispatch/combine all-to-alls with another micro-batch's compute "
+                    "(Megatron --overlap-moe-expert-parallel-comm, combined 1F1B). Counted only where Megatron-Core "
+                    "allows that schedule (no full recompute, no 'moe' recompute, VPP when PP > 1; autopar.cost.ep).")
+    cp_comm_overlap: bool = Field(
+        default=True,
+        description="Ring attention overlaps each KV block transfer with the attention block it feeds (Megatron-Core "
+                    "p2p context parallelism). Off: the KV exchange is exposed (autopar.cost.cp).")
     fp8_attention: bool = Field(
         default=False,
         description="Run the attention core (flash attention) in FP8 too. Off by default: FP8 recipes (Transformer "
@@ -70,6 +85,11 @@ class TrainingSpec(Spec):
             raise ValueError(f"seq_len x global_batch = {self.seq_len:,} x {self.global_batch:,} tokens per step, "
                              f"the bound is {bound_note('tokens_per_step')}")
         return self
+
+    def overlaps(self) -> str:
+        """The overlap switches that are on, as ``--overlap`` spells them ('tp,dp,ep,cp', 'none')."""
+        on = [k for k in OVERLAPS if getattr(self, f"{k}_comm_overlap")]
+        return ",".join(on) or "none"
 
     @property
     def tokens_per_step(self) -> int:

@@ -23,8 +23,10 @@ def test_every_published_run_is_predicted_and_fits(report):
 
 def test_accuracy_of_the_committed_constants(report):
     # Regression guard on the constants in hardware/*.yaml (fitted by `autopar validate --fit --write`; README
-    # 'Accuracy' gives 8.00%). A change to the cost model that loses accuracy must show up here.
-    assert report.mape < 0.09
+    # 'Accuracy' gives 9.43%). A change to the cost model that loses accuracy must show up here. Issue 20 raised it
+    # from 8.00%: overlap priced from its window instead of four fitted fractions, sustained clocks, EP overlap only
+    # where the source ran it (the MoE rows, 13.3%, carry the rise; README 'Accuracy' says why).
+    assert report.mape < 0.095
     assert report.max_abs_error < 0.35
 
 
@@ -42,8 +44,7 @@ def test_the_fit_recovers_planted_constants():
     """Measurements made by the cost model itself with known constants: the fit must find them again."""
     cases, _ = load_cases()
     pick = [c for c in cases if c.row_id.startswith(("mcore08", "moezoo-q3-235b-h100-256-seq", "nemo2407-l3"))][:10]
-    truth = {"dp_overlap": 0.7, "tp_overlap": 0.5, "ep_overlap": 0.3, "cp_overlap": 0.2,
-             "layer_overhead_us": 400.0, "moe_dropless_imbalance": 1.4}
+    truth = {"layer_overhead_us": 400.0, "moe_layer_overhead_us": 250.0, "moe_dropless_imbalance": 1.4}
     planted = []
     for c, row in zip(pick, cal.rows_from_cases(pick)):
         predicted = row.predict(with_constants(c.hardware, truth))   # the measurement these constants explain
@@ -58,10 +59,10 @@ def test_the_fit_recovers_planted_constants():
 def test_fit_starts_inside_the_bounds_and_reports_constants_at_a_bound(monkeypatch):
     cases, _ = load_cases()
     pick = cases[:3]
-    monkeypatch.setitem(BOUNDS, "tp_overlap", (0.25, 0.25, "pinned for the test"))
+    monkeypatch.setitem(BOUNDS, "layer_overhead_us", (250.0, 250.0, "pinned for the test"))
     res = cal.fit(pick)
-    assert res.constant("tp_overlap").after == 0.25
-    assert "tp_overlap" in {c.name for c in res.pinned}
+    assert res.constant("layer_overhead_us").after == 250.0
+    assert "layer_overhead_us" in {c.name for c in res.pinned}
 
 
 def test_fit_write_refreshes_only_calibrated_files_with_four_significant_digits(tmp_path, capsys):
