@@ -144,3 +144,17 @@ class HeadMixer(Recurrent):
     def rules(self) -> tuple[Rule, ...]:
         """Split by heads over TP, and over tp·cp ranks by the all-to-all context parallel."""
         return (Rule("tp", "num_heads", self.heads), Rule("tp·cp", "num_heads", self.heads, note=_HEADS_NOTE))
+
+
+@dataclass(frozen=True)
+class LowRankGated:
+    """The gate of GLA and KDA, projected h -> r -> H·d through a rank-r bottleneck (``MixerSpec.gate_low_rank``; 0:
+    a full-rank h x H·d projection). Mixed in before the kind's base class, it owns that field."""
+
+    own_fields: ClassVar[tuple[str, ...]] = ("gate_low_rank",)
+
+    gate_low_rank: int = 0
+
+    @classmethod
+    def _extra(cls, mixer) -> dict:
+        return {"gate_low_rank": mixer.gate_low_rank or 0}

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autopar.blocks._base import Rule
-from autopar.blocks._recurrent import _HEADS_NOTE, HeadMixer
+from autopar.blocks._recurrent import _HEADS_NOTE, HeadMixer, LowRankGated
 
 
 @dataclass(frozen=True)
@@ -101,17 +101,10 @@ class GatedDeltaNet(_DeltaRule):
 
 
 @dataclass(frozen=True)
-class KDA(_DeltaRule):
+class KDA(LowRankGated, _DeltaRule):
     kind = "kda"
     title = "Kimi Delta Attention (KDA)"
     source = "Kimi Linear arXiv 2510.26692; FLA KimiDeltaAttention"
-    own_fields = ("gate_low_rank",)
-
-    gate_low_rank: int = 0
-
-    @classmethod
-    def _extra(cls, mixer) -> dict:
-        return {"gate_low_rank": mixer.gate_low_rank or 0}
 
     def gemm_params(self) -> int:
         h, H, dk, dv = self.hidden, self.heads, self.dk, self.dv

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.blocks._recurrent import HeadMixer
+from autopar.blocks._recurrent import HeadMixer, LowRankGated
 
 
 @dataclass(frozen=True)
@@ -53,17 +53,10 @@ class _DecayAttention(HeadMixer):
 
 
 @dataclass(frozen=True)
-class GLA(_DecayAttention):
+class GLA(LowRankGated, _DecayAttention):
     kind = "gla"
     title = "gated linear attention (GLA)"
     source = "arXiv 2312.06635 sec. 4; FLA GatedLinearAttention"
-    own_fields = ("gate_low_rank",)
-
-    gate_low_rank: int = 0
-
-    @classmethod
-    def _extra(cls, mixer) -> dict:
-        return {"gate_low_rank": mixer.gate_low_rank or 0}
 
     def gemm_params(self) -> int:
         h, H, dk, dv, r = self.hidden, self.heads, self.dk, self.dv, self.gate_low_rank
