@@ -29,7 +29,7 @@ from pathlib import Path
 
 from autopar.cost import Estimator
 from autopar.errors import AutoparInputError
-from autopar.measure.record import Comparison, max_abs_error, mean_abs_error
+from autopar.measure.record import Comparison, PairOrder, max_abs_error, mean_abs_error, pair_order
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import RECOMPUTE_MODULES, Layout, balanced_stage_layers, resolve_layout
 from autopar.specs.bounds import bound_note, limit
@@ -88,6 +88,12 @@ class Report:
     @property
     def max_abs_error(self) -> float:
         return max_abs_error(self.rows)
+
+    @property
+    def ranking(self) -> PairOrder:
+        """Within-source pairs of runs ordered as measured (:func:`autopar.measure.record.pair_order`): a pair the
+        model predicts equal counts as wrong."""
+        return pair_order(self.rows, [GROUPINGS["source"](r.case) for r in self.rows])
 
     @property
     def predicted_oom(self) -> list[str]:

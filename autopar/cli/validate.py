@@ -79,7 +79,10 @@ def run(args: argparse.Namespace) -> int:
         return run_fit(args)
     rep = validate(_csv_path(args))
     if args.json:
+        rk = rep.ranking
         print(dump_json({"mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
+                         "ranking": {"share": rk.share, "right": rk.right, "pairs": rk.pairs, "ties": rk.ties,
+                                     "skipped_measured_ties": rk.skipped},
                          "rows": [{"id": r.case.row_id, "measured_tokens_per_s_per_gpu": r.case.measured_tokens,
                                    "measured_from": r.case.measured_from, "predicted": r.predicted_tokens,
                                    "error": r.error, "fits": r.fits, "memory_gib": r.memory_gib,
@@ -106,8 +109,13 @@ def run(args: argparse.Namespace) -> int:
         for name, (n, mae, bias) in groups.items():
             g.add_row(name, str(n), f"{mae:.1%}", f"{bias:+.1%}")
         out.print(g)
+    rk = rep.ranking
     out.print(f"[bold]{len(rep.rows)} rows: mean absolute error {rep.mape:.2%}, max {rep.max_abs_error:.1%}; "
-              f"predicted OOM for {len(rep.predicted_oom)} layouts that ran[/bold]")
+              f"within-source ranking {rk.share:.1%} ({rk.right} of {rk.pairs} pairs ordered as measured, "
+              f"{rk.ties} predicted ties counted wrong); predicted OOM for {len(rep.predicted_oom)} layouts that "
+              f"ran[/bold]")
+    out.print(f"[dim]ranking: pairs of runs of one source whose measurements differ by 1% or more "
+              f"({rk.skipped} closer pairs left out); a pair predicted equal counts as wrong[/dim]")
     return 0
 
 
