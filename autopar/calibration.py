@@ -33,7 +33,17 @@ PER_CHIP: tuple[str, ...] = ()
 SHARED: tuple[str, ...] = ("dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap", "layer_overhead_us",
                             "moe_layer_overhead_us", "moe_dropless_imbalance")
 TIES = {("gb300_nvl72", "mxfp8"): ("gb200_nvl72", "mxfp8")}
-INHERIT = {"h200": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72", "gb300_nvl72": "gb200_nvl72"}
+# Per software stack (autopar/specs/stack.py), for every stack other than BASE_STACK that has rows: what a framework
+# spends between kernels (eager Python, FSDP2 hooks, launches) and how much TP communication its TP overlap (async
+# TP) hides. Fitted to that stack's rows only; the result goes into the stack file's ``efficiency``.
+BASE_STACK = "megatron_core"
+# Chips whose sustained GEMM rate no source gives: torchtitan's Grand Teton H100 96 GB runs at a 500 W power limit
+# and its page says "the actual peak TFLOPs number is between SXM and NVL, and we don't know its exact value"; its
+# large-GEMM fraction of the SXM peak (kernel_model.gemm) is fitted per precision to its rows, within the fitter's
+# bounds, and reported (a stand-in for a measurement: `autopar profile hardware` on the machine replaces it).
+UNKNOWN_PEAK = ("h100_96gb_gt",)
+PER_STACK: tuple[str, ...] = ("layer_overhead_us", "tp_overlap")
+INHERIT = {"h200": "h100_sxm", "h100_96gb_gt": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72", "gb300_nvl72": "gb200_nvl72"}
 
 
 def rows_from_cases(cases: list[Case]) -> list[FitRow]:
@@ -43,7 +53,7 @@ def rows_from_cases(cases: list[Case]) -> list[FitRow]:
     for c in cases:
         est = Estimator(c.model, c.hardware, c.training, c.gpus)
         rows.append(FitRow(label=c.row_id, hardware=c.hardware, measured=c.measured_tokens,
-                           group=source_of(c),
+                           group=source_of(c), stack=c.stack,
                            predict=lambda hw, est=est, c=c: est.with_hardware(hw).estimate(
                                c.layout, resolved=True).tokens_per_s_per_gpu))
     return rows
@@ -59,8 +69,12 @@ def constants_for(cases: list[Case], per_chip: tuple[str, ...] = PER_CHIP,
         chips = keys.setdefault(TIES.get(own, own), [TIES.get(own, own)[0]])
         if own[0] not in chips:
             chips.append(own[0])
+    stacks = sorted({c.stack for c in cases} - {BASE_STACK})
+    unknown_peak = sorted({(c.hardware.name, c.training.precision) for c in cases if c.hardware.name in UNKNOWN_PEAK})
     return ([Constant(f, prec, tuple(keys[chip, prec])) for f in per_chip for chip, prec in sorted(keys)]
-            + [Constant(f) for f in shared])
+            + [Constant(f) for f in shared]
+            + [Constant("gemm", prec, (chip,)) for chip, prec in unknown_peak]
+            + [Constant(f, stack=st) for st in stacks for f in PER_STACK])
 
 
 def fit(cases: list[Case], loss: str = "mae", progress: Callable[[str], None] | None = None) -> FitReport:
@@ -88,11 +102,19 @@ def efficiency_for(report: FitReport, hw: HardwareSpec) -> Efficiency:
     eff = hw.efficiency.model_dump()
     own = {(c.field, c.key) for c in fitted if c.chips and hw.name in c.chips}
     for c, v in fitted.items():
+        if c.stack:             # a stack's own constant lives in its stack file (stack_efficiency)
+            continue
         mine = not c.chips or hw.name in c.chips
         inherited = c.chips and INHERIT.get(hw.name) in c.chips and (c.field, c.key) not in own
         if mine or inherited:
             eff[c.field] = v if c.key is None else {**eff[c.field], c.key: v}
     return Efficiency.model_validate(eff)
+
+
+def stack_efficiency(report: FitReport, stack: str) -> dict[str, float]:
+    """The constants fitted to one stack's rows (empty for the base stack: its constants are the hardware files')."""
+    return {c.field: float(f"{v:.4g}") for c, v in report.values.items()
+            if c.stack == stack and c.name in {fc.name for fc in report.constants}}
 
 
 _BEGIN = "# --- calibrated efficiency (autopar validate --fit --write) ---"

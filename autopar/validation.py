@@ -33,8 +33,9 @@ from autopar.measure.record import Comparison, PairOrder, max_abs_error, mean_ab
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import RECOMPUTE_MODULES, Layout, balanced_stage_layers, resolve_layout
 from autopar.specs.bounds import bound_note, limit
-from autopar.specs.loaders import build_spec, load_hardware, load_model, read_text_file, zoo_dir
+from autopar.specs.loaders import build_spec, load_hardware, load_model, load_stack, read_text_file, zoo_dir
 from autopar.specs.model import ModelSpec
+from autopar.specs.stack import parse_knobs
 from autopar.specs.training import TrainingSpec
 
 try:
@@ -56,6 +57,8 @@ class Case:
     measured_tokens: float
     measured_from: str
     assumptions: list[str] = field(default_factory=list)
+    stack: str = "megatron_core"
+    measured_mem_gib: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -122,6 +125,7 @@ GROUPINGS = {
     "dense/MoE": lambda c: "MoE" if c.model.is_moe else "dense",
     "precision": lambda c: c.training.precision,
     "system": lambda c: c.hardware.name,
+    "stack": lambda c: c.stack,
     "context": _context_bucket,
 }
 
@@ -209,17 +213,24 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         notes.append("precision n/f: bf16")
     half = "fp16" if prec == "fp16" else "bf16"
     routing = "dropless" if "dropless" in rid else "balanced"
-    kernels = {}
+    # The stack the run used (column 'stack', blank: Megatron-Core, as every source before stacks existed) with the
+    # knobs the source states (column 'knobs', autopar.specs.stack.parse_knobs syntax): its TrainingSpec switches
+    # and its fitted efficiency constants.
+    stack = load_stack(row.get("stack") or "megatron_core")
+    knobs = stack.with_knobs(parse_knobs(row.get("knobs", "")))
+    kernels = knobs.training_fields()
+    hw = stack.on(hw)
     if src == "mlm21":
         # Megatron-LM 2021 predates FlashAttention (2022) and the fused cross entropy: attention was batched GEMMs
         # around a fused scale-mask-softmax kernel, with attention dropout, and the loss plain vocab-parallel.
-        kernels = {"attention_kernel": "unfused", "cross_entropy": "unfused"}
+        kernels.update(attention_kernel="unfused", cross_entropy="unfused")
         notes.append("kernels (2021): unfused attention and cross entropy")
-    # TP communication overlap is a framework switch: on only where the source says the run used it.
-    kernels["tp_comm_overlap"] = "--tp-comm-overlap" in row.get("notes", "")
     tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
-    if not kernels["tp_comm_overlap"] and tp > 1:
-        notes.append("TP comm overlap n/f: off")
+    if not row.get("stack"):
+        # TP communication overlap is a framework switch: on only where the source says the run used it.
+        kernels["tp_comm_overlap"] = "--tp-comm-overlap" in row.get("notes", "")
+        if not kernels["tp_comm_overlap"] and tp > 1:
+            notes.append("TP comm overlap n/f: off")
     training = build_spec(TrainingSpec, dict(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half,
                                              grad_dtype=half, moe_routing=routing if model.is_moe else "balanced",
                                              **kernels), "training")
@@ -320,12 +331,13 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         tokens = tflops * 1e12 / f
     else:
         raise AutoparInputError(f"{rid}: no measured throughput (tokens/s, step time or TFLOP/s)")
-    return Case(rid, model, hw, training, layout, gpus, tokens, how, [n for n in notes if n])
+    return Case(rid, model, hw, training, layout, gpus, tokens, how, [n for n in notes if n], stack=stack.name,
+                measured_mem_gib=_float(row, "memory_gib"))
 
 
 CSV_REQUIRED = ("id", "model", "system", "gpus", "seq_len", "global_batch", "tp", "pp")
 CSV_OPTIONAL = ("precision", "vpp", "cp", "ep", "etp", "micro_batch", "fsdp", "sequence_parallel", "recompute",
-                "tokens_per_s_per_gpu", "model_tflops_per_gpu", "step_time_s", "notes")
+                "tokens_per_s_per_gpu", "model_tflops_per_gpu", "step_time_s", "notes", "stack", "knobs", "memory_gib")
 
 
 def load_cases(path: Path = DEFAULT_CSV, hardware_override: dict[str, HardwareSpec] | None = None
@@ -373,6 +385,7 @@ def evaluate(cases: list[Case], hardware_override: dict[str, HardwareSpec] | Non
         est = Estimator(c.model, hw, c.training, c.gpus).estimate(c.layout, resolved=True)
         out.append(RowResult(label=c.row_id, case=c, predicted=est.tokens_per_s_per_gpu, measured=c.measured_tokens,
                              fits=est.fits, predicted_mem_gib=est.memory_gib.total, hbm_gib=est.hbm_gib,
+                             measured_mem_gib=c.measured_mem_gib,
                              bottleneck=est.bottleneck))
     return out
 

@@ -6,12 +6,13 @@ import argparse
 import json
 import math
 
-from autopar.defaults import DEFAULT_HARDWARE, DEFAULT_PRECISION, DEFAULT_SEQ_LEN, default_global_batch
+from autopar.defaults import DEFAULT_HARDWARE, DEFAULT_PRECISION, DEFAULT_SEQ_LEN, DEFAULT_STACK, default_global_batch
 from autopar.errors import AutoparInputError
 from autopar.specs.bounds import BOUNDS, limit
 from autopar.specs.hardware import PRECISIONS, HardwareSpec
-from autopar.specs.loaders import build_spec, load_hardware, load_model
+from autopar.specs.loaders import build_spec, load_hardware, load_model, load_stack
 from autopar.specs.model import ModelSpec
+from autopar.specs.stack import parse_knobs
 from autopar.specs.training import TrainingSpec
 
 
@@ -102,6 +103,12 @@ def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpu
     g.add_argument("--grad-dtype", choices=("bf16", "fp32"), default="bf16",
                    help="gradient buffer dtype (default: bf16 as Megatron-Core; fp32 = "
                         "--accumulate-allreduce-grads-in-fp32)")
+    g.add_argument("--stack", default=DEFAULT_STACK,
+                   help=f"software stack: zoo name (see `autopar zoo stacks`) or YAML (default: {DEFAULT_STACK}, "
+                        "Megatron-Core as NVIDIA's recipes run it)")
+    g.add_argument("--knobs", default="", metavar="K[,K=V...]",
+                   help="stack knobs over the stack file's, e.g. compile,async_tp,fp8_recipe=rowwise,dp_overlap=off "
+                        "(`autopar zoo stacks` lists them)")
     g.add_argument("--linear-cp", choices=("all_to_all", "state_pass"), default="all_to_all",
                    help="context parallelism of linear-attention / SSM layers (default: all_to_all, as Megatron-Core "
                         "runs it: heads split over tp·cp; state_pass: recurrent states passed between CP ranks, as "
@@ -128,11 +135,17 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
     if gb is None:
         gb, why = default_global_batch(model, args.seq_len)
         notes.append(why)
+    # The software stack: its knobs set the TrainingSpec switches (a flag here > the stack file > the built-in
+    # default) and its fitted efficiency constants replace the hardware file's.
+    stack = load_stack(getattr(args, "stack", DEFAULT_STACK))
+    knobs = stack.with_knobs(parse_knobs(getattr(args, "knobs", "") or ""))
+    hw = stack.on(hw)
+    args.stack_spec, args.stack_knobs = stack, knobs
     training = build_spec(TrainingSpec, dict(
         seq_len=args.seq_len, global_batch=gb, precision=args.precision,
         grad_dtype="fp16" if args.precision == "fp16" and args.grad_dtype == "bf16" else args.grad_dtype,
         weight_dtype="fp16" if args.precision == "fp16" else "bf16",
-        linear_cp=getattr(args, "linear_cp", "all_to_all")), "training flags")
+        linear_cp=getattr(args, "linear_cp", "all_to_all"), **knobs.training_fields()), "training flags")
     hw.peak_tflops(training.precision)  # fails early, naming the precision, if the chip lacks it
     return model, hw, training, notes
 

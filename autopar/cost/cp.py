@@ -67,7 +67,7 @@ def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     span = tr.seq_len / L.cp
     fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, span, m.qk_head_dim)
     attn = fwd + bwd + (fwd if L.recompute == "full" else 0.0)
-    t = max(0.0, comm - hw.efficiency.cp_overlap * attn)
+    t = max(0.0, comm - (hw.efficiency.cp_overlap if tr.cp_comm_overlap else 0.0) * attn)
     n_state = st.sum(prof, "state_layers")
     if n_state and tr.linear_cp == "all_to_all":
         a2a_bytes = L.micro_batch * (tr.seq_len / L.cp) * st.sum(prof, "mixer_a2a_elems") / L.tp * tr.activation_bytes

@@ -38,7 +38,7 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
     """(exposed seconds, total seconds) of data-parallel traffic per step for one GPU holding ``dense`` and
     ``expert`` parameters (before sharding). ``L.zero_stage``, ``L.grad_accum`` and the compute times may be
     broadcastable numpy arrays (the search's tables): the result is then elementwise."""
-    ov = hw.efficiency.dp_overlap
+    ov = hw.efficiency.dp_overlap if tr.dp_comm_overlap else 0.0
     M = L.grad_accum
     z = L.zero_stage
     total = exposed = 0.0

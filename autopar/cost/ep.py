@@ -37,4 +37,4 @@ def ep_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     if L.etp > 1:
         t += per_pass * (net.time("all_gather", nbytes * L.etp, L.etp, 1)
                          + net.time("reduce_scatter", nbytes * L.etp, L.etp, 1))
-    return (1.0 - hw.efficiency.ep_overlap) * n_moe * t
+    return (1.0 - (hw.efficiency.ep_overlap if tr.ep_comm_overlap else 0.0)) * n_moe * t

@@ -50,6 +50,9 @@ class Kernels:
         else:
             self.attn_peak = self.peak_hi
             self.attn_scale = 1.0
+        if tr.attention_impl != "best":
+            # another kernel than the file's (a stack's SDPA FlashAttention-2): the file's measured ratio to it
+            self.attn_scale *= km.attention_impl.get(tr.attention_impl, 1.0)
         self.hbm_bytes_per_s = hw.hbm_tbps * 1e12 * km.hbm
         self.fp8 = tr.precision in FP8_FAMILY
         self.half_m, self.half_nk = km.gemm_half_m, km.gemm_half_nk

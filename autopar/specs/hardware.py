@@ -142,6 +142,10 @@ class KernelModel(Spec):
         description="Attention throughput at head dim d relative to d = 128 (measured points).")
     attention_fp8: float | None = Field(default=None, gt=0, le=1,
                                         description="FP8 attention forward achieved/FP8 peak; None = not available.")
+    attention_impl: dict[Literal["sdpa_fa2"], Annotated[float, Field(gt=0, le=1.5)]] = Field(
+        default_factory=dict,
+        description="Throughput of other attention kernels relative to the attention figures above (a stack's "
+                    "TrainingSpec.attention_impl picks one; a kernel not listed runs at the figures above).")
     hbm: float = Field(default=0.80, gt=0, le=1, description="Memory-bound kernels' achieved/peak HBM bandwidth.")
     nvlink: float = Field(default=0.8, gt=0, le=1,
                           description="Collectives' achieved/peak bus bandwidth inside the NVLink domain (nccl-tests "

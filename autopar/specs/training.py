@@ -41,6 +41,32 @@ class TrainingSpec(Spec):
         description="Framework overlaps TP/SP communication with the GEMMs (Megatron --tp-comm-overlap, Transformer "
                     "Engine userbuffers; on in NVIDIA's dense performance recipes). Off: every TP collective is "
                     "exposed; on: efficiency.tp_overlap of it is hidden.")
+    dp_comm_overlap: bool = Field(
+        default=True,
+        description="Framework overlaps DP/FSDP gradient reduce-scatter and parameter all-gather with compute "
+                    "(Megatron --overlap-grad-reduce/--overlap-param-gather, FSDP2 prefetch). Off: all exposed; on: "
+                    "efficiency.dp_overlap of it is hidden.")
+    ep_comm_overlap: bool = Field(
+        default=True,
+        description="Framework overlaps the EP all-to-all with expert compute (Megatron moe_a2a_overlap / DeepEP). "
+                    "Off: all exposed; on: efficiency.ep_overlap of it is hidden.")
+    cp_comm_overlap: bool = Field(
+        default=True,
+        description="Framework overlaps the CP ring exchange with attention. Off: all exposed; on: "
+                    "efficiency.cp_overlap of it is hidden.")
+    elementwise: Literal["fused", "compiled", "eager"] = Field(
+        default="fused",
+        description="Elementwise kernels (norms, RoPE, SwiGLU): 'fused' (Transformer Engine / Megatron fusions), "
+                    "'compiled' (torch.compile) or 'eager' (one PyTorch kernel per op, fp32 upcasts through HBM); "
+                    "priced as HBM bytes per op (autopar/cost/compute.py ELEMENTWISE_BYTES).")
+    attention_impl: Literal["best", "sdpa_fa2"] = Field(
+        default="best",
+        description="Attention kernel: 'best' (the hardware file's flash-attention figures) or 'sdpa_fa2' "
+                    "(PyTorch SDPA's FlashAttention-2 backend, at the file's kernel_model.attention_impl ratio).")
+    fp8_recipe: Literal["te", "tensorwise", "rowwise"] = Field(
+        default="te",
+        description="FP8 scaling recipe (precision fp8): 'te' (Transformer Engine, fused cast-transpose), "
+                    "'tensorwise' or 'rowwise' (torchao Float8Linear); sets the quantisation kernels' HBM bytes.")
     fp8_attention: bool = Field(
         default=False,
         description="Run the attention core (flash attention) in FP8 too. Off by default: FP8 recipes (Transformer "
