@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autopar.cost import estimate  # noqa: E402
-from autopar.run._scale import scale_model  # noqa: E402
+from autopar.run import scale_model  # noqa: E402
 from autopar.specs import Layout, TrainingSpec  # noqa: E402
 from autopar.specs.loaders import load_model  # noqa: E402
 

@@ -21,8 +21,7 @@ from autopar.cli.common import SCALE_BOUNDS, count, dump_json, seconds
 from autopar.cli.estimate import add_layout_args, layout_from_args
 from autopar.cli.measure import register_compare, register_hardware
 from autopar.errors import AutoparInputError
-from autopar.run._scale import scale_model
-from autopar.run._training import runner_training
+from autopar.run import runner_training, scale_model
 from autopar.specs.layout import resolve_layout
 from autopar.specs.loaders import build_spec, load_model
 from autopar.specs.model import ModelSpec

@@ -10,16 +10,16 @@ from rich.table import Table
 from autopar.cli.common import dump_json
 from autopar.cli.render import console
 from autopar.errors import AutoparInputError
-from autopar.validation import DEFAULT_CSV, validate
+from autopar.measure.validation import DEFAULT_CSV, validate
 
 
 def run_fit(args: argparse.Namespace) -> int:
     from datetime import date
 
-    from autopar.calibration import (cross_validate_sources, efficiency_for, fit, has_calibrated_block,
+    from autopar.measure.calibration import (cross_validate_sources, efficiency_for, fit, has_calibrated_block,
                                      rows_from_cases, write_efficiency)
     from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
-    from autopar.validation import load_cases
+    from autopar.measure.validation import load_cases
     err = console(stderr=True)
     cases, skipped = load_cases(_csv_path(args))
     if not cases:
@@ -126,7 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--csv", default=str(DEFAULT_CSV), help=f"runs file (default: {DEFAULT_CSV.name} shipped in data/)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--fit", action="store_true",
-                   help="fit the physical efficiency constants to the runs (see autopar/calibration.py)")
+                   help="fit the physical efficiency constants to the runs (see autopar/measure/calibration.py)")
     p.add_argument("--cv", action="store_true", help="with --fit: cross-validate by holding out each source")
     p.add_argument("--loss", choices=("mae", "log"), default="mae",
                    help="with --fit: mean |relative error| (default) or squared log error (autopar/measure/calibrate.py)")

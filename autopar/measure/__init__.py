@@ -6,7 +6,11 @@
 * :mod:`~autopar.measure.hwfile`: ``autopar profile hardware``, the measurements turned into a hardware file;
 * :mod:`~autopar.measure.compare`: ``autopar profile compare``, real runs of layouts against the cost model;
 * :mod:`~autopar.measure.record`: the one predicted-vs-measured record (validate, compare, tune);
-* :mod:`~autopar.measure.calibrate`: the one fitter of the hardware's efficiency constants, with one bounds table.
+* :mod:`~autopar.measure.validation`: ``autopar validate``, the published runs (``data/published_runs.csv``)
+  against the cost model;
+* :mod:`~autopar.measure.calibration`: ``autopar validate --fit``, the published runs as rows of the fitter;
+* :mod:`~autopar.measure.calibrate`: the one fitter of the hardware's efficiency constants; their bounds are
+  declared on the hardware-file fields (:class:`~autopar.specs.hardware.FitBound`).
 
 Light on purpose: importing this package does not import torch.
 """

@@ -1,6 +1,6 @@
 """The one fitter of the cost model's efficiency constants, with the one table of their bounds.
 
-Used by ``autopar validate --fit`` (published runs, :mod:`autopar.calibration` builds the rows) and by
+Used by ``autopar validate --fit`` (published runs, :mod:`autopar.measure.calibration` builds the rows) and by
 ``autopar profile compare`` (layouts run on this machine, :func:`fit_efficiency`).
 
 What is fitted
@@ -8,7 +8,8 @@ What is fitted
   or ``kernel_model`` section (kernel and link speeds); never anything per row. Which ones is data, not code: a
   list of :class:`Constant` (a field, a key for the per-precision ``gemm`` table, and optionally the chips it
   belongs to, so one constant can be per (chip, precision) and shared by sibling chips). Each is bounded by
-  :data:`BOUNDS` (name -> lo, hi, why); a constant whose bounds are equal is held there. A constant that moves
+  :data:`BOUNDS` (name -> lo, hi, why, which fits move it), read from the :class:`~autopar.specs.hardware.FitBound`
+  its hardware-file field carries; a constant whose bounds are equal is held there. A constant that moves
   no prediction of the given rows is left as it is and reported as not identifiable.
 
 Loss
@@ -33,50 +34,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, get_origin
 
 import numpy as np
 
 from autopar.errors import AutoparInputError
 from autopar.measure.record import rank_agreement
-from autopar.specs.hardware import Efficiency, HardwareSpec, KernelModel
+from autopar.specs.hardware import Efficiency, FitBound, HardwareSpec, KernelModel, fit_bounds
 
 Estimator = Callable[..., Any]  # (model, hardware, training, layout, gpus) -> object with .step_time_s
 
 
-class Bound(NamedTuple):
-    """The valid range of one constant, and why (unpacks as ``lo, hi, why``)."""
-
-    lo: float
-    hi: float
-    why: str
+Bound = FitBound   # lo, hi, why, fitted_by
 
 
-# The one bounds table. Keys are fields of HardwareSpec.efficiency (what only training runs show: overlaps, the
-# per-layer overhead, the dropless imbalance; what `autopar validate --fit` fits) or of HardwareSpec.kernel_model
-# (kernel and link speeds, measured by microbenchmarks; `autopar profile compare` can refit them to runs on the
-# machine at hand). The per-precision ``gemm`` table shares one entry.
-BOUNDS: dict[str, Bound] = {
-    "dp_overlap": Bound(0.0, 1.0, "a share of the gradient reduce-scatter / parameter all-gather"),
-    "tp_overlap": Bound(0.0, 0.9, "a share; TP comm overlap cannot hide the first and last chunk of a layer"),
-    "ep_overlap": Bound(0.0, 0.9, "a share; the dispatch before the first expert GEMM cannot be hidden"),
-    "cp_overlap": Bound(0.0, 1.0, "a share of the ring's KV exchange"),
-    "pp_overlap": Bound(0.0, 1.0, "a share of the pipeline send/recv"),
-    "layer_overhead_us": Bound(0.0, 3000.0, "per layer and micro-batch; 3 ms is ~100 kernel launches' worth of "
-                                            "host time at 30 us each, far beyond a CUDA-graph-free layer's launches"),
-    "moe_layer_overhead_us": Bound(0.0, 3000.0, "per MoE layer and micro-batch on top of layer_overhead_us; "
-                                                "the same ceiling"),
-    "moe_dropless_imbalance": Bound(1.0, 2.5, "busiest/mean expert rank; 2.5 is beyond what load-balancing "
-                                              "losses leave in published traces"),
-    "gemm": Bound(0.15, 1.0, "achieved / datasheet dense peak: 1.0 is the datasheet; cuBLAS-class large GEMMs "
-                             "reach 0.7-0.8 (0.76-0.81 for Llama-3-8B GEMMs on one H100, issue 10); below 0.15 a "
-                             "term is missing"),
-    "nvlink": Bound(0.3, 1.0, "achieved / link bandwidth of NVLink collectives (nccl-tests busbw reaches 0.7-0.9 "
-                              "of the link rate at large messages)"),
-    "scaleout": Bound(0.3, 1.0, "achieved / NIC bandwidth of scale-out collectives"),
-    "hbm": Bound(0.3, 1.0, "achieved / datasheet HBM bandwidth (STREAM-like copies reach 0.8-0.9)"),
-    "host_link": Bound(0.3, 1.0, "achieved / PCIe or C2C bandwidth of pinned host copies"),
-}
+# The one bounds table, read from the hardware spec, where each calibrated constant is declared once: its field in
+# HardwareSpec.efficiency (what only training runs show: overlaps, the per-layer overheads, the dropless
+# imbalance) or HardwareSpec.kernel_model (kernel and link speeds, measured by microbenchmarks; `autopar profile
+# compare` can refit them to runs on the machine at hand) carries its valid range and its FitBound together. The
+# per-precision ``gemm`` table shares one entry.
+BOUNDS: dict[str, Bound] = fit_bounds()
+
+
+def fitted_by(fit: str) -> tuple[str, ...]:
+    """The constants one fit moves, in field order: ``"runs"`` (``autopar validate --fit``) or ``"layouts"``
+    (``autopar profile compare``)."""
+    return tuple(name for name, b in BOUNDS.items() if fit in b.fitted_by)
 
 
 def section_of(fld: str) -> str:
@@ -455,10 +438,10 @@ class Observation(Protocol):
     measured: float | None
 
 
-SCALAR_FIELDS = ("nvlink", "scaleout", "hbm", "dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap", "pp_overlap")
 
 
-def _default_estimator() -> Estimator:
+def default_estimator() -> Estimator:
+    """The cost model's ``autopar.cost.estimate`` (imported on first use)."""
     try:
         from autopar.cost import estimate
     except ImportError as err:  # pragma: no cover - the cost model is part of the package
@@ -468,7 +451,7 @@ def _default_estimator() -> Estimator:
 
 def step_rows(hardware: HardwareSpec, rows: Sequence[Observation], estimator: Estimator | None = None) -> list[FitRow]:
     """Fit rows of measured step times: the prediction is ``estimator(...).step_time_s``."""
-    est = estimator or _default_estimator()
+    est = estimator or default_estimator()
     out = []
     for i, r in enumerate(rows):
         if r.measured is None or not r.measured > 0:
@@ -480,9 +463,17 @@ def step_rows(hardware: HardwareSpec, rows: Sequence[Observation], estimator: Es
 
 
 def layout_constants(rows: Sequence[Observation]) -> list[Constant]:
-    """What ``profile compare`` fits: gemm per precision of the rows, and the link, HBM and overlap constants."""
+    """What ``profile compare`` fits (:func:`fitted_by` ``"layouts"``: gemm, the link and HBM speeds, the
+    overlaps); a per-precision table (gemm) once per precision of the rows."""
     precisions = sorted({r.training.precision for r in rows})
-    return [Constant("gemm", p) for p in precisions] + [Constant(f) for f in SCALAR_FIELDS]
+    return [c for f in fitted_by("layouts")
+            for c in ([Constant(f, p) for p in precisions] if _per_precision(f) else [Constant(f)])]
+
+
+def _per_precision(fld: str) -> bool:
+    """Whether constant ``fld`` is a table keyed by precision (``kernel_model.gemm``)."""
+    sec = Efficiency if section_of(fld) == "efficiency" else KernelModel
+    return get_origin(sec.model_fields[fld].annotation) is dict
 
 
 def fit_efficiency(hardware: HardwareSpec, rows: Sequence[Observation], *, estimator: Estimator | None = None,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from autopar.errors import AutoparInputError
-from autopar.measure.calibrate import FitReport, fit_efficiency, leave_one_out
+from autopar.measure.calibrate import FitReport, default_estimator, fit_efficiency, leave_one_out
 from autopar.measure.record import Comparison, max_abs_error, mean_abs_error, rank_agreement, relative_error
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout, check_layout, resolve_layout
@@ -138,15 +138,10 @@ def layouts_from_solve(model: ModelSpec, hardware: HardwareSpec, training: Train
 # ---- compare ---------------------------------------------------------------------------------------------
 def _default_runner() -> Callable[..., Any]:
     try:
-        from autopar.run.launch import run_layout
+        from autopar.run import run_layout
     except ImportError as err:
-        raise AutoparInputError(f"the real runner (autopar.run.launch.run_layout) is not available: {err}") from None
+        raise AutoparInputError(f"the real runner (autopar.run.run_layout) is not available: {err}") from None
     return run_layout
-
-
-def _default_estimator() -> Callable[..., Any]:
-    from autopar.measure.calibrate import _default_estimator as d
-    return d()
 
 
 def compare_layouts(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec, layouts: Sequence[Layout], *,
@@ -169,7 +164,7 @@ def compare_layouts(model: ModelSpec, hardware: HardwareSpec, training: Training
     if not layouts:
         raise AutoparInputError("no layouts to compare")
     say = progress or (lambda m: print(m, file=sys.stderr, flush=True))
-    from autopar.run._training import runner_training
+    from autopar.run import runner_training
     training = runner_training(training, model)      # predictions of what the runner runs (its linear-layer CP)
     resolved = []
     for i, lay in enumerate(layouts):
@@ -178,7 +173,7 @@ def compare_layouts(model: ModelSpec, hardware: HardwareSpec, training: Training
             raise AutoparInputError(f"layout {i + 1} ({_label(lay)}) is invalid on {world} processes: "
                                     + "; ".join(problems))
         resolved.append(resolve_layout(lay, model, training, world, hardware))
-    est = estimator or _default_estimator()
+    est = estimator or default_estimator()
     run = runner or _default_runner()
     rows = []
     for lay in resolved:

@@ -5,17 +5,23 @@ The runner is per technique, one small module each: mesh, tensor_parallel, fsdp,
 context_parallel, expert_parallel, recompute; ``model`` builds the transformer, ``worker`` is the per-rank
 entry point (``torchrun -m autopar.run.worker --spec spec.json``) and ``launch`` spawns torchrun and collects
 a :class:`~autopar.run.launch.RunResult`. See docs/runner.md.
+
+The public surface for planning and measuring code (``measure/compare``, ``tune``, the CLI): ``run_layout`` and
+``RunResult`` (the launcher), ``scale_model`` (a model small enough for this machine) and ``runner_training``
+(the TrainingSpec the runner actually executes). Everything else is the runner's own.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from autopar.run._training import RUNNER_LINEAR_CP, runner_training  # torch-free
+
 if TYPE_CHECKING:  # pragma: no cover
     from autopar.run._scale import scale_model
     from autopar.run.launch import RunResult, run_layout
 
-__all__ = ["RunResult", "run_layout", "scale_model"]
+__all__ = ["RUNNER_LINEAR_CP", "RunResult", "run_layout", "runner_training", "scale_model"]
 
 
 def __getattr__(name: str) -> Any:

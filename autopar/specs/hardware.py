@@ -8,7 +8,7 @@ tables measured by ``autopar profile hardware`` (as the example report's ``AR={2
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
@@ -18,6 +18,23 @@ from autopar.specs.bounds import limit
 Precision = Literal["bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4")
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+
+
+# Which fits move a calibrated constant: "runs" = ``autopar validate --fit`` (the published runs),
+# "layouts" = ``autopar profile compare`` (layouts run on the machine at hand).
+RUNS, LAYOUTS, RUNS_AND_LAYOUTS = ("runs",), ("layouts",), ("runs", "layouts")
+
+
+class FitBound(NamedTuple):
+    """A calibrated constant's declaration, on its hardware-file field next to the field's valid range: the bounds
+    a fit may move it within (inside that range), why those bounds, and which fits move it (``fitted_by``; empty:
+    only set by hand, e.g. ``with_constants``). Fits take their constants in field order. Read by
+    :func:`fit_bounds` (for ``autopar.measure.calibrate``); unpacks as ``lo, hi, why, fitted_by``."""
+
+    lo: float
+    hi: float
+    why: str
+    fitted_by: tuple[str, ...] = ()
 
 
 GroupSize = Annotated[int, Field(gt=0, le=limit("gpus"))]
@@ -118,7 +135,9 @@ class KernelModel(Spec):
     source: str = Field(default="defaults: the H100 SXM figures of hardware/h100_sxm.yaml, NOT measured for this "
                                 "hardware (run 'autopar profile hardware')",
                         description="Where these figures come from (benchmark, machine, date, or citation).")
-    gemm: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+    gemm: Annotated[dict[str, Annotated[float, Field(gt=0, le=1)]], FitBound(
+        0.15, 1.0, "achieved / datasheet dense peak: 1.0 is the datasheet; cuBLAS-class large GEMMs reach 0.7-0.8 "
+        "(0.76-0.81 for Llama-3-8B GEMMs on one H100); below 0.15 a term is missing", LAYOUTS)] = Field(
         default_factory=lambda: {"bf16": 0.803, "fp16": 0.803, "fp8": 0.709, "fp8_block": 0.709, "mxfp8": 0.709,
                                  "nvfp4": 0.709},
         description="Large-GEMM achieved/peak TFLOP/s per precision (cuBLAS-class).")
@@ -146,14 +165,19 @@ class KernelModel(Spec):
         default_factory=dict,
         description="Throughput of other attention kernels relative to the attention figures above (a stack's "
                     "TrainingSpec.attention_impl picks one; a kernel not listed runs at the figures above).")
-    hbm: float = Field(default=0.80, gt=0, le=1, description="Memory-bound kernels' achieved/peak HBM bandwidth.")
-    nvlink: float = Field(default=0.8, gt=0, le=1,
-                          description="Collectives' achieved/peak bus bandwidth inside the NVLink domain (nccl-tests "
+    nvlink: Annotated[float, FitBound(0.3, 1.0, "achieved / link bandwidth of NVLink collectives (nccl-tests busbw "
+                                                "reaches 0.7-0.9 of the link rate at large messages)", LAYOUTS)] = Field(
+        default=0.8, gt=0, le=1,
+        description="Collectives' achieved/peak bus bandwidth inside the NVLink domain (nccl-tests "
                                       "busbw / nvlink_gbps), used without a measured collective table.")
-    scaleout: float = Field(default=0.8, gt=0, le=1,
-                            description="Collectives' achieved/peak bandwidth per GPU on the scale-out network.")
-    host_link: float = Field(default=0.8, gt=0, le=1,
-                             description="Pinned GPU<->host copies' achieved/peak bandwidth (activation offload).")
+    scaleout: Annotated[float, FitBound(0.3, 1.0, "achieved / NIC bandwidth of scale-out collectives", LAYOUTS)] = Field(
+        default=0.8, gt=0, le=1, description="Collectives' achieved/peak bandwidth per GPU on the scale-out network.")
+    hbm: Annotated[float, FitBound(0.3, 1.0, "achieved / datasheet HBM bandwidth (STREAM-like copies reach "
+                                             "0.8-0.9)", LAYOUTS)] = Field(
+        default=0.80, gt=0, le=1, description="Memory-bound kernels' achieved/peak HBM bandwidth.")
+    host_link: Annotated[float, FitBound(0.3, 1.0, "achieved / PCIe or C2C bandwidth of pinned host copies")] = Field(
+        default=0.8, gt=0, le=1,
+        description="Pinned GPU<->host copies' achieved/peak bandwidth (activation offload).")
 
     def gemm_max(self, precision: str) -> float:
         from autopar.errors import AutoparInputError
@@ -191,29 +215,40 @@ class KernelModel(Spec):
 class Efficiency(Spec):
     """Constants no microbenchmark of a single kernel can see: how much communication a framework hides
     (overlaps), what it spends between kernels (per-layer overhead), how unevenly dropless routing loads the
-    experts. These are fitted to training runs (``autopar validate --fit``, ``autopar profile compare``)."""
+    experts. These are fitted to training runs (``autopar validate --fit``, ``autopar profile compare``); each
+    field's :class:`FitBound` says within what bounds, why, and which fits move it."""
 
-    dp_overlap: float = Field(default=0.8, ge=0, le=1,
-                              description="Fraction of DP/FSDP communication hidden behind compute.")
-    tp_overlap: float = Field(default=0.0, ge=0, le=1,
-                              description="Fraction of TP/SP communication hidden (TP comm-overlap).")
-    ep_overlap: float = Field(default=0.0, ge=0, le=1, description="Fraction of EP all-to-all hidden.")
-    cp_overlap: float = Field(default=0.5, ge=0, le=1,
-                              description="Fraction of ring-attention KV exchange hidden behind attention.")
-    pp_overlap: float = Field(default=0.0, ge=0, le=1, description="Fraction of pipeline send/recv hidden.")
-    moe_dropless_imbalance: float = Field(
-        default=1.3, ge=1.0, le=4.0,
-        description="Tokens on the busiest expert rank / the mean, under dropless routing (calibrated); the routed "
-                    "expert math and the all-to-all wait for that rank.")
-    layer_overhead_us: float = Field(
+    dp_overlap: Annotated[float, FitBound(0.0, 1.0, "a share of the gradient reduce-scatter / parameter all-gather",
+                                          RUNS_AND_LAYOUTS)] = Field(
+        default=0.8, ge=0, le=1, description="Fraction of DP/FSDP communication hidden behind compute.")
+    tp_overlap: Annotated[float, FitBound(0.0, 0.9, "a share; TP comm overlap cannot hide the first and last chunk "
+                                                    "of a layer", RUNS_AND_LAYOUTS)] = Field(
+        default=0.0, ge=0, le=1, description="Fraction of TP/SP communication hidden (TP comm-overlap).")
+    ep_overlap: Annotated[float, FitBound(0.0, 0.9, "a share; the dispatch before the first expert GEMM cannot be "
+                                                    "hidden", RUNS_AND_LAYOUTS)] = Field(
+        default=0.0, ge=0, le=1, description="Fraction of EP all-to-all hidden.")
+    cp_overlap: Annotated[float, FitBound(0.0, 1.0, "a share of the ring's KV exchange", RUNS_AND_LAYOUTS)] = Field(
+        default=0.5, ge=0, le=1, description="Fraction of ring-attention KV exchange hidden behind attention.")
+    pp_overlap: Annotated[float, FitBound(0.0, 1.0, "a share of the pipeline send/recv", LAYOUTS)] = Field(
+        default=0.0, ge=0, le=1, description="Fraction of pipeline send/recv hidden.")
+    layer_overhead_us: Annotated[float, FitBound(0.0, 3000.0, "per layer and micro-batch; 3 ms is ~100 kernel "
+                                                              "launches' worth of host time at 30 us each, far beyond "
+                                                              "a CUDA-graph-free layer's launches", RUNS)] = Field(
         default=0.0, ge=0, le=10_000,
         description="Time per transformer layer and micro-batch (forward + backward) that no kernel accounts for: "
                     "launch gaps, host-side framework work, synchronisation (calibrated), microseconds.")
-    moe_layer_overhead_us: float = Field(
+    moe_layer_overhead_us: Annotated[float, FitBound(0.0, 3000.0, "per MoE layer and micro-batch on top of "
+                                                                  "layer_overhead_us; the same ceiling", RUNS)] = Field(
         default=0.0, ge=0, le=10_000,
         description="Time per MoE layer and micro-batch (forward + backward) on top of layer_overhead_us: the "
                     "router's, permutation's and dispatcher's extra launches and the dispatcher's host "
                     "synchronisation on the tokens per expert (calibrated), microseconds.")
+    moe_dropless_imbalance: Annotated[float, FitBound(1.0, 2.5, "busiest/mean expert rank; 2.5 is beyond what "
+                                                                "load-balancing losses leave in published traces",
+                                                      RUNS)] = Field(
+        default=1.3, ge=1.0, le=4.0,
+        description="Tokens on the busiest expert rank / the mean, under dropless routing (calibrated); the routed "
+                    "expert math and the all-to-all wait for that rank.")
 
 
 class HardwareSpec(Spec):
@@ -276,3 +311,10 @@ class HardwareSpec(Spec):
             raise AutoparInputError(f"hardware '{self.name}' has no {precision} tensor cores "
                                     f"(peak_tflops_{precision.replace('_block', '')} is not set)")
         return value
+
+
+def fit_bounds() -> dict[str, FitBound]:
+    """Every calibrated constant (a field of ``kernel_model`` or ``efficiency`` with a :class:`FitBound`), by field
+    name, in field order, the kernel_model section's first."""
+    return {name: m for section in (KernelModel, Efficiency) for name, f in section.model_fields.items()
+            for m in f.metadata if isinstance(m, FitBound)}

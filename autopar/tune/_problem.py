@@ -3,7 +3,7 @@ training step and the world size, plus the defaults for a machine without GPUs.
 
 Real runs happen on the machine at hand, one node: ``gpus`` is the world size of every run (torchrun
 ``--nproc-per-node``). Without GPUs the runs are gloo processes on the CPU; a zoo model is then scaled down
-(same architecture, see :func:`autopar.run._scale.scale_model`) so one run takes a few seconds, and the
+(same architecture, see :func:`autopar.run.scale_model`) so one run takes a few seconds, and the
 problem says so in its notes.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.errors import AutoparInputError
-from autopar.run._training import runner_training
+from autopar.run import runner_training
 from autopar.search.space import SearchOptions
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.loaders import load_hardware, load_model
@@ -114,7 +114,7 @@ def resolve_problem(model: ModelSpec | str | Path, hardware: HardwareSpec | str 
     :func:`scale_model` arguments (on the CPU, completed from CPU_SCALE), or None (run the model as given).
     ``training``: a TrainingSpec, None (the defaults for the machine), or a dict of TrainingSpec fields laid over
     those defaults."""
-    from autopar.run._scale import scale_model
+    from autopar.run import scale_model
 
     if not isinstance(gpus, int) or gpus < 1:
         raise AutoparInputError(f"gpus must be a positive whole number (got {gpus})")

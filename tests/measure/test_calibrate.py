@@ -5,12 +5,13 @@ constant list (ties, inheritance)."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
 from autopar.errors import AutoparInputError
 from autopar.measure.calibrate import (BOUNDS, Constant, FitReport, FitRow, FittedConstant, cross_validate, fit,
-                                      parse_constant, section_of, with_values)
+                                      fitted_by, layout_constants, parse_constant, section_of, with_values)
 from autopar.measure.record import Comparison, max_abs_error, mean_abs_error, relative_error
 from autopar.specs.hardware import Efficiency, KernelModel
 from autopar.specs.loaders import load_hardware
@@ -103,9 +104,21 @@ def test_bad_fit_input_is_an_input_error():
 def test_every_bound_is_inside_the_spec_and_explained():
     for name, b in BOUNDS.items():
         assert b.lo < b.hi and len(b.why) > 20, name
+        assert set(b.fitted_by) <= {"runs", "layouts"}, name
         model = Efficiency if section_of(name) == "efficiency" else KernelModel
-        value = b.hi if name != "gemm" else {"bf16": b.hi}
-        model.model_validate({**model().model_dump(), name: value})   # the upper bound is a valid spec value
+        for v in (b.lo, b.hi):                                  # both bounds are valid spec values
+            model.model_validate({**model().model_dump(), name: v if name != "gemm" else {"bf16": v}})
+
+
+def test_each_fit_takes_the_constants_declared_for_it_in_field_order():
+    """The FitBound on a hardware-file field is the one declaration: the fits' lists are read from it."""
+    assert fitted_by("runs") == ("dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap", "layer_overhead_us",
+                                 "moe_layer_overhead_us", "moe_dropless_imbalance")
+    rows = [SimpleNamespace(training=SimpleNamespace(precision=p)) for p in ("fp8", "bf16", "fp8")]
+    assert [c.name for c in layout_constants(rows)] == [
+        "gemm[bf16]", "gemm[fp8]", "nvlink", "scaleout", "hbm", "dp_overlap", "tp_overlap", "ep_overlap",
+        "cp_overlap", "pp_overlap"]
+    assert "host_link" in BOUNDS and not BOUNDS["host_link"].fitted_by   # bounded, set only by hand
 
 
 def test_a_constant_whose_bounds_meet_is_held_and_reported_pinned(monkeypatch):
@@ -126,8 +139,8 @@ def test_record_errors():
 
 
 def test_validate_adapter_constants_are_data():
-    from autopar.calibration import SHARED, constants_for, efficiency_for
-    from autopar.validation import load_cases
+    from autopar.measure.calibration import SHARED, constants_for, efficiency_for
+    from autopar.measure.validation import load_cases
     cases, _ = load_cases()
     assert [c.name for c in constants_for(cases)] == list(SHARED)          # today: shared by every chip and run
     per_chip = {c.name: c for c in constants_for(cases, per_chip=("gemm",), shared=())}
@@ -142,7 +155,7 @@ def test_validate_adapter_constants_are_data():
 
 def test_validate_fit_prints_every_constant_with_its_bounds(tmp_path, capsys):
     from autopar.cli.main import main
-    from autopar.validation import DEFAULT_CSV
+    from autopar.measure.validation import DEFAULT_CSV
     lines = DEFAULT_CSV.read_text().splitlines()
     h100 = [ln for ln in lines[1:] if ",h100_sxm," in ln and ",bf16," in ln][:8]
     csv = tmp_path / "runs.csv"

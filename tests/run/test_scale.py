@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.run._scale import scale_model
+from autopar.run import scale_model
 from autopar.specs.loaders import load_model
 
 HYBRIDS = ["nemotron_h_8b", "qwen3_next_80b_a3b", "jamba_v0_1", "falcon_h1_7b", "kimi_linear_48b_a3b",

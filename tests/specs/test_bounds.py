@@ -15,7 +15,7 @@ from autopar.specs.bounds import BOUNDS, FIELD_BOUNDS, limit
 from autopar.specs.hardware import Efficiency
 from autopar.specs.loaders import build_spec, load_hardware, load_model, zoo_names
 from autopar.specs.model import MLASpec, MoESpec
-from autopar.validation import load_cases
+from autopar.measure.validation import load_cases
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "input-bounds.md"
 SPECS = (ModelSpec, MoESpec, MLASpec, TrainingSpec, Layout, HardwareSpec, Efficiency)

@@ -1,4 +1,4 @@
-"""The published-runs validation (autopar/validation.py) and the calibration (autopar/calibration.py)."""
+"""The published-runs validation (autopar/measure/validation.py) and the calibration (autopar/measure/calibration.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from autopar import calibration as cal
+from autopar.measure import calibration as cal
 from autopar.measure.calibrate import BOUNDS, with_constants
-from autopar.validation import GROUPINGS, load_cases, validate
+from autopar.measure.validation import GROUPINGS, load_cases, validate
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_fit_write_refreshes_only_calibrated_files_with_four_significant_digits(
     import yaml
 
     from autopar.cli.main import main
-    from autopar.validation import DEFAULT_CSV
+    from autopar.measure.validation import DEFAULT_CSV
     csv = tmp_path / "runs.csv"
     csv.write_text("".join(DEFAULT_CSV.read_text().splitlines(keepends=True)[:4]))
     out = tmp_path / "hw"

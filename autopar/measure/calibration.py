@@ -2,7 +2,9 @@
 
 Kernel speeds (GEMM by shape, flash attention, grouped GEMM, memory-bound bandwidth) and link bandwidths are
 measured or published figures in ``hardware/*.yaml`` (``kernel_model``) and are NOT fitted. What is fitted is
-data (change it here, not in the fitter), today shared by every chip and run (nothing per chip, precision or row):
+data, declared on each constant's hardware-file field (its ``FitBound`` in :mod:`autopar.specs.hardware`: bounds,
+why, and ``"runs"`` among the fits that move it), today shared by every chip and run (nothing per chip, precision
+or row):
 
   * ``dp_overlap``, ``tp_overlap``, ``ep_overlap``, ``cp_overlap``: the share of each communication a framework
     hides behind compute (Megatron-Core's overlap features; no single-kernel benchmark measures them);
@@ -12,10 +14,11 @@ data (change it here, not in the fitter), today shared by every chip and run (no
 
 ``PER_CHIP`` (empty today) lists fields to fit per (chip, precision) present in the data; a (chip, precision)
 seen in only one row is tied to its closest sibling (``TIES``) so that no constant is fitted to a single run.
-Bounds (:data:`autopar.measure.calibrate.BOUNDS`, each with its reason), loss (mean |predicted / measured − 1|
-of tokens/s/GPU, the figure ``autopar validate`` reports) and solver are the fitter's; any constant that ends at
-a bound is reported, a finding about the model, not a result. Honesty check (``--cv``): leave one source out
-(Megatron 2021, Megatron-Core, Llama 3, NeMo, Megatron-MoE): refit without the source and predict its rows.
+Bounds (those ``FitBound`` declarations, as :data:`autopar.measure.calibrate.BOUNDS`, each with its reason), loss
+(mean |predicted / measured − 1| of tokens/s/GPU, the figure ``autopar validate`` reports) and solver are the
+fitter's; any constant that ends at a bound is reported, a finding about the model, not a result. Honesty check
+(``--cv``): leave one source out (Megatron 2021, Megatron-Core, Llama 3, NeMo, Megatron-MoE): refit without the
+source and predict its rows.
 """
 
 from __future__ import annotations
@@ -24,14 +27,13 @@ from pathlib import Path
 from typing import Callable
 
 from autopar.cost import Estimator
-from autopar.measure.calibrate import (Constant, FitReport, FitRow, HeldOut, cross_validate, section_of,
-                                      fit as fit_rows)
+from autopar.measure.calibrate import (Constant, FitReport, FitRow, HeldOut, cross_validate, fitted_by,
+                                      section_of, fit as fit_rows)
 from autopar.specs.hardware import Efficiency, HardwareSpec
-from autopar.validation import Case
+from autopar.measure.validation import Case
 
 PER_CHIP: tuple[str, ...] = ()
-SHARED: tuple[str, ...] = ("dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap", "layer_overhead_us",
-                            "moe_layer_overhead_us", "moe_dropless_imbalance")
+SHARED: tuple[str, ...] = fitted_by("runs")   # the FitBounds of specs/hardware.py with "runs" in fitted_by
 TIES = {("gb300_nvl72", "mxfp8"): ("gb200_nvl72", "mxfp8")}
 # Per software stack (autopar/specs/stack.py), for every stack other than BASE_STACK that has rows: what a framework
 # spends between kernels (eager Python, FSDP2 hooks, launches) and how much TP communication its TP overlap (async
@@ -43,7 +45,8 @@ BASE_STACK = "megatron_core"
 # bounds, and reported (a stand-in for a measurement: `autopar profile hardware` on the machine replaces it).
 UNKNOWN_PEAK = ("h100_96gb_gt",)
 PER_STACK: tuple[str, ...] = ("layer_overhead_us", "tp_overlap")
-INHERIT = {"h200": "h100_sxm", "h100_96gb_gt": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72", "gb300_nvl72": "gb200_nvl72"}
+INHERIT = {"h200": "h100_sxm", "h100_96gb_gt": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72",
+           "gb300_nvl72": "gb200_nvl72"}
 
 
 def rows_from_cases(cases: list[Case]) -> list[FitRow]:
