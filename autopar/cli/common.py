@@ -247,3 +247,39 @@ def add_emit_args(g, what: str) -> None:
                         "bridge (Megatron-Bridge 0.7 recipe overrides), torchtitan (0.3.0 Trainer.Config), env")
     g.add_argument("--torchtitan-version", choices=TORCHTITAN_VERSIONS, default=TORCHTITAN_VERSIONS[0],
                    help="torchtitan release to emit for (default: %(default)s; 0.2.2 = the old TOML job file)")
+
+
+def prediction_intervals(model: ModelSpec, hw: HardwareSpec, stack: str, est) -> dict:
+    """The 80% intervals (autopar/measure/intervals.py, data/error_bars.yaml) of a prediction's throughput and
+    memory, as a JSON-ready dict ({} when the file is missing or has no entry)."""
+    from autopar.measure.intervals import memory_interval, regime_of, throughput_interval
+    reg = regime_of(model, hw, stack)
+    try:
+        t = throughput_interval(est.tokens_per_s_per_gpu, reg)
+        m = memory_interval(est.memory_gib.total, reg)
+    except AutoparInputError:
+        return {}
+    out = {}
+    if t:
+        out["tokens_per_s_per_gpu"] = t.to_dict()
+        step = est.step_time_s
+        # the step time moves inversely with the throughput
+        out["step_time_s"] = {**t.to_dict(), "low": step * t.predicted / t.high, "high": step * t.predicted / t.low}
+    if m:
+        out["memory_gib"] = m.to_dict()
+    return out
+
+
+def interval_line(iv: dict) -> str:
+    """One line for the text output: the throughput and memory intervals with the regime they come from."""
+    if not iv:
+        return "interval: none (data/error_bars.yaml missing; autopar validate --fit --cv --write-intervals)"
+    parts = []
+    t = iv.get("tokens_per_s_per_gpu")
+    if t:
+        parts.append(f"{t['low']:,.0f}-{t['high']:,.0f} tokens/s/GPU ({t['rows']} held-out runs: {t['regime']})")
+    m = iv.get("memory_gib")
+    if m:
+        parts.append(f"memory {m['low']:.1f}-{m['high']:.1f} GiB ({m['rows']} runs: {m['regime']})")
+    share = (t or m)["share"]
+    return f"{share:.0%} interval (published runs like this one erred so): " + "; ".join(parts)

@@ -36,6 +36,8 @@ class Kernels:
         self.precision = tr.precision
         self.peak = hw.peak_tflops(tr.precision) * 1e12
         self.gemm_max = km.gemm_max(tr.precision)
+        if tr.precision == "fp8" and tr.fp8_recipe == "rowwise":
+            self.gemm_max *= hw.efficiency.fp8_rowwise_gemm   # rowwise-scaled kernel against the tensorwise figure
         # The LM head (and anything outside the transformer blocks) stays in BF16 under FP8 recipes
         # (Transformer Engine / Megatron keep the output layer in higher precision).
         hi = "fp16" if tr.precision == "fp16" else "bf16"

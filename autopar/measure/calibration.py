@@ -44,7 +44,7 @@ BASE_STACK = "megatron_core"
 # large-GEMM fraction of the SXM peak (kernel_model.gemm) is fitted per precision to its rows, within the fitter's
 # bounds, and reported (a stand-in for a measurement: `autopar profile hardware` on the machine replaces it).
 UNKNOWN_PEAK = ("h100_96gb_gt",)
-PER_STACK: tuple[str, ...] = ("layer_overhead_us", "tp_overlap")
+PER_STACK: tuple[str, ...] = ("layer_overhead_us", "tp_overlap", *fitted_by("stack_runs"))
 INHERIT = {"h200": "h100_sxm", "h100_96gb_gt": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72",
            "gb300_nvl72": "gb200_nvl72"}
 
@@ -142,4 +142,21 @@ def write_efficiency(path: Path, eff: Efficiency, note: str) -> None:
     block = yaml.safe_dump({"efficiency": values}, sort_keys=False)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(f"{text}\n{_BEGIN}\n# {note}\n{block}")
+    tmp.replace(path)
+
+
+_STACK_BEGIN = "# --- fitted stack constants (autopar validate --fit --write) ---"
+
+
+def write_stack_efficiency(path: Path, values: dict[str, float], note: str) -> None:
+    """Replace (or append) the fitted ``efficiency:`` block of a stack YAML, keeping everything above it."""
+    import yaml
+    text = path.read_text()
+    if _STACK_BEGIN in text:
+        text = text[:text.index(_STACK_BEGIN)].rstrip() + "\n"
+    elif "\nefficiency:" in text:
+        raise ValueError(f"{path}: has a hand-written efficiency section; not overwriting it")
+    block = yaml.safe_dump({"efficiency": values, "efficiency_source": note}, sort_keys=False, width=1000)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{text}\n{_STACK_BEGIN}\n{block}")
     tmp.replace(path)

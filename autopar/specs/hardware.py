@@ -23,6 +23,7 @@ CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all
 # Which fits move a calibrated constant: "runs" = ``autopar validate --fit`` (the published runs),
 # "layouts" = ``autopar profile compare`` (layouts run on the machine at hand).
 RUNS, LAYOUTS, RUNS_AND_LAYOUTS = ("runs",), ("layouts",), ("runs", "layouts")
+STACK_RUNS = ("stack_runs",)   # fitted only per software stack, to that stack's published runs (stacks/*.yaml)
 
 
 class FitBound(NamedTuple):
@@ -249,6 +250,13 @@ class Efficiency(Spec):
         default=1.3, ge=1.0, le=4.0,
         description="Tokens on the busiest expert rank / the mean, under dropless routing (calibrated); the routed "
                     "expert math and the all-to-all wait for that rank.")
+    fp8_rowwise_gemm: Annotated[float, FitBound(0.3, 1.0, "rowwise-scaled FP8 GEMM / tensorwise FP8 GEMM of the "
+                                                          "same shape: 1 = as fast; 0.3 is slower than BF16",
+                                                STACK_RUNS)] = Field(
+        default=1.0, gt=0, le=1,
+        description="Throughput of rowwise-scaled FP8 GEMMs (torchao's CUTLASS rowwise kernel) relative to "
+                    "tensorwise ones (cuBLAS), for fp8_recipe: rowwise. No published GEMM benchmark was found; "
+                    "fitted per stack to its rowwise runs (stacks/*.yaml efficiency), 1.0 (no penalty) otherwise.")
 
 
 class HardwareSpec(Spec):
