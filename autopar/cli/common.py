@@ -103,9 +103,9 @@ def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpu
     g.add_argument("--grad-dtype", choices=("bf16", "fp32"), default="bf16",
                    help="gradient buffer dtype (default: bf16 as Megatron-Core; fp32 = "
                         "--accumulate-allreduce-grads-in-fp32)")
-    g.add_argument("--stack", default=DEFAULT_STACK,
-                   help=f"software stack: zoo name (see `autopar zoo stacks`) or YAML (default: {DEFAULT_STACK}, "
-                        "Megatron-Core as NVIDIA's recipes run it)")
+    g.add_argument("--stack", default=None,
+                   help=f"software stack: zoo name (see `autopar zoo stacks`) or YAML (default: the --emit target's, "
+                        f"else {DEFAULT_STACK}, Megatron-Core as NVIDIA's recipes run it)")
     g.add_argument("--knobs", default="", metavar="K[,K=V...]",
                    help="stack knobs over the stack file's, e.g. compile,async_tp,fp8_recipe=rowwise,dp_overlap=off "
                         "(`autopar zoo stacks` lists them)")
@@ -113,6 +113,23 @@ def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpu
                    help="context parallelism of linear-attention / SSM layers (default: all_to_all, as Megatron-Core "
                         "runs it: heads split over tp·cp; state_pass: recurrent states passed between CP ranks, as "
                         "autopar's runner)")
+
+
+# The stack each launcher runs: --emit NAME prices that framework, so the launcher and the prediction agree.
+EMIT_STACK = {"torchtitan": "torchtitan", "megatron": "megatron_core", "bridge": "megatron_core",
+              "megatron_hybrid": "megatron_core"}
+
+
+def stack_for(stack: str | None, emit: str | None) -> str:
+    """The stack to price: --stack, else the --emit target's, else the default; a --stack another framework's
+    launcher cannot run is an error."""
+    want = EMIT_STACK.get(emit or "")
+    if stack is None:
+        return want or DEFAULT_STACK
+    if want and stack in EMIT_STACK.values() and stack != want:
+        raise AutoparInputError(f"--stack {stack} with --emit {emit}: the {emit} launcher runs the {want} stack; "
+                                f"drop --stack or pick --stack {want}")
+    return stack
 
 
 def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, TrainingSpec, list[str]]:
@@ -137,7 +154,7 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
         notes.append(why)
     # The software stack: its knobs set the TrainingSpec switches (a flag here > the stack file > the built-in
     # default) and its fitted efficiency constants replace the hardware file's.
-    stack = load_stack(getattr(args, "stack", DEFAULT_STACK))
+    stack = load_stack(stack_for(getattr(args, "stack", None), getattr(args, "emit", None)))
     knobs = stack.with_knobs(parse_knobs(getattr(args, "knobs", "") or ""))
     hw = stack.on(hw)
     args.stack_spec, args.stack_knobs = stack, knobs

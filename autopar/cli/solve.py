@@ -52,6 +52,29 @@ def _search(args, model, hw, training, opts, err):
     return best[0], best[1], rows
 
 
+def _search_knobs(args, model, hw, training, opts, err):
+    """:func:`_search` for each setting of the stack's free knobs (``free`` in the stack file, less the ones --knobs
+    fixes), keeping the setting whose best plan the objective prefers; the chosen knobs go to args.stack_knobs (what
+    the output and --emit report)."""
+    from autopar.specs.stack import parse_knobs
+    choices = args.stack_spec.knob_choices(parse_knobs(args.knobs or ""))
+    if len(choices) <= 1:
+        return _search(args, model, hw, training, opts, err)
+    best = None
+    for knobs in choices:
+        if err is not None:
+            err.print("[dim]… stack knobs " + ", ".join(f"{k}={getattr(knobs, k)}" for k in args.stack_spec.free)
+                      + "[/dim]")
+        tr = training.model_copy(update=knobs.training_fields())
+        found = _search(args, model, hw, tr, opts, err)
+        plans = found[1].plans
+        key = plans[0].estimate.step_time_s if plans else float("inf")
+        if best is None or key < best[0]:
+            best = (key, knobs, tr, found)
+    args.stack_knobs = best[1]
+    return best[3] + (best[2],)
+
+
 def _reasons(refused: dict[str, list[str]]) -> str:
     return "; ".join(f"{', '.join(ranks)}: {why}" for why, ranks in refused.items())
 
@@ -90,7 +113,12 @@ def run(args: argparse.Namespace) -> int:
             if f.exists():
                 raise AutoparInputError(f"{f} already exists; not overwriting it (pass --overwrite)")
     err = None if args.json else _console(stderr=True)
-    gpus, res, sweep = _search(args, model, hw, training, opts, err)
+    found = _search_knobs(args, model, hw, training, opts, err)
+    gpus, res, sweep = found[:3]
+    if len(found) == 4:
+        training = found[3]        # the free knobs' chosen setting
+        res.notes.append("stack knobs chosen with the layout: " + ", ".join(
+            f"{k}={getattr(args.stack_knobs, k)}" for k in args.stack_spec.free))
     res.notes = notes + res.notes
     best = res.plans[0] if res.plans else None
     advice = (advise(Estimator(model, hw, training, gpus), best.estimate, max_items=5,

@@ -63,6 +63,13 @@ class StackKnobs(Spec):
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
         default="none", description="CUDA graphs (recorded, not priced).")
 
+    @model_validator(mode="after")
+    def _check(self) -> "StackKnobs":
+        if self.tp_overlap == "async_tp" and self.elementwise == "eager":
+            raise ValueError("tp_overlap=async_tp needs elementwise=compiled (PyTorch's async TP is a torch.compile "
+                             "pass: torchtitan refuses it without compile)")
+        return self
+
     def training_fields(self) -> dict[str, object]:
         """The TrainingSpec switches these knobs set."""
         return dict(elementwise=self.elementwise, attention_impl=self.attention, fp8_recipe=self.fp8_recipe,
@@ -117,6 +124,23 @@ class StackSpec(Spec):
         if not self.efficiency:
             return hardware
         return hardware.model_copy(update={"efficiency": hardware.efficiency.model_copy(update=self.efficiency)})
+
+    def knob_choices(self, fixed: dict[str, object]) -> list[StackKnobs]:
+        """Every valid setting of the free knobs the user did not fix (``fixed``: from --knobs), each with the
+        fixed ones: what the solver searches together with the layout."""
+        from itertools import product
+        free = [k for k in self.free if k not in fixed]
+        values = []
+        for k in free:
+            ann = StackKnobs.model_fields[k].annotation
+            values.append(self.allowed.get(k) or ([True, False] if ann is bool else list(ann.__args__)))
+        out = []
+        for combo in product(*values):
+            try:
+                out.append(self.with_knobs({**fixed, **dict(zip(free, combo))}))
+            except AutoparInputError:
+                continue
+        return out
 
     def with_knobs(self, overrides: dict[str, object]) -> StackKnobs:
         """The stack's knobs with ``overrides`` (from :func:`parse_knobs`) applied, checked against ``allowed``."""
