@@ -1,0 +1,38 @@
+"""Each stack knob moves the prediction the way it physically should (autopar/cost, autopar/specs/stack.py)."""
+
+from autopar.cost import Estimator
+from autopar.specs.layout import Layout
+from autopar.specs.loaders import load_hardware, load_model, load_stack
+from autopar.specs.stack import parse_knobs
+from autopar.specs.training import TrainingSpec
+
+
+def step(knobs: str, precision: str = "bf16", layout: Layout | None = None, hw: str = "h100_96gb_gt") -> float:
+    st = load_stack("torchtitan")
+    k = st.with_knobs(parse_knobs(knobs))
+    tr = TrainingSpec(seq_len=8192, global_batch=64, precision=precision, **k.training_fields())
+    est = Estimator(load_model("llama3_8b"), st.on(load_hardware(hw)), tr, 8)
+    return est.estimate(layout or Layout(tp=8, micro_batch=2, zero_stage=3, recompute="full")).step_time_s
+
+
+def test_eager_elementwise_is_slower_than_compiled():
+    assert step("eager") > step("compile")
+
+
+def test_async_tp_hides_tp_communication():
+    assert step("compile,async_tp") < step("compile")
+    assert step("compile,async_tp", layout=Layout(tp=1, micro_batch=2, zero_stage=3)) == \
+        step("compile", layout=Layout(tp=1, micro_batch=2, zero_stage=3))       # nothing to hide without TP
+
+
+def test_rowwise_quantisation_moves_more_bytes_than_tensorwise():
+    assert step("compile,fp8_recipe=rowwise", "fp8") > step("compile,fp8_recipe=tensorwise", "fp8")
+
+
+def test_sdpa_fa2_attention_is_slower_than_the_chip_files_best():
+    assert step("compile,attention=sdpa_fa2") > step("compile,attention=best")
+
+
+def test_dp_overlap_off_exposes_the_fsdp_traffic():
+    lay = Layout(tp=1, micro_batch=1, zero_stage=3, recompute="full")
+    assert step("compile,dp_overlap=off", layout=lay) > step("compile", layout=lay)
