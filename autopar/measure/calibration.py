@@ -35,16 +35,17 @@ from autopar.measure.validation import Case
 PER_CHIP: tuple[str, ...] = ()
 SHARED: tuple[str, ...] = fitted_by("runs")   # the FitBounds of specs/hardware.py with "runs" in fitted_by
 TIES = {("gb300_nvl72", "mxfp8"): ("gb200_nvl72", "mxfp8")}
-# Per software stack (autopar/specs/stack.py), for every stack other than BASE_STACK that has rows: what a framework
-# spends between kernels (eager Python, FSDP2 hooks, launches) and how much TP communication its TP overlap (async
-# TP) hides. Fitted to that stack's rows only; the result goes into the stack file's ``efficiency``.
+# Per software stack (autopar/specs/stack.py), for every stack other than BASE_STACK that has rows: how much DP/FSDP,
+# TP (async TP) and CP (ring attention) communication the framework's own overlap hides, what it spends between
+# kernels (eager Python, FSDP2 hooks, launches), and the constants only a stack's runs see (fp8_rowwise_gemm). Fitted
+# to that stack's rows only; the result goes into the stack file's ``efficiency``.
 BASE_STACK = "megatron_core"
 # Chips whose sustained GEMM rate no source gives: torchtitan's Grand Teton H100 96 GB runs at a 500 W power limit
 # and its page says "the actual peak TFLOPs number is between SXM and NVL, and we don't know its exact value"; its
 # large-GEMM fraction of the SXM peak (kernel_model.gemm) is fitted per precision to its rows, within the fitter's
 # bounds, and reported (a stand-in for a measurement: `autopar profile hardware` on the machine replaces it).
 UNKNOWN_PEAK = ("h100_96gb_gt",)
-PER_STACK: tuple[str, ...] = ("layer_overhead_us", "tp_overlap", *fitted_by("stack_runs"))
+PER_STACK: tuple[str, ...] = ("dp_overlap", "tp_overlap", "cp_overlap", "layer_overhead_us", *fitted_by("stack_runs"))
 INHERIT = {"h200": "h100_sxm", "h100_96gb_gt": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72",
            "gb300_nvl72": "gb200_nvl72"}
 
