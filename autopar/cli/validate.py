@@ -173,8 +173,9 @@ def _print_coverage(rep, out) -> None:
     if total:
         share = inside / total
         ok = abs(share - SHARE) <= 0.05
-        out.print(f"{'' if ok else '[yellow]'}interval coverage: {inside} of {total} measured runs ({share:.0%}) inside "
-                  f"their {SHARE:.0%} interval (data/error_bars.yaml; within 5 points of {SHARE:.0%}: "
+        style = "" if ok else "[yellow]"
+        out.print(f"{style}interval coverage: {inside} of {total} measured runs ({share:.0%}) inside their "
+                  f"{SHARE:.0%} interval (data/error_bars.yaml; within 5 points of {SHARE:.0%}: "
                   f"{'yes' if ok else 'no'}){'' if ok else '[/yellow]'}")
 
 

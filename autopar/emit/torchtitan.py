@@ -237,8 +237,8 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
               "        training=replace(", "            base.training,", *kwargs(train, "            "), "        ),",
               f"        activation_checkpoint={ac},"]
     if compile_model:
-        lines += ["        compile=replace(base.compile, enable=True" + (", enable_async_tensor_parallel=True" if async_tp
-                                                                       else "") + ",",
+        extra = ", enable_async_tensor_parallel=True" if async_tp else ""
+        lines += [f"        compile=replace(base.compile, enable=True{extra},",
                   '                        components=sorted({*base.compile.components, "model"})),']
     lines.append("    )")
     return "\n".join(lines) + "\n"
