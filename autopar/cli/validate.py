@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     rep = validate(_csv_path(args))
     if args.json:
         rk = rep.ranking
-        print(dump_json({"mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
+        cov = _coverage(rep)
+        print(dump_json({"interval_coverage": {"inside": cov[0], "runs": cov[1]} if cov else None, "mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
                          "ranking": {"share": rk.share, "right": rk.right, "pairs": rk.pairs, "ties": rk.ties,
                                      "skipped_measured_ties": rk.skipped},
                          "rows": [{"id": r.case.row_id, "measured_tokens_per_s_per_gpu": r.case.measured_tokens,
@@ -161,15 +162,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _coverage(rep) -> tuple[int, int] | None:
+    """(inside, total): measured runs inside the stored 80% interval of their prediction; None without the file."""
+    from autopar.measure.intervals import coverage, regime_of
+    try:
+        return coverage([(regime_of(r.case.model, r.case.hardware, r.case.stack), r.predicted, r.measured)
+                         for r in rep.rows])
+    except AutoparInputError:
+        return None
+
+
 def _print_coverage(rep, out) -> None:
     """How many measured runs fall inside the stored 80% interval of their prediction (data/error_bars.yaml)."""
-    from autopar.measure.intervals import SHARE, coverage, regime_of
-    try:
-        inside, total = coverage([(regime_of(r.case.model, r.case.hardware, r.case.stack), r.predicted, r.measured)
-                                  for r in rep.rows])
-    except AutoparInputError as e:
-        out.print(f"interval coverage: {e}")
+    from autopar.measure.intervals import SHARE
+    cov = _coverage(rep)
+    if cov is None:
+        out.print("interval coverage: no data/error_bars.yaml (autopar validate --fit --cv --write-intervals)")
         return
+    inside, total = cov
     if total:
         share = inside / total
         ok = abs(share - SHARE) <= 0.05

@@ -29,7 +29,10 @@ def test_coverage_counts_runs_inside_their_interval(tmp_path):
     iv.write(path, [(reg, e) for e in errs], [], "test")
     runs = [(reg, 100 * (1 + e), 100.0) for e in errs]    # predicted = measured · (1 + err)
     inside, total = iv.coverage(runs, path)
-    assert total == 10 and inside == 8                      # the 10th-90th percentile band holds 8 of 10
+    # conformal levels for n = 10 at 80%: the 1st and 10th order statistics, so every one of the 10 is inside
+    assert total == 10 and inside == 10
+    lo, hi = iv.quantile_band(sorted(errs) * 3)               # n = 30: the 3rd and 28th of 30
+    assert (lo, hi) == (sorted(errs * 3)[2], sorted(errs * 3)[27])
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
