@@ -9,6 +9,16 @@ DEFAULT_STACK = "megatron_core"   # stacks/megatron_core.yaml: the stack every p
 DEFAULT_SEQ_LEN = 4096
 DEFAULT_PRECISION = "bf16"
 
+# The search space on an axis the user did not pin (``autopar solve`` and ``autopar tune``; their --help states these).
+DEFAULT_MBS = (1, 2, 4)          # micro-batch sizes, sequences per DP rank
+DEFAULT_VPP = (1, 2, 4, 8)       # virtual stages per pipeline rank (1 = not interleaved)
+DEFAULT_ZERO = (0, 1, 2, 3)      # ZeRO stages (3 = FSDP)
+MAX_CP = 32                      # context parallel: the divisors of the GPU count up to this
+MAX_ETP = 8                      # expert tensor parallel (MoE models): the divisors up to this
+TP_DOMAINS = 2                   # tensor parallel: the divisors up to this many NVLink domains (TP beyond one domain
+                                 # is then refused by the topology rule, which says so when nothing else fits)
+MAX_TP_CROSS_DOMAIN = 64         # with --allow-cross-domain: the divisors up to this, or one domain if larger
+
 
 def default_global_batch(model: ModelSpec, seq_len: int) -> tuple[int, str]:
     """A global batch (sequences) sensible for the model, and the reason.

@@ -6,7 +6,8 @@ import argparse
 import json
 import math
 
-from autopar.defaults import DEFAULT_HARDWARE, DEFAULT_PRECISION, DEFAULT_SEQ_LEN, DEFAULT_STACK, default_global_batch
+from autopar.defaults import (DEFAULT_HARDWARE, DEFAULT_MBS, DEFAULT_PRECISION, DEFAULT_SEQ_LEN, DEFAULT_STACK,
+                              DEFAULT_VPP, DEFAULT_ZERO, default_global_batch)
 from autopar.errors import AutoparInputError
 from autopar.specs.bounds import BOUNDS, limit
 from autopar.specs.hardware import PRECISIONS, HardwareSpec
@@ -207,14 +208,18 @@ SCALE_BOUNDS = {"layers": "layers", "hidden": "hidden", "ffn": "ffn", "heads": "
 SEARCH_AXES = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")
 
 
+def _commas(values) -> str:
+    return ",".join(map(str, values))
+
+
 def add_search_args(p: argparse.ArgumentParser, title: str, time_limit_default: float) -> argparse._ArgumentGroup:
     """The solver's pins and ranges, the same flags for `autopar solve` and `autopar tune`."""
     g = p.add_argument_group(title)
-    searched = {"vpp": "1,2,4,8", "mbs": "1,2,4"}
+    searched = {"vpp": _commas(DEFAULT_VPP), "mbs": _commas(DEFAULT_MBS)}
     for ax in SEARCH_AXES:
         g.add_argument(f"--{ax}", default=None, help=f"allowed {ax} values, e.g. --{ax} 2,4 (default: "
                        + (searched[ax] if ax in searched else "the divisors of the GPU count the rules allow") + ")")
-    g.add_argument("--zero", default=None, help="allowed ZeRO stages, e.g. 1,3 (default: 0,1,2,3)")
+    g.add_argument("--zero", default=None, help=f"allowed ZeRO stages, e.g. 1,3 (default: {_commas(DEFAULT_ZERO)})")
     g.add_argument("--fsdp", action="store_true", help="only FSDP (ZeRO-3) layouts")
     g.add_argument("--recompute", default=None, help="allowed policies separated by ';' (default: none;selective;full)")
     g.add_argument("--max-tp", type=count("degree"), default=None, help="largest TP to consider")

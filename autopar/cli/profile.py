@@ -73,7 +73,7 @@ def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]
                                 "profile without it (autopar estimate models the offload)")
     gb = args.global_batch
     if gb is None:
-        gb = max(1, args.gpus // (layout.tp * layout.cp * layout.pp)) * layout.micro_batch * layout.pp
+        gb = max(1, args.gpus // layout.dense_ranks) * layout.micro_batch * layout.pp
     training = runner_training(build_spec(TrainingSpec, dict(seq_len=args.seq_len, global_batch=gb), "training flags"),
                                model)
     resolve_layout(layout, model, training, args.gpus)      # invalid layouts fail here, with the arithmetic

@@ -16,6 +16,8 @@ counted); MFU = model TFLOP/s / dense peak of the training precision (PaLM, arXi
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from autopar.cost import compute as _compute
 from autopar.cost._select import where
 from autopar.cost.collectives import Network
@@ -37,10 +39,21 @@ from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
 
-def microbatch_seconds(times: tuple[float, float, float, float, float, float]) -> float:
+class StageTimes(NamedTuple):
+    """Seconds of one micro-batch on one pipeline stage, by term (:meth:`Estimator.stage_times`)."""
+
+    compute: float   # forward + backward (+ recomputation) kernels and the per-layer overhead
+    tp: float        # exposed TP/SP communication
+    cp: float        # exposed context-parallel communication
+    ep: float        # expert-parallel all-to-all (times the dropless imbalance)
+    forward: float   # the forward part of compute alone (what DP communication can hide behind); inside compute
+    offload: float   # exposed activation-offload copies
+
+
+def microbatch_seconds(times: StageTimes) -> float:
     """t_mb of one stage from :meth:`Estimator.stage_times`: compute + tp + cp + ep + offload (not the forward-only
     compute, which is part of compute)."""
-    return times[0] + times[1] + times[2] + times[3] + times[5]
+    return times.compute + times.tp + times.cp + times.ep + times.offload
 
 
 def step_seconds(L: Layout, t_mb: float, p2p: float, tail: float) -> float:
@@ -101,16 +114,23 @@ class Estimator:
             self._stages[stage_layers] = hit
         return hit
 
-    def stage_times(self, L: Layout, st: Stage) -> tuple[float, float, float, float, float, float]:
-        """(compute, tp, cp, ep, forward-only compute, exposed offload) seconds of one micro-batch on stage
-        ``st``; the micro-batch time is the sum of all but the forward-only compute."""
+    def stage_times(self, L: Layout, st: Stage) -> StageTimes:
+        """Seconds of one micro-batch on stage ``st`` by term; the micro-batch time is the sum of all but the
+        forward-only compute (:func:`microbatch_seconds`)."""
         prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
         t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
                                                 self.imbalance, self.moe_overhead_s)
-        return (t_tot, tp_time_per_microbatch(prof, st, L, tr, hw, net),
-                cp_time_per_microbatch(prof, st, L, tr, hw, net, self.kernels),
-                ep_time_per_microbatch(prof, st, L, tr, hw, net) * self.imbalance, t_fwd,
-                offload_time_per_microbatch(prof, st, L, tr, hw, t_fwd, t_tot) if L.offload_activations else 0.0)
+        return StageTimes(
+            compute=t_tot, tp=tp_time_per_microbatch(prof, st, L, tr, hw, net),
+            cp=cp_time_per_microbatch(prof, st, L, tr, hw, net, self.kernels),
+            ep=ep_time_per_microbatch(prof, st, L, tr, hw, net) * self.imbalance, forward=t_fwd,
+            offload=offload_time_per_microbatch(prof, st, L, tr, hw, t_fwd, t_tot) if L.offload_activations else 0.0)
+
+    def stage_overhead_s(self, st: Stage) -> float:
+        """Seconds per micro-batch on stage ``st`` that no kernel accounts for (``compute.overhead_time``: the
+        calibrated per-layer and per-MoE-layer overheads): the part of :meth:`stage_times`' compute that
+        :meth:`layer_seconds` leaves out."""
+        return _compute.overhead_time(self.profile, st, self.layer_overhead_s, self.moe_overhead_s)
 
     def layer_seconds(self, L: Layout, kind: int) -> float:
         """Kernel seconds (forward + backward + recomputation) of one layer of kind ``kind`` (``profile.kinds``) for
@@ -151,7 +171,7 @@ class Estimator:
         prof, tr, hw = self.profile, self.training, self.hardware
         worst_mem: MemoryBreakdown | None = None
         worst_stage = 0
-        slow = None  # (t_mb, compute, tp, cp, ep, offload) of the slowest stage
+        slow = None  # (t_mb, StageTimes) of the slowest stage
         host = 0.0   # offloaded activation bytes in host memory (fullest stage)
         tail, tail_terms = -1.0, (0.0, 0.0)
         for st in self.stages(L.stage_layers):
@@ -159,27 +179,27 @@ class Estimator:
             if worst_mem is None or mem.total > worst_mem.total:
                 worst_mem, worst_stage = mem, st.index
             times = self.stage_times(L, st)
-            t_comp, t_tp, t_cp, t_ep, t_fwd, t_off = times
             t_mb = microbatch_seconds(times)
             if slow is None or t_mb > slow[0]:
-                slow = (t_mb, t_comp, t_tp, t_cp, t_ep, t_off)
+                slow = (t_mb, times)
             if L.offload_activations:
                 host = max(host, offloaded_activation_bytes(prof, st, L, tr))
-            dp_t, opt_t = self.stage_tail(L, st, t_fwd)
+            dp_t, opt_t = self.stage_tail(L, st, times.forward)
             if dp_t + opt_t > tail:
                 tail, tail_terms = dp_t + opt_t, (dp_t, opt_t)
         return self.assemble(L, worst_mem, worst_stage, slow, tail_terms, host / GIB)
 
-    def assemble(self, L: Layout, worst_mem: MemoryBreakdown, worst_stage: int,
-                 slow: tuple[float, float, float, float, float, float], tail_terms: tuple[float, float],
-                 host_gib: float = 0.0) -> Estimate:
+    def assemble(self, L: Layout, worst_mem: MemoryBreakdown, worst_stage: int, slow: tuple[float, StageTimes],
+                 tail_terms: tuple[float, float], host_gib: float = 0.0) -> Estimate:
+        """The Estimate from the fullest stage's memory, the slowest stage's (t_mb, :class:`StageTimes`) and the
+        largest (exposed DP/FSDP, optimizer) tail."""
         prof, tr, hw = self.profile, self.training, self.hardware
         M = L.grad_accum
-        t_mb, t_comp, t_tp, t_cp, t_ep, t_off = slow
+        t_mb, st_t = slow
         times = TimeBreakdown(
-            compute=M * t_comp, tp=M * t_tp, cp=M * t_cp, ep=M * t_ep, dp=tail_terms[0],
+            compute=M * st_t.compute, tp=M * st_t.tp, cp=M * st_t.cp, ep=M * st_t.ep, dp=tail_terms[0],
             pp_bubble=bubble_time(L, t_mb), pp_p2p=p2p_time(L, tr, prof.hidden, hw, self.net),
-            optimizer=tail_terms[1], offload=M * t_off)
+            optimizer=tail_terms[1], offload=M * st_t.offload)
         notes = ()
         if hw.host_memory_gib is not None and host_gib > hw.host_memory_gib:
             notes = (f"offloaded activations need {host_gib:.0f} GiB of host memory per GPU, more than the "

@@ -1,6 +1,6 @@
 """The Markdown analysis report of one search (``autopar solve --report out.md``), with its two PNG figures.
 
-Layout of the report (after /work/shared/reference/example-analysis-report.md): a summary; Model, Training
+Layout of the report (after the project's reference example, example-analysis-report.md): a summary; Model, Training
 and Hardware tables (with the efficiency constants the prediction used); the ranked table of layouts and its
 column legend; the figures; the best layout in detail (memory with what each term counts, step time as a
 sum of named terms); the comparison with the rules-of-thumb layout; what to try next; the solver's status;

@@ -1,4 +1,4 @@
-"""Linear-attention and state-space token mixers for the runner, in plain torch (issue 12).
+"""Linear-attention and state-space token mixers for the runner, in plain torch.
 
 Each mixer has two forms of the same recurrence: a **chunked** form (what the runner trains with: matmuls over
 chunks of C tokens plus a d_k x d_v state carried from chunk to chunk, as FLA's and Mamba-2's kernels compute)

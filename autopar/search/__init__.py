@@ -8,11 +8,12 @@ from pathlib import Path
 
 from autopar.cost import Estimator
 from autopar.errors import AutoparInputError
-from autopar.search.cpsat import (Candidates, LayoutModel, binding_groups, build_candidates, layout_fits,
-                                  smallest_memory_candidate)
+from autopar.search.bound import build_candidates
+from autopar.search.cpsat import LayoutModel
+from autopar.search.explain import explain_infeasible
 from autopar.search.exhaustive import exhaustive_search
 from autopar.search.plan import Plan
-from autopar.search.space import SearchOptions, Space, build_space
+from autopar.search.space import SearchOptions, build_space
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.loaders import load_hardware, load_model
 from autopar.specs.model import ModelSpec
@@ -51,61 +52,6 @@ def _heuristic(model, hardware, training, gpus, est: Estimator) -> tuple[Plan | 
     except (AutoparInputError, ImportError) as err:
         return None, [f"no heuristic layout: {err}"]
     return Plan(0, est.estimate(layout, resolved=True), "heuristic"), reasons
-
-
-def explain_infeasible(space: Space, est: Estimator, cands: Candidates, blamed: list[str],
-                       deadline: float | None = None) -> list[str]:
-    """Name the binding groups with numbers, the smallest memory reachable and the smallest GPU count that fits.
-
-    All from the candidates of the search that failed (no re-solve per group): the binding groups and the smallest
-    memory come from their tables (:func:`binding_groups`, :func:`smallest_memory_candidate`); each larger GPU
-    count is tried with the memory tables alone (:func:`layout_fits`), and only the first one that fits is solved,
-    for its fastest layout. ``deadline`` (``time.perf_counter()`` seconds) stops the GPU-count search."""
-    model, hardware, training, gpus = space.model, space.hardware, space.training, space.gpus
-    lines = []
-    if blamed:
-        lines.append("binding constraint groups: " + ", ".join(blamed))
-    for g in blamed:
-        if g in cands.first_problem:
-            lines.append(f"  {g}: e.g. {cands.first_problem[g]}")
-        elif g == "batch":
-            lines.append(f"  batch: global batch {training.global_batch} must be a multiple of dp·micro-batch, and no "
-                         f"valid layout on {gpus} GPUs has such a dp; change --global-batch or the GPU count")
-    if "hbm capacity" in blamed or not blamed:
-        i = smallest_memory_candidate(cands) if len(cands.step_us) else None
-        if i is not None:
-            a = cands.assignment[i]
-            L = space.layout(a[0], space.mbs[a[1]], space.recompute[a[2]], space.vpp[a[3]], space.zero[a[4]])
-            e = est.estimate(L, resolved=True)
-            lines.append(f"at seq {training.seq_len} the smallest per-GPU memory reachable on {gpus} "
-                         f"{hardware.name} is {e.memory_gib.total:.1f} GiB ({L.short()}), "
-                         f"HBM is {hardware.hbm_gib:.1f} GiB")
-    # Larger GPU counts to try: the next powers of two and doublings of the request, up to 64x and the GPU bound.
-    from autopar.specs.bounds import limit
-    top = min(64 * gpus, int(limit("gpus")))
-    counts = sorted(n for n in {gpus * 2 ** i for i in range(1, 7)} | {2 ** k for k in range(1, 40)}
-                    if gpus < n <= top)
-    options = space.options
-    for n in counts:
-        big = build_space(model, hardware, training, n, options)
-        fits = layout_fits(big, Estimator(model, hardware, training, n), deadline) if big.meshes else False
-        if fits is None:
-            lines.append(f"no GPU count up to {n // 2} fits; the time limit stopped the search for one at {n} GPUs")
-            break
-        if not fits:
-            continue
-        left = 5.0 if deadline is None else max(0.1, deadline - time.perf_counter())
-        res = solve(model, hardware, training, n, SearchOptions(**{**options.__dict__, "top_k": 1,
-                                                                     "time_limit_s": left}),
-                    explain=False, with_heuristic=False)
-        if res.plans:
-            lines.append(f"the smallest GPU count that fits (trying powers of two and doublings of {gpus}) is {n}: "
-                         f"{res.plans[0].layout.short()}")
-            break
-    else:
-        lines.append(f"nothing fits up to {top:,} GPUs" + (" (autopar's bound on the GPU count)"
-                                                           if top < 64 * gpus else ""))
-    return lines
 
 
 def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, training: TrainingSpec, gpus: int,
@@ -167,6 +113,6 @@ def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, tr
                          f"{cands.stopped_bound_s:.3f} s/step")
         if not plans and explain:
             blamed = res.blamed_groups if res else sorted(cands.first_problem)
-            explanation = explain_infeasible(space, est, cands, blamed, deadline)
+            explanation = explain_infeasible(space, est, cands, blamed, deadline, solve=solve)
     return SolveResult(plans, status, gap, time.perf_counter() - t0, space.size, len(space.meshes), method,
                        heur, reasons, explanation, notes)

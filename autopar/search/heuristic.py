@@ -1,7 +1,7 @@
 """Rules-of-thumb baseline: the layout the rules document recommends, repaired to validity.
 
 This is the baseline the solver must beat. Every rule comes from
-``/work/shared/reference/parallelism-strategy-rules.md`` ("the rules"), applied literally, section by section:
+the project's reference note ``parallelism-strategy-rules.md`` ("the rules"), applied literally, section by section:
 
 1. **Decision by Model Size.**
    *Dense models* by total parameters (the table): < 1B DP only; 1-10B TP 2-4; 10-70B TP 4-8 + PP 2-4;
@@ -480,9 +480,9 @@ def _describe(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: in
                            f"({why}) -> VPP1")
     reasons.append(f"min_gpus = PP·max(TP·CP, EP·ETP) = {L.pp}·max({L.tp}·{L.cp}, {L.ep}·{L.etp}) = {L.min_gpus()} "
                    f"<= {gpus} GPUs ({RULES}, Minimum GPU Count)")
-    text = f"DP = {gpus}/(TP·CP·PP) = {gpus}/{L.tp * L.cp * L.pp} = {L.dp}"
+    text = f"DP = {gpus}/(TP·CP·PP) = {gpus}/{L.dense_ranks} = {L.dp}"
     if model.is_moe:
-        text += f"; EDP = {gpus}/(PP·EP·ETP) = {gpus}/{L.pp * L.ep * L.etp} = {L.edp}"
+        text += f"; EDP = {gpus}/(PP·EP·ETP) = {gpus}/{L.expert_ranks} = {L.edp}"
     reasons.append(text + f" ({RULES}, Combined Parallelism Enablement: DP size is always implicit); gradient "
                    f"accumulation = {training.global_batch}/(DP·micro-batch) = {L.grad_accum}")
     reasons.append("micro-batch 1, ZeRO-1 (Megatron distributed optimizer), recompute selective (core attention, "

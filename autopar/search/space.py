@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autopar.defaults import (DEFAULT_MBS, DEFAULT_VPP, DEFAULT_ZERO, MAX_CP, MAX_ETP, MAX_TP_CROSS_DOMAIN,
+                              TP_DOMAINS)
 from autopar.errors import AutoparInputError
 from autopar.specs.bounds import BOUNDS, limit
 from autopar.specs.hardware import HardwareSpec
@@ -111,14 +113,15 @@ class Space:
 
     def layout(self, mesh_i: int, mbs: int, rc: str, vpp: int, zero: int) -> Layout:
         tp, cp, pp, ep, etp = self.meshes[mesh_i]
-        dp = self.gpus // (tp * cp * pp)
         sp = self.options.sequence_parallel
-        return _fast_layout(dict(
-            tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp, sequence_parallel=(tp > 1 if sp is None else sp),
-            zero_stage=zero, fsdp=zero == 3, hsdp_shard=None, micro_batch=mbs,
-            grad_accum=max(1, self.training.global_batch // (dp * mbs)), recompute=rc,
-            stage_layers=self.stage_layers(pp),
-            offload_activations=self.options.offload_activations))
+        values = dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=None,
+                      sequence_parallel=(tp > 1 if sp is None else sp), zero_stage=zero, fsdp=zero == 3,
+                      hsdp_shard=None, micro_batch=mbs, grad_accum=None, recompute=rc,
+                      stage_layers=self.stage_layers(pp), offload_activations=self.options.offload_activations)
+        L = _fast_layout(values)   # its __dict__ is ``values``: dp and grad_accum follow from its own degrees
+        dp = values["dp"] = self.gpus // L.dense_ranks
+        values["grad_accum"] = max(1, self.training.global_batch // (dp * mbs))
+        return L
 
     def stage_layers(self, pp: int) -> tuple[int, ...]:
         """Layers per pipeline stage at depth pp: the balanced split, or where none exists an even split that the
@@ -134,15 +137,16 @@ class Space:
         fields); only for the term functions that say they accept arrays. ``shape`` None: one mesh, its degrees
         plain ints (as the collective-time functions need)."""
         values = dict(self.layout(meshes[0], 1, rc, 1, 0).__dict__)
+        grid = _fast_layout(values)   # its __dict__ is ``values``, filled in below
         if shape is not None:
             deg = np.array([self.meshes[m] for m in meshes], np.int64).reshape((len(meshes), 5))
-            tp, cp, pp, ep, etp = (deg[:, i].reshape(shape) for i in range(5))
+            tp, cp, _, ep, etp = (deg[:, i].reshape(shape) for i in range(5))   # pp: one for all (meshes[0]'s)
             sp = self.options.sequence_parallel
-            values.update(tp=tp, cp=cp, ep=ep, etp=etp, dp=self.gpus // (tp * cp * pp),
-                          sequence_parallel=tp > 1 if sp is None else sp)
+            values.update(tp=tp, cp=cp, ep=ep, etp=etp, sequence_parallel=tp > 1 if sp is None else sp)
+            values["dp"] = self.gpus // grid.dense_ranks
         values.update(micro_batch=micro_batch, vpp=vpp, zero_stage=zero, fsdp=np.asarray(zero) == 3,
                       grad_accum=np.maximum(1, self.training.global_batch // (values["dp"] * np.asarray(micro_batch))))
-        return _fast_layout(values)
+        return grid
 
 
 def _fast_layout(values: dict) -> Layout:
@@ -164,13 +168,13 @@ def build_space(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec
     n = gpus
     divs = divisors(n)
     dom = hardware.nvlink_domain_size
-    tp_cap = o.max_tp or (max(64, dom) if o.allow_cross_domain else 2 * dom)
+    tp_cap = o.max_tp or (max(MAX_TP_CROSS_DOMAIN, dom) if o.allow_cross_domain else TP_DOMAINS * dom)
     cand = {
         "tp": [d for d in divs if d <= tp_cap],
-        "cp": [d for d in divs if d <= 32],
+        "cp": [d for d in divs if d <= MAX_CP],
         "pp": [d for d in divs if d <= model.num_layers],
         "ep": [d for d in divs if d <= (model.moe.num_experts if model.moe else 1)],
-        "etp": [d for d in divs if d <= (8 if model.moe else 1)],
+        "etp": [d for d in divs if d <= (MAX_ETP if model.moe else 1)],
     }
     for ax in AXES:
         pins = getattr(o, ax)
@@ -192,8 +196,9 @@ def build_space(model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec
                             meshes.append((tp, cp, pp, ep, etp))
     rcs = [normalize_recompute(r) for r in (o.recompute or RECOMPUTE_POLICIES)]
     space = Space(model, hardware, training, gpus, o, meshes,
-                  mbs=sorted(set(o.mbs or [1, 2, 4])), recompute=list(dict.fromkeys(rcs)),
-                  vpp=sorted(set(o.vpp or [1, 2, 4, 8])), zero=sorted(set(o.zero if o.zero is not None else [0, 1, 2, 3])))
+                  mbs=sorted(set(o.mbs or DEFAULT_MBS)), recompute=list(dict.fromkeys(rcs)),
+                  vpp=sorted(set(o.vpp or DEFAULT_VPP)),
+                  zero=sorted(set(o.zero if o.zero is not None else DEFAULT_ZERO)))
     for pp in {m[2] for m in meshes}:
         space.splits[pp] = default_stage_layers(model, pp, 1, training.seq_len)
     return space

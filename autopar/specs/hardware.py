@@ -166,12 +166,14 @@ class KernelModel(Spec):
         default_factory=dict,
         description="Throughput of other attention kernels relative to the attention figures above (a stack's "
                     "TrainingSpec.attention_impl picks one; a kernel not listed runs at the figures above).")
-    nvlink: Annotated[float, FitBound(0.3, 1.0, "achieved / link bandwidth of NVLink collectives (nccl-tests busbw "
-                                                "reaches 0.7-0.9 of the link rate at large messages)", LAYOUTS)] = Field(
+    nvlink: Annotated[float, FitBound(0.3, 1.0, "achieved / link bandwidth of NVLink collectives (nccl-tests "
+                                                "busbw reaches 0.7-0.9 of the link rate at large messages)",
+                                      LAYOUTS)] = Field(
         default=0.8, gt=0, le=1,
         description="Collectives' achieved/peak bus bandwidth inside the NVLink domain (nccl-tests "
                                       "busbw / nvlink_gbps), used without a measured collective table.")
-    scaleout: Annotated[float, FitBound(0.3, 1.0, "achieved / NIC bandwidth of scale-out collectives", LAYOUTS)] = Field(
+    scaleout: Annotated[float, FitBound(0.3, 1.0, "achieved / NIC bandwidth of scale-out collectives",
+                                        LAYOUTS)] = Field(
         default=0.8, gt=0, le=1, description="Collectives' achieved/peak bandwidth per GPU on the scale-out network.")
     hbm: Annotated[float, FitBound(0.3, 1.0, "achieved / datasheet HBM bandwidth (STREAM-like copies reach "
                                              "0.8-0.9)", LAYOUTS)] = Field(

@@ -94,7 +94,18 @@ class Layout(Spec):
             object.__setattr__(self, "zero_stage", 3)
         return self
 
-    # ---- derived -----------------------------------------------------------------------------------------
+    # ---- derived (each also works on the search's grids, whose degrees are numpy arrays) --------------------
+    @property
+    def dense_ranks(self) -> int:
+        """tp·cp·pp: the GPUs one data-parallel replica of the dense layers spans (dp = gpus / dense_ranks)."""
+        return self.tp * self.cp * self.pp
+
+    @property
+    def expert_ranks(self) -> int:
+        """pp·ep·etp: the GPUs one expert-data-parallel replica of the routed experts spans (edp = gpus /
+        expert_ranks)."""
+        return self.pp * self.ep * self.etp
+
     @property
     def sp(self) -> bool:
         return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
@@ -108,7 +119,7 @@ class Layout(Spec):
     @property
     def world(self) -> int:
         assert self.dp is not None, "resolve the layout first"
-        return self.dp * self.tp * self.cp * self.pp
+        return self.dp * self.dense_ranks
 
     @property
     def recompute_modules(self) -> frozenset[str]:
@@ -229,6 +240,20 @@ def max_vpp(stage_layers: tuple[int, ...]) -> int:
     return min(x + (1 if i in (0, last) else 0) for i, x in enumerate(stage_layers)) if stage_layers else 1
 
 
+def batch_valid(global_batch, dp, micro_batch):
+    """The 'batch' rule of :func:`check_layout_groups`: dp·micro_batch divides the global batch. Plain numbers or
+    broadcastable numpy arrays (the search's tables)."""
+    return global_batch % (dp * micro_batch) == 0
+
+
+def interleaving_valid(pp, vpp, grad_accum, vpp_max):
+    """The 'interleaving' rules of :func:`check_layout_groups` together: vpp = 1, or pp > 1 with the micro-batches
+    per step (``grad_accum``) a multiple of pp (the interleaved 1F1B schedule, Narayanan et al. 2021, arXiv
+    2104.04473 sec. 2.2.2) and at most ``vpp_max`` (:func:`max_vpp` of the split) virtual stages per pipeline stage.
+    Plain numbers or broadcastable numpy arrays (the search's tables)."""
+    return (vpp == 1) | ((pp > 1) & (grad_accum % pp == 0) & (vpp <= vpp_max))
+
+
 def check_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpus: int,
                  hardware: HardwareSpec | None = None, allow_cross_domain_tp: bool = True) -> list[str]:
     """Every broken validity rule of a layout, as messages showing the numbers (empty = valid)."""
@@ -254,7 +279,7 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
     if gpus <= 0:
         return [(group, f"gpus must be positive (got {gpus})")]
     # World size and the two meshes.
-    dense = L.tp * L.cp * L.pp
+    dense = L.dense_ranks
     if gpus % dense:
         add(f"gpus ({gpus}) not divisible by tp·cp·pp = {L.tp}·{L.cp}·{L.pp} = {dense}")
     dp = L.dp if L.dp is not None else (gpus // dense if gpus % dense == 0 else None)
@@ -265,7 +290,7 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         add(f"min_gpus = pp·max(tp·cp, ep·etp) = {L.pp}·max({L.tp * L.cp}, {L.ep * L.etp}) = "
                  f"{L.min_gpus()} > gpus ({gpus})")
     group = "world size"
-    expert = L.pp * L.ep * L.etp
+    expert = L.expert_ranks
     if gpus % expert:
         add(f"gpus ({gpus}) not divisible by pp·ep·etp = {L.pp}·{L.ep}·{L.etp} = {expert} (edp must be whole)")
     group = "tensor parallel"
@@ -340,7 +365,7 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
     # Batch.
     B = training.global_batch
     if dp:
-        if B % (dp * L.micro_batch):
+        if not batch_valid(B, dp, L.micro_batch):
             add(f"global_batch ({B}) not divisible by dp·micro_batch = {dp}·{L.micro_batch} = "
                      f"{dp * L.micro_batch}")
         elif L.grad_accum is not None and dp * L.micro_batch * L.grad_accum != B:
@@ -380,7 +405,7 @@ def resolve_layout(layout: Layout, model: ModelSpec, training: TrainingSpec, gpu
     problems = check_layout(layout, model, training, gpus, hardware, allow_cross_domain_tp)
     if problems:
         raise LayoutError(problems)
-    dp = gpus // (layout.tp * layout.cp * layout.pp)
+    dp = gpus // layout.dense_ranks
     ga = training.global_batch // (dp * layout.micro_batch)
     return layout.model_copy(update={
         "dp": dp, "grad_accum": ga, "sequence_parallel": layout.sp,

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from autopar.cost import Estimator
 from autopar.search import SearchOptions, solve
-from autopar.search.cpsat import SCALE_T
+from autopar.search.tables import SCALE_T
 from autopar.specs import ModelSpec, MoESpec, TrainingSpec
 from autopar.specs.loaders import load_hardware
 
@@ -82,7 +82,7 @@ def _best_steps(cands, top_k):
 def test_branch_and_bound_over_meshes_loses_nothing(moe, layers, gpus, gb, seq, top_k, hidden):
     """The bounded table build (meshes skipped by lower bounds) gives the same top-k as tabulating every mesh,
     including problems where nothing or only a few layouts fit."""
-    from autopar.search.cpsat import build_candidates
+    from autopar.search.bound import build_candidates
     from autopar.search.space import build_space
     model = ModelSpec(name="m", num_layers=layers, hidden_size=hidden, ffn_hidden_size=4 * hidden,
                       num_attention_heads=16, num_kv_heads=4, vocab_size=32000,
@@ -97,7 +97,7 @@ def test_branch_and_bound_over_meshes_loses_nothing(moe, layers, gpus, gb, seq, 
 
 
 def test_branch_and_bound_on_deepseek_v3_skips_most_meshes_and_keeps_the_optimum():
-    from autopar.search.cpsat import build_candidates
+    from autopar.search.bound import build_candidates
     from autopar.search.space import build_space
     from autopar.specs.loaders import load_model
     model, hw = load_model("deepseek_v3"), load_hardware("h100_sxm")
@@ -119,38 +119,40 @@ def test_the_floor_bound_is_never_above_the_mesh_bound(name, gpus, seq, offload,
     recompute) pair, and per micro-batch over the pairs that fit (where only some policies are priced); on zoo
     models with MoE, sliding windows, linear attention and SSM layers, long context, offloading and spaces
     without recompute 'none' or with module lists. (A floor above a bound could skip a layout that wins.)"""
-    from autopar.search.cpsat import _cap_mib, _mesh_validity, _Tables
+    from autopar.search.bound import Bounds
+    from autopar.search.tables import Tables, cap_mib, mesh_validity
     from autopar.search.space import build_space
     from autopar.specs.loaders import load_model
     model, hw = load_model(name), load_hardware("h100_sxm")
     tr = TrainingSpec(seq_len=seq, global_batch=max(gpus, 64))
     space = build_space(model, hw, tr, gpus, SearchOptions(offload_activations=offload, recompute=recompute))
-    meshes, _, _ = _mesh_validity(space)
-    t = _Tables(space, Estimator(model, hw, tr, gpus), meshes)
-    fit = t.fit_pairs(_cap_mib(space))
+    meshes, _, _ = mesh_validity(space)
+    t = Tables(space, Estimator(model, hw, tr, gpus), meshes)
+    b = Bounds(t)
+    fit = t.fit_pairs(cap_mib(space))
     fitting = [p for p in range(len(meshes)) if fit[p].any()][::7]   # every 7th: the test stays quick
     for r in range(len(space.recompute)):
-        floors = t.floors(fitting, r)
+        floors = b.floors(fitting, r)
         for g, pos in enumerate(fitting):
             for j in np.nonzero(fit[pos, :, r])[0]:
-                assert 0 < floors[g, j] <= t._bound(pos, int(j), r)
-    t.start_bounds(fitting, fit[fitting])
+                assert 0 < floors[g, j] <= b.bound(pos, int(j), r)
+    b.start_bounds(fitting, fit[fitting])
     J, R, K, Z = (len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero))
     for pos in fitting:
         for j in range(J):
-            bounds = [t._bound(pos, j, r) for r in np.nonzero(fit[pos, j])[0]]
-            assert t._floor[pos][j] <= min(bounds, default=np.inf)
-    cap = _cap_mib(space)
+            bounds = [b.bound(pos, j, r) for r in np.nonzero(fit[pos, j])[0]]
+            assert b._floor[pos][j] <= min(bounds, default=np.inf)
+    cap = cap_mib(space)
     for pos in fitting[:8]:   # the fully raised bound (with the DP/optimizer tail) against the layouts themselves
         t.fill_time(pos, fit[pos])
         step_us, mem_mib, b_bad, i_bad = t.compose(np.array([pos]))
         ok = (~b_bad & ~i_bad & (mem_mib <= cap)).reshape(J, R, K, Z)
         steps = step_us.reshape(J, R, K, Z)
         for j in np.nonzero(ok.any(axis=(1, 2, 3)))[0]:
-            t.refine(pos, int(j))
-            t.refine(pos, int(j))
-            assert t.key(pos)[1] != j
-            assert np.rint(t.lb_by_mbs[pos][j] * SCALE_T) <= steps[j][ok[j]].min() + 1
+            b.refine(pos, int(j))
+            b.refine(pos, int(j))
+            assert b.key(pos)[1] != j
+            assert np.rint(b.lb_by_mbs[pos][j] * SCALE_T) <= steps[j][ok[j]].min() + 1
 
 
 def _cpsat_infeasible(cands, groups) -> bool:
@@ -174,7 +176,8 @@ def test_binding_groups_from_the_tables_agree_with_cpsat(hidden, gpus, gb, vpp, 
     binding_groups is a minimal such set plus the groups infeasible on their own."""
     from itertools import combinations
 
-    from autopar.search.cpsat import binding_groups, build_candidates
+    from autopar.search.bound import build_candidates
+    from autopar.search.explain import binding_groups
     from autopar.search.space import build_space
     model = ModelSpec(name="big", num_layers=8, hidden_size=hidden, ffn_hidden_size=4 * hidden,
                       num_attention_heads=32, vocab_size=32000)
@@ -203,7 +206,7 @@ def test_binding_groups_from_the_tables_agree_with_cpsat(hidden, gpus, gb, vpp, 
 @settings(max_examples=8, deadline=None)
 @given(hidden=st.sampled_from([2048, 8192, 16384]), gpus=st.sampled_from([2, 8, 16]), gb=st.sampled_from([8, 32]))
 def test_layout_fits_agrees_with_solve(hidden, gpus, gb):
-    from autopar.search.cpsat import layout_fits
+    from autopar.search.explain import layout_fits
     from autopar.search.space import build_space
     model = ModelSpec(name="m", num_layers=8, hidden_size=hidden, ffn_hidden_size=4 * hidden, num_attention_heads=32,
                       vocab_size=32000)

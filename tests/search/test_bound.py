@@ -1,0 +1,50 @@
+"""The branch and bound's parts alone (autopar/search/bound.py): exact pruning on hand-made tables, and the bounds of
+a real mesh never above its layouts' step times."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autopar.cost import Estimator
+from autopar.search import SearchOptions
+from autopar.search.bound import Bounds, prune
+from autopar.search.space import build_space
+from autopar.search.tables import SCALE_T, Tables, cap_mib, mesh_validity
+from autopar.specs import ModelSpec, TrainingSpec
+from autopar.specs.loaders import load_hardware
+
+
+def test_prune_keeps_the_top_k_that_fit_and_the_smallest_that_does_not_per_status():
+    step = np.array([[5, 1, 3, 2, 4, 6, 7]])
+    mem = np.array([[10, 200, 10, 10, 300, 150, 10]])
+    b_bad = np.array([[False] * 6 + [True]])          # the last one is alone in its status: kept
+    i_bad = np.zeros_like(b_bad)
+    keep = prune(step, mem, b_bad, i_bad, top_k=2, cap=100)
+    assert np.flatnonzero(keep[0]).tolist() == [2, 3, 5, 6]   # 2 and 3 fastest that fit; 5 smallest over the cap
+
+
+def test_a_mesh_bound_is_below_every_layout_of_it_and_refines_upwards():
+    model = ModelSpec(name="m", num_layers=8, hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=16,
+                      num_kv_heads=4, vocab_size=32000)
+    hw, tr = load_hardware("h100_sxm"), TrainingSpec(seq_len=4096, global_batch=64)
+    space = build_space(model, hw, tr, 16, SearchOptions(mbs=[1, 2], vpp=[1, 2], zero=[1, 3],
+                                                         recompute=["none", "full"]))
+    meshes, _, _ = mesh_validity(space)
+    t = Tables(space, Estimator(model, hw, tr, 16), meshes)
+    b = Bounds(t)
+    fit = t.fit_pairs(cap_mib(space))
+    fitting = [p for p in range(len(meshes)) if fit[p].any()]
+    b.start_bounds(fitting, fit[fitting])
+    J, R, K, Z = (len(space.mbs), len(space.recompute), len(space.vpp), len(space.zero))
+    for pos in fitting:
+        t.fill_time(pos)
+        step_us, mem_mib, b_bad, i_bad = t.compose(np.array([pos]))
+        ok = (~b_bad & ~i_bad & (mem_mib <= cap_mib(space))).reshape(J, R, K, Z)
+        for j in np.nonzero(ok.any(axis=(1, 2, 3)))[0]:
+            best = step_us.reshape(J, R, K, Z)[j][ok[j]].min()
+            levels = [b.lb_by_mbs[pos][j]]                   # the floor, then the bound, then bound + tail
+            while b._level[pos][j] < 2:
+                b.refine(pos, int(j))
+                levels.append(b.lb_by_mbs[pos][j])
+            assert len(levels) == 3 and levels == sorted(levels)           # raised, never lowered
+            assert np.rint(levels[-1] * SCALE_T) <= best + 1                # never above a layout that fits
