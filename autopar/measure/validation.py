@@ -13,6 +13,10 @@ tokens/s/GPU, taken from the row in this order:
        Megatron-Core r0.8 (the ``mcore08-`` rows, 2024); c = 1/2 for the 2025 Megatron-MoE ModelZoo runs
        (``moezoo-``), whose Megatron-LM counts causal self-attention at half (``causal_self_attn``);
      - anything else (Llama 3 405B): autopar's own model FLOPs (an approximation, flagged in the output).
+Each row names the software stack it ran (column ``stack``, a ``stacks/`` file; blank: ``megatron_core``, as every
+source before stacks existed) and the knobs the source states (column ``knobs``, :func:`autopar.specs.stack.
+parse_knobs`): their TrainingSpec switches and the stack's own fitted constants price the row. Blank-stack rows keep
+TP communication overlap off unless the notes say ``--tp-comm-overlap``.
 Row fields the source leaves empty are filled with stated defaults (micro-batch 1, no recompute,
 non-interleaved pipeline, SP on when TP > 1 except in 2021 Megatron-LM which predates SP, ZeRO-1 except
 Megatron-LM 2021's plain DDP) and each filled field is listed with the row.
