@@ -36,12 +36,14 @@ Layout field -> flags:
 
 Overlap (emitted where the hardware file's ``efficiency`` counts it, since the predicted step time hides that share):
 
-- dp_overlap > 0 and DP or expert-DP > 1 -> ``--overlap-grad-reduce``, plus ``--overlap-param-gather`` with the
+- dp_overlap > 0, ``TrainingSpec.dp_comm_overlap`` (the stack knob) and DP or expert-DP > 1 ->
+  ``--overlap-grad-reduce``, plus ``--overlap-param-gather`` with the
   distributed optimizer or Megatron-FSDP (Megatron requires both for the latter).
 - tp_overlap > 0, TP > 1 and ``TrainingSpec.tp_comm_overlap`` (the prediction hides TP communication only then) ->
   ``--tp-comm-overlap`` (Transformer Engine userbuffers); Megatron allows it only with
   sequence parallel, so a layout with SP off gets a note that its TP time is predicted too low.
-- ep_overlap > 0, EP > 1 -> ``--overlap-moe-expert-parallel-comm`` (1F1B all-to-all overlap), which Megatron allows
+- ep_overlap > 0, ``TrainingSpec.ep_comm_overlap`` and EP > 1 -> ``--overlap-moe-expert-parallel-comm`` (1F1B
+  all-to-all overlap), which Megatron allows
   only with VPP > 1 when PP > 1, without full recompute or 'moe' in the recompute modules, and with at most one MTP
   layer; otherwise a note says the EP time is predicted too low.
 - ``CUDA_DEVICE_MAX_CONNECTIONS=1`` when TP or CP > 1 without FSDP or EP overlap (Megatron asserts it on Hopper).
@@ -217,7 +219,7 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
     if model.is_moe:
         args += ["--expert-model-parallel-size", str(L.ep), "--expert-tensor-parallel-size", str(L.etp),
                  "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
-        if L.ep > 1 and eff.ep_overlap > 0:
+        if L.ep > 1 and eff.ep_overlap > 0 and training.ep_comm_overlap:
             blockers = _ep_overlap_blockers(L, model)
             if blockers:
                 notes.append(f"the prediction hides {eff.ep_overlap:.0%} of the EP all-to-all, but Megatron cannot "
@@ -235,7 +237,7 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
                          "it only with sequence parallel, which this layout turns off: expect a longer step")
     args += _sharding_args(L, training, fsdp_impl)
     expert_dp = L.edp if model.is_moe else 1
-    if (L.dp > 1 or expert_dp > 1) and eff.dp_overlap > 0 and not torch_fsdp:
+    if (L.dp > 1 or expert_dp > 1) and eff.dp_overlap > 0 and training.dp_comm_overlap and not torch_fsdp:
         args.append("--overlap-grad-reduce")
         if megatron_fsdp or L.zero_stage in (1, 2):
             args.append("--overlap-param-gather")
