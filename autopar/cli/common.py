@@ -303,5 +303,7 @@ def interval_line(iv: dict) -> str:
     m = iv.get("memory_gib")
     if m:
         parts.append(f"memory {m['low']:.1f}-{m['high']:.1f} GiB ({m['rows']} runs: {m['regime']})")
+    else:
+        parts.append("no memory interval (no published run of this stack prints its peak memory)")
     share = (t or m)["share"]
     return f"{share:.0%} interval (published runs like this one erred so): " + "; ".join(parts)

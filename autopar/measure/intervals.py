@@ -9,7 +9,8 @@ like this one" (the stated share). Nothing is recomputed per call: ``estimate`` 
 Regimes: dense / MoE / hybrid model; chip generation by its tensor-core formats (``ampere``: no FP8,
 ``hopper``: FP8, ``blackwell``: FP4); software stack. The most specific regime with at least :data:`MIN_ROWS`
 held-out runs is used, falling back to (kind, stack), (stack), (kind), and all runs; the regime used is printed.
-Memory: the same from the runs whose source prints peak memory (predicted / measured GiB − 1).
+Memory: the same from the runs whose source prints peak memory (predicted / measured GiB − 1), only within the
+prediction's stack (today: torchtitan's 18 runs; Megatron-Core predictions have no memory interval yet).
 
 The interval is empirical (order statistics of a few dozen errors, at split-conformal levels): it says how the model
 erred on published runs like the one asked about, not a probability model of the step time.
@@ -107,8 +108,10 @@ def _table(path: Path | None = None) -> dict:
     return read_structured_file(path)
 
 
-def _lookup(entries: list[dict], regime: dict[str, str]) -> dict | None:
+def _lookup(entries: list[dict], regime: dict[str, str], same_stack: bool = False) -> dict | None:
     for level in LEVELS:
+        if same_stack and "stack" not in level:
+            break
         want = {k: regime[k] for k in level}
         for e in entries:
             if e["regime"] == want:
@@ -133,7 +136,9 @@ def throughput_interval(predicted_tokens: float, regime: dict[str, str], path: P
 def memory_interval(predicted_gib: float, regime: dict[str, str], path: Path | None = None) -> Interval | None:
     """Interval of the measured peak GiB per GPU for a predicted memory (None without an entry)."""
     t = _table(path)
-    e = _lookup(t.get("memory", []), regime)
+    # Memory: only from runs of the same stack (what a framework reports as peak memory, and what it allocates,
+    # differ between stacks: torchtitan prints reserved memory), never a fallback across stacks.
+    e = _lookup(t.get("memory", []), regime, same_stack=True)
     if e is None:
         return None
     return Interval(predicted_gib, predicted_gib / (1 + e["q_hi"]), predicted_gib / (1 + e["q_lo"]),

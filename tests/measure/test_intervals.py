@@ -39,3 +39,13 @@ def test_missing_file_is_a_clear_error(tmp_path):
     from autopar.errors import AutoparInputError
     with pytest.raises(AutoparInputError, match="no error bars"):
         iv.throughput_interval(1.0, {"kind": "dense", "generation": "hopper", "stack": "x"}, tmp_path / "none.yaml")
+
+
+def test_memory_intervals_do_not_cross_stacks(tmp_path):
+    tt = {"kind": "dense", "generation": "hopper", "stack": "torchtitan"}
+    mc = {"kind": "dense", "generation": "hopper", "stack": "megatron_core"}
+    path = tmp_path / "bars.yaml"
+    iv.write(path, [(tt, 0.0)] * 6, [(tt, e) for e in (-0.5, -0.2, 0.0, 0.1, 0.2, 0.3)], "test")
+    assert iv.memory_interval(50.0, tt, path).regime == "dense, hopper, torchtitan"
+    assert iv.memory_interval(50.0, mc, path) is None           # no Megatron-Core run prints memory
+    assert iv.throughput_interval(50.0, mc, path).regime == "dense"   # throughput may fall back to the kind
