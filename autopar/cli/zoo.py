@@ -1,11 +1,11 @@
 """`autopar zoo`: the models, hardware and software stacks shipped with autopar (names accepted by --model,
---hardware and --stack)."""
+--hardware and --stack), and the block kinds a model's layers may be made of (the catalogue of :mod:`autopar.blocks`)."""
 
 from __future__ import annotations
 
 import argparse
 
-
+from autopar.blocks import CHANNELS, MIXERS
 from autopar.cli.common import dump_json
 from autopar.cli.render import console, fitted_table
 from autopar.specs.loaders import load_hardware, load_model, load_stack, zoo_dir, zoo_names
@@ -13,9 +13,11 @@ from autopar.specs.loaders import load_hardware, load_model, load_stack, zoo_dir
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("zoo", help="list the zoo models and hardware (names for --model / --hardware)",
-                       description="List the models in models/ and the hardware in hardware/ with their key figures.")
-    p.add_argument("kind", nargs="?", choices=("models", "hardware", "stacks", "all"), default="all",
-                   help="what to list (default: all)")
+                       description="List the models in models/, the hardware in hardware/ and the software stacks "
+                                   "in stacks/ with their key figures; 'blocks' lists the layer kinds a model file "
+                                   "may use.")
+    p.add_argument("kind", nargs="?", choices=("models", "hardware", "stacks", "blocks", "all"), default="all",
+                   help="what to list (default: all = models, hardware and stacks)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     p.set_defaults(func=run)
 
@@ -41,6 +43,14 @@ def _mixers(m) -> str:
         if kinds:
             counts[kinds] = counts.get(kinds, 0) + 1
     return ", ".join(f"{k} x{n}" for k, n in counts.items())
+
+
+def _blocks() -> list[dict]:
+    """The catalogue: token mixers by MixerSpec.kind (``attention`` becomes MLA on a model with ``mla``), channel
+    mixers by mlp_pattern entry."""
+    rows = [{"kind": k, "role": "token mixer", "title": c.title, "source": c.source} for k, c in MIXERS.items()]
+    return rows + [{"kind": k, "role": "channel mixer", "title": c.title, "source": c.source}
+                   for k, c in CHANNELS.items()]
 
 
 def _hardware() -> list[dict]:
@@ -75,10 +85,18 @@ def run(args: argparse.Namespace) -> int:
         out["hardware"] = _hardware()
     if args.kind in ("stacks", "all"):
         out["stacks"] = _stacks()
+    if args.kind == "blocks":
+        out["blocks"] = _blocks()
     if args.json:
         print(dump_json(out))
         return 0
     c = console()
+    if "blocks" in out:
+        rows = [[r["kind"], r["role"], r["title"], r["source"]] for r in out["blocks"]]
+        c.print(*fitted_table(c.width, "Block kinds (MixerSpec.kind, mlp_pattern; autopar/blocks/)",
+                             ["kind", "role", "what", "source"], rows, left=("kind", "role", "what", "source"),
+                             optional=("source",)))
+        return 0
     c.print(f"[dim]from {zoo_dir('models')} and {zoo_dir('hardware')}[/dim]")
     if "models" in out:
         rows = [[r["name"], f"{r['total_params_b']:.1f}", f"{r['active_params_b']:.1f}", str(r["layers"]),

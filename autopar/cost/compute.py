@@ -18,7 +18,7 @@ them). The last stage adds the LM head (a BF16 GEMM) and its cross-entropy over 
 from __future__ import annotations
 
 from autopar.cost.kernels import Kernels
-from autopar.cost.profile import ModelProfile
+from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.shapes import TP_SPLIT, LayerKind
 from autopar.cost.stage import Stage
 from autopar.specs.layout import Layout

@@ -13,7 +13,7 @@ the layer cannot cover is exposed:  T_cp = max(0, T_comm − cp_overlap · T_att
 flash-attention core's forward + backward (+ recomputed forward) time from :mod:`autopar.cost.kernels` at the
 ring's block span s/cp.
 
-Linear-attention and SSM layers (autopar.specs.mixers) keep no KV: each CP rank scans its own s/cp tokens from
+Linear-attention and SSM layers (autopar.blocks) keep no KV: each CP rank scans its own s/cp tokens from
 a zero state, and the ranks then pass the d_k x d_v state along the sequence, rank r adding its chunk's
 contribution to what rank r − 1 hands over (LASP, Sun et al. 2024, arXiv 2404.02882, sec. 3: the ring of
 KV-states instead of keys and values; the same for Mamba-2's SSD states, arXiv 2405.21060 sec. 8). Per layer
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from autopar.cost.collectives import Network
 from autopar.cost.kernels import Kernels
-from autopar.cost.profile import ModelProfile
+from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout
@@ -55,10 +55,7 @@ def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     if L.cp == 1:
         return 0.0
     m = prof.model
-    if m.mla:
-        per_token = m.num_attention_heads / L.tp * (m.qk_head_dim + m.v_head_dim)
-    else:
-        per_token = 2 * max(m.kv_heads / L.tp, 1.0) * m.dim_per_head
+    per_token = m.attention_block.ring_elems(L.tp)
     kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * per_token * tr.activation_bytes
     passes = 4 if L.recompute == "full" else 3
     n_attn = st.sum(prof, "attn_layers")

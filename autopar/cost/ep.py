@@ -18,7 +18,7 @@ Exposed fraction: 1 − ep_overlap (Megatron's 1F1B A2A overlap hides part of it
 from __future__ import annotations
 
 from autopar.cost.collectives import Network
-from autopar.cost.profile import ModelProfile
+from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout

@@ -29,7 +29,7 @@ from autopar.cost.memory import offloaded_activation_bytes, shard_groups, stage_
 from autopar.cost.offload import offload_time_per_microbatch
 from autopar.cost.optimizer import optimizer_time
 from autopar.cost.pipeline import bubble_time, p2p_time
-from autopar.cost.profile import ModelProfile
+from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.result import GIB, Estimate, MemoryBreakdown, TimeBreakdown
 from autopar.cost.stage import Stage, split_stages
 from autopar.cost.tp import tp_time_per_microbatch

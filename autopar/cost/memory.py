@@ -7,7 +7,7 @@ shards optimizer (z>=1), gradients (z>=2) and weights (z=3, FSDP) over the data-
 for dense weights (CP ranks hold the same weights, Megatron-Core's dp-cp group) and edp ranks for experts.
 Megatron's distributed optimizer is z=1: its fp32 gradient buffer is not sharded.
 
-Activations per micro-batch: per-token elements from :class:`autopar.cost.profile.ModelProfile`, times
+Activations per micro-batch: per-token elements from :class:`autopar.cost.layer_sums.ModelProfile`, times
 b·s/cp tokens, divided by TP for tensor-split tensors and by TP again for norm tensors only with SP
 (Korthikanti et al. 2022, arXiv 2205.05198, sec. 4.2.2). Recompute policies drop what they recompute; full
 recompute keeps each layer's input plus one layer's working set (sec. 5).
@@ -42,7 +42,7 @@ rest (caching-allocator fragmentation).
 from __future__ import annotations
 
 from autopar.cost._select import minimum, where
-from autopar.cost.profile import ModelProfile
+from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.result import GIB, MemoryBreakdown
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec

@@ -23,7 +23,7 @@ An approximation: the copies of the first and last layer of a pass cannot overla
 from __future__ import annotations
 
 from autopar.cost.memory import activation_elems_per_token, linear_input_scale
-from autopar.cost.profile import ModelProfile
+from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout

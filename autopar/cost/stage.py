@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.cost.profile import ModelProfile
+from autopar.cost.layer_sums import ModelProfile
 
 
 @dataclass(frozen=True, slots=True)

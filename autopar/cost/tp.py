@@ -25,7 +25,7 @@ torchtitan/models/llama3/infra/parallelize.py, ``enable_float8_tensorwise_tp``).
 from __future__ import annotations
 
 from autopar.cost.collectives import Network
-from autopar.cost.profile import ModelProfile
+from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout

@@ -44,6 +44,7 @@ in autopar's ModelSpec).
 
 from __future__ import annotations
 
+from autopar.blocks import MIXERS
 from autopar.emit._common import virtual_chunks
 from autopar.errors import AutoparInputError
 from autopar.specs.layout import Layout
@@ -59,12 +60,10 @@ HYBRID_SPEC = ["megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_s
 _CHANNEL = {"dense": "-", "moe": "E", "none": ""}
 _MEGATRON_D_CONV = 4       # MambaMixer(d_conv=4), megatron/core/ssm/mamba_mixer.py
 _MEGATRON_CHUNK = 128      # MambaMixer(chunk_size=128), same file
-_LACKS = {
-    "gla": "no gated linear attention (GLA) layer",
-    "kda": "no Kimi Delta Attention (KDA) layer",
-    "lightning": "no Lightning attention layer",
-    "mamba1": "no Mamba-1 selective-scan layer (its MambaMixer is Mamba-2's SSD)",
-}
+# The autopar mixer kinds HybridStack builds, with their pattern symbols (hybrid_layer_allocation.py ``Symbols``;
+# attention is "+" on an MLA model). Every other kind of the catalogue (autopar.blocks) is refused by its title.
+_SYMBOLS = {"attention": "*", "mamba2": "M", "gated_deltanet": "G"}
+_LACK_NOTES = {"mamba1": " (its MambaMixer is Mamba-2's SSD)"}
 
 
 def _shape(mx: MixerSpec) -> dict:
@@ -84,9 +83,10 @@ def hybrid_refusal(model: ModelSpec) -> str | None:
         if not parts:
             continue
         mx = parts[0]
-        if mx.kind in _LACKS:
+        if mx.kind not in _SYMBOLS:
             return (f"layer {i} uses mixer '{name}' ({mx.kind}): Megatron-Core 0.20's HybridStack has "
-                    f"{_LACKS[mx.kind]}; its pattern symbols are M (Mamba-2), G (Gated DeltaNet), "
+                    f"no {MIXERS[mx.kind].title} layer{_LACK_NOTES.get(mx.kind, '')}; its pattern symbols are M "
+                    "(Mamba-2), G (Gated DeltaNet), "
                     "* / + / D (attention, MLA, DSA), - (MLP) and E (MoE)")
         if mx.kind == "attention":
             if mx.window or mx.chunk or mx.sinks:
@@ -122,7 +122,7 @@ def hybrid_symbols(model: ModelSpec, i: int) -> str:
     text = ""
     if parts:
         kind = parts[0].kind
-        text = {"mamba2": "M", "gated_deltanet": "G"}.get(kind) or ("+" if model.mla else "*")
+        text = "+" if kind == "attention" and model.mla else _SYMBOLS[kind]
     return text + _CHANNEL[model.channel_of(i)]
 
 

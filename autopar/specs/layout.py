@@ -295,21 +295,9 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         add(f"gpus ({gpus}) not divisible by pp·ep·etp = {L.pp}·{L.ep}·{L.etp} = {expert} (edp must be whole)")
     group = "tensor parallel"
     # Tensor parallel.
-    a, g = model.num_attention_heads, model.kv_heads
-    if a % L.tp:
-        add(f"num_attention_heads ({a}) not divisible by tp ({L.tp})")
-    if model.mla is None and g % L.tp and L.tp % g:
-        # KV heads < TP: each KV head is replicated tp/g times (Megatron-LM), which needs tp % g == 0.
-        add(f"num_kv_heads ({g}) and tp ({L.tp}) must divide one another (KV heads are replicated when "
-                 "fewer than tp)")
-    for name, mixer in model.mixers.items():
-        why = mixer.tp_problem(L.tp, name)
-        if why:
-            add(why)
-    if model.num_dense_layers and model.ffn_hidden_size % L.tp:
-        add(f"ffn_hidden_size ({model.ffn_hidden_size}) not divisible by tp ({L.tp})")
-    if model.moe and model.moe.num_shared_experts and model.moe.shared_ffn % L.tp:
-        add(f"shared expert FFN ({model.moe.shared_ffn}) not divisible by tp ({L.tp})")
+    # Each block states its divisibility rules (autopar.blocks; ModelSpec.layout_rules, broken_rules).
+    for why in model.broken_rules(("tp",), L.tp, L.cp, L.ep, L.etp):
+        add(why)
     group = "sequence parallel"
     if L.sequence_parallel and L.tp == 1:
         add("sequence_parallel needs tp > 1 (SP splits the activations TP would otherwise replicate)")
@@ -320,10 +308,9 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
     if L.cp > 1 and training.seq_len % (2 * L.cp):
         add(f"seq_len ({training.seq_len}) % (2·cp) = {training.seq_len} % {2 * L.cp} != 0")
     if L.cp > 1 and training.linear_cp == "all_to_all":
-        for name, mixer in model.mixers.items():
-            why = mixer.cp_problem(L.tp, L.cp, name)
-            if why:
-                add(why)
+        # the all-to-all hands each of the tp·cp ranks whole heads (Megatron-Core MambaContextParallel, GatedDeltaNet)
+        for why in model.broken_rules(("tp·cp", "cp"), L.tp, L.cp, L.ep, L.etp):
+            add(why)
     group = "experts"
     # Experts.
     if not model.is_moe:
@@ -332,10 +319,8 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
         if L.etp > 1:
             add(f"etp = {L.etp} but {model.name} is dense: expert tensor parallel needs an MoE model")
     else:
-        if model.moe.num_experts % L.ep:
-            add(f"num_experts ({model.moe.num_experts}) not divisible by ep ({L.ep})")
-        if model.moe.expert_ffn_hidden_size % L.etp:
-            add(f"expert_ffn_hidden_size ({model.moe.expert_ffn_hidden_size}) not divisible by etp ({L.etp})")
+        for why in model.broken_rules(("ep", "etp"), L.tp, L.cp, L.ep, L.etp):
+            add(why)
     group = "pipeline layers"
     # Pipeline.
     n = model.num_layers

@@ -1,20 +1,17 @@
 """ModelSpec: the architecture of a decoder-only transformer, dense or mixture-of-experts.
 
-Parameter counts are exact for the architecture described (every weight matrix, bias and norm). FLOP counts
-follow the usual convention of Kaplan et al. 2020 / Narayanan et al. 2021 (arXiv 2104.04473, eq. 3):
-a matmul of an (m x k) by a (k x n) matrix costs 2·m·k·n FLOPs, and training costs 3x the forward pass
-(backward = 2x forward), without recomputation.
+The fields are typed inputs; what one layer of each kind is (parameters, FLOPs, kernels, stored activations, state,
+divisibility rules) lives in its block file under :mod:`autopar.blocks`. ModelSpec builds the blocks of every
+layer (:meth:`ModelSpec.mixer_blocks`, :meth:`ModelSpec.channel_block`) and sums them: parameter counts are exact
+for the architecture described (every weight matrix, bias and norm); FLOPs follow Kaplan et al. 2020 / Narayanan
+et al. 2021 (arXiv 2104.04473, eq. 3): a matmul (m x k)·(k x n) costs 2·m·k·n FLOPs, training 3x the forward
+pass (backward = 2x forward) without recomputation, and causal attention once per unmasked score
+(:mod:`autopar.blocks.attention`).
 
-Causal attention is counted **once per unmasked score**: the QK^T and AV products of a token at position i
-touch i keys, so over a sequence of length s the average context is s/2 (FlashAttention's causal kernels skip
-the masked half). This is the same accounting as Megatron-Core's ``num_floating_point_operations`` after 2024
-and gives lower model TFLOP/s than the 2021 Megatron formula, which counts the full s x s matrix. With a
-sliding window w the average context is min(w, s/2).
-
-Hybrid models (issue 12): ``layer_pattern`` names each layer's token mixer — ``attention`` (the model's own
+Hybrid models: ``layer_pattern`` names each layer's token mixer — ``attention`` (the model's own
 softmax attention, GQA or MLA from the fields below), ``none`` (no token mixer: Nemotron-H's MLP-only layers)
-or a key of ``mixers`` (linear attention, SSM, or attention with its own window/chunk/sinks/gate; formulas and
-sources in :mod:`autopar.specs.mixers`). ``mlp_pattern`` names each layer's channel mixer (dense, moe, none)
+or a key of ``mixers`` (linear attention, SSM, or attention with its own window/chunk/sinks/gate;
+:mod:`autopar.specs.mixers`). ``mlp_pattern`` names each layer's channel mixer (dense, moe, none)
 where the MoE placement rule of :class:`MoESpec` cannot say it. Both repeat to num_layers.
 
 Parallel mixers (Falcon-H1, arXiv 2507.22448; HF ``FalconH1DecoderLayer``): a layer_pattern entry may join
@@ -27,8 +24,7 @@ second copy of each part's formulas or a mixer that refers to other mixers. One 
 mixers. TP and CP rules are those of every part (the intersection of what each allows): each part is split by its
 own heads, and under CP attention parts exchange K, V while linear parts pass their state.
 
-Symbols used below: h = hidden size, L = layers, a = attention heads, g = KV heads, d = head dim,
-f = dense FFN hidden, E = routed experts, k = routed experts per token (top-k), f_e = expert FFN hidden,
+Symbols used below: h = hidden size, L = layers, a = attention heads, k = routed experts per token (top-k),
 V = vocabulary.
 """
 
@@ -39,6 +35,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from autopar.blocks import MLP, Attention, Block, Rule, attention_block, channel_block, mixer_block
 from autopar.specs._base import Spec
 from autopar.specs.bounds import limit
 from autopar.specs.mixers import MixerSpec
@@ -153,8 +150,7 @@ class ModelSpec(Spec):
                 if len(parts) > 1 and ("none" in parts or len(set(parts)) != len(parts)):
                     raise ValueError(f"layer_pattern entry '{entry}': parallel mixers are distinct names, none of "
                                      "them 'none'")
-                kinds = [self._named_mixer(n).kind for n in parts if n != "none"]
-                if kinds.count("attention") > 1:
+                if sum(self._named_mixer(n).is_softmax for n in parts if n != "none") > 1:
                     raise ValueError(f"layer_pattern entry '{entry}': at most one softmax attention per layer")
         used = {n for entry in (self.layer_pattern or ()) for n in entry.split("+")}
         unused = sorted(set(self.mixers) - used)
@@ -191,13 +187,17 @@ class ModelSpec(Spec):
     @property
     def qk_head_dim(self) -> int:
         """Per-head Q·K dot-product width (MLA: nope + rope)."""
-        if self.mla:
-            return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim
-        return self.dim_per_head
+        return self.attention_block.qk_dim
 
     @property
     def v_head_dim(self) -> int:
-        return self.mla.v_head_dim if self.mla else self.dim_per_head
+        return self.attention_block.v_dim
+
+    @cached_property
+    def attention_block(self) -> Attention:
+        """The model's own softmax attention (GQA/MQA/MHA, or MLA), without per-layer options
+        (:mod:`autopar.blocks.attention`, :mod:`autopar.blocks.mla`)."""
+        return attention_block(self)
 
     def channel_of(self, i: int) -> ChannelKind:
         """Channel mixer of 0-based layer i: 'dense' MLP, 'moe' block or 'none'."""
@@ -256,20 +256,19 @@ class ModelSpec(Spec):
                     parts.append(windowed)
                 else:
                     parts.append(plain if name == "attention" else self.mixers[name])
-            parts.sort(key=lambda m: m.kind != "attention")     # softmax attention first (stable)
+            parts.sort(key=lambda m: not m.is_softmax)     # softmax attention first (stable)
             out.append(tuple(parts))
         return tuple(out)
 
     def attention_part(self, i: int) -> MixerSpec | None:
         """Layer i's softmax-attention mixer, if it has one (alone or next to parallel mixers)."""
-        return next((m for m in self.mixers_of(i) if m.kind == "attention"), None)
+        return next((m for m in self.mixers_of(i) if m.is_softmax), None)
 
     @cached_property
     def is_hybrid(self) -> bool:
         """Layers differ in their token-mixer kind (linear attention or SSM next to softmax attention, parallel
         mixers, or mixer-less layers): pipeline stages are then balanced by cost, not by layer count."""
-        kinds = {tuple(m.kind for m in self.mixers_of(i)) for i in range(self.num_layers)}
-        return kinds != {("attention",)}
+        return any(len(parts) != 1 or not parts[0].is_softmax for parts in self._layer_mixers)
 
     @cached_property
     def attention_layers(self) -> tuple[int, ...]:
@@ -288,69 +287,90 @@ class ModelSpec(Spec):
         """One norm: RMSNorm has a scale (h), LayerNorm a scale and a bias (2h)."""
         return self.hidden_size * (2 if self.norm == "layernorm" else 1)
 
+    def mixer_blocks(self, i: int) -> tuple[Block, ...]:
+        """The blocks of layer i's token mixers (:mod:`autopar.blocks`), in :meth:`mixers_of` order."""
+        return self._mixer_blocks[i]
+
+    def channel_block(self, i: int) -> Block | None:
+        """The block of layer i's channel mixer (dense MLP or MoE), None for 'none'."""
+        return self._channel_blocks[self.channel_of(i)]
+
+    @cached_property
+    def _mixer_blocks(self) -> tuple[tuple[Block, ...], ...]:
+        built: dict[int, Block] = {}     # one block per distinct MixerSpec
+        return tuple(tuple(built.setdefault(id(mx), mixer_block(self, mx)) for mx in parts)
+                     for parts in self._layer_mixers)
+
+    @cached_property
+    def _channel_blocks(self) -> dict[str, Block | None]:
+        return {kind: channel_block(self, kind) for kind in {self.channel_of(i) for i in range(self.num_layers)}}
+
+    @cached_property
+    def linear_mixers(self) -> dict[str, Block]:
+        """The blocks of the named linear-attention / SSM mixers, by name (attention mixers are the model's own
+        attention with options: :attr:`attention_block` states their rules)."""
+        return {name: blk for name, mx in self.mixers.items() if not (blk := mixer_block(self, mx)).keeps_kv}
+
+    @cached_property
+    def channel_blocks(self) -> tuple[Block, ...]:
+        """The channel-mixer blocks whose rules bind: the dense MLP when some layer has one, the MoE block when moe
+        is set."""
+        dense = (channel_block(self, "dense"),) if self.num_dense_layers else ()
+        return dense + ((channel_block(self, "moe"),) if self.moe else ())
+
+    @cached_property
+    def layout_rules(self) -> tuple[tuple[str, bool, tuple[Rule, ...]], ...]:
+        """The blocks' divisibility rules as the layout check reads them, in message order: (prefix, first only,
+        rules). The model's attention and its channel mixers report every broken rule; each named linear mixer its
+        first, prefixed by its name."""
+        named = tuple((f"mixer '{name}' ({blk.kind}): ", True, blk.rules()) for name, blk in self.linear_mixers.items())
+        return (("", False, self.attention_block.rules()), *named,
+                *(("", False, blk.rules()) for blk in self.channel_blocks))
+
+    def broken_rules(self, axes: tuple[str, ...], tp: int, cp: int = 1, ep: int = 1, etp: int = 1) -> tuple[str, ...]:
+        """The messages of the :attr:`layout_rules` on ``axes`` that these degrees break, in order (memoized: the
+        search checks thousands of meshes with few distinct degrees)."""
+        key = (axes, tp, cp, ep, etp)
+        memo = self._broken_memo
+        if key not in memo:
+            out = []
+            for prefix, first_only, rules in self.layout_rules:
+                for rule in rules:
+                    why = rule.axis in axes and rule.problem(tp, cp, ep, etp)
+                    if why:
+                        out.append(prefix + why)
+                        if first_only:
+                            break
+            memo[key] = tuple(out)
+        return memo[key]
+
+    @cached_property
+    def _broken_memo(self) -> dict[tuple, tuple[str, ...]]:
+        return {}
+
     @cached_property
     def attention_params(self) -> int:
-        """Attention weights of one layer (norm excluded).
-
-        GQA: Q h·a·d, K and V h·g·d each, O a·d·h (+ biases). MLA (DeepSeek-V2 eq. 9-13): W_DQ h·r_q,
-        W_UQ r_q·a·(d_nope+d_rope), W_DKV h·(d_c+d_rope), W_UKV d_c·a·(d_nope+d_v), O a·d_v·h, plus the
-        RMSNorms on the two latents."""
-        h, a = self.hidden_size, self.num_attention_heads
-        if self.mla:
-            m = self.mla
-            q_dim = a * (m.qk_nope_head_dim + m.qk_rope_head_dim)
-            q = (h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * q_dim) if m.q_lora_rank else h * q_dim
-            kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank \
-                + m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
-            return q + kv + a * m.v_head_dim * h
-        d, g = self.dim_per_head, self.kv_heads
-        qkv = h * (a + 2 * g) * d
-        if self.qkv_bias or self.linear_bias:
-            qkv += (a + 2 * g) * d
-        out = a * d * h + (h if self.linear_bias else 0)
-        return qkv + out
+        """Attention weights of one layer (norm excluded), without per-layer sinks or gate."""
+        return self.attention_block.projection_params()
 
     def mlp_params(self, ffn: int, bias: bool = False) -> int:
-        """One MLP of FFN width ``ffn``: gated = 3·h·ffn (gate, up, down), plain = 2·h·ffn."""
-        h = self.hidden_size
-        n_in = 2 if self.gated_mlp else 1
-        p = (n_in + 1) * h * ffn
-        if bias or self.linear_bias:
-            p += n_in * ffn + h
-        return p
+        """One MLP of FFN width ``ffn`` (:mod:`autopar.blocks.mlp`)."""
+        return MLP(self.hidden_size, ffn, self.gated_mlp, bias or self.linear_bias).params()
 
     @cached_property
     def expert_params(self) -> int:
         """One routed expert."""
         assert self.moe is not None
-        return self.mlp_params(self.moe.expert_ffn_hidden_size, self.moe.expert_bias)
-
-    @cached_property
-    def moe_layer_dense_part_params(self) -> int:
-        """Parameters of an MoE block that are NOT routed experts: router (h·E) and shared experts."""
-        m = self.moe
-        if m is None:
-            return 0
-        return self.hidden_size * m.num_experts + m.num_shared_experts * self.mlp_params(m.shared_ffn)
-
-    def _part_params(self, mx: MixerSpec) -> int:
-        """One token mixer's weights (norm excluded): the model's attention (+ sinks a, + output gate h·a·d_v for
-        an attention mixer that has them), or a linear/SSM mixer's projections and small weights."""
-        if mx.kind == "attention":
-            a = self.num_attention_heads
-            return (self.attention_params + (a if mx.sinks else 0)
-                    + (self.hidden_size * a * self.v_head_dim if mx.output_gate else 0))
-        return mx.gemm_params(self.hidden_size) + mx.other_params()
+        return channel_block(self, "moe").one_expert_params()
 
     def mixer_params(self, i: int) -> int:
         """Token-mixer weights of layer i (norm excluded): the sum over its mixers (parallel mixers add up)."""
-        return sum(self._part_params(mx) for mx in self.mixers_of(i))
+        return sum(b.params() for b in self.mixer_blocks(i))
 
     def mixer_gemm_params(self, i: int) -> int:
         """The GEMM part of :meth:`mixer_params` (2 FLOPs per weight per token): everything for attention
-        (biases and sinks are below 0.01 % and kept, as before), the projections for linear/SSM mixers."""
-        return sum(self._part_params(mx) if mx.kind == "attention" else mx.gemm_params(self.hidden_size)
-                   for mx in self.mixers_of(i))
+        (biases and sinks are below 0.01 % and kept), the projections for linear/SSM mixers."""
+        return sum(b.gemm_params() for b in self.mixer_blocks(i))
 
     def layer_norms(self, i: int) -> int:
         """Norm weights of layer i: one pre-norm per sub-block present (the token mixers, however many run in
@@ -359,10 +379,8 @@ class ModelSpec(Spec):
 
     def channel_nonexpert_params(self, i: int) -> int:
         """Channel-mixer weights of layer i outside the routed experts: dense MLP, or router + shared experts."""
-        kind = self.channel_of(i)
-        if kind == "dense":
-            return self.mlp_params(self.ffn_hidden_size)
-        return self.moe_layer_dense_part_params if kind == "moe" else 0
+        ch = self.channel_block(i)
+        return ch.params() if ch else 0
 
     def layer_nonexpert_params(self, i: int) -> int:
         """Layer i without its routed experts (sharded by TP): mixer + dense MLP or router/shared + norms."""
@@ -370,22 +388,13 @@ class ModelSpec(Spec):
 
     def layer_expert_params(self, i: int) -> int:
         """Routed experts of layer i (sharded by EP·ETP)."""
-        return self.moe_layer_expert_params if self.is_moe_layer(i) else 0
-
-    @cached_property
-    def dense_layer_params(self) -> int:
-        """A layer with a dense MLP: attention + MLP + 2 norms."""
-        return self.attention_params + self.mlp_params(self.ffn_hidden_size) + 2 * self.norm_params
-
-    @cached_property
-    def moe_layer_nonexpert_params(self) -> int:
-        """An MoE layer without its routed experts: attention + router + shared experts + 2 norms."""
-        return self.attention_params + self.moe_layer_dense_part_params + 2 * self.norm_params
+        ch = self.channel_block(i)
+        return ch.expert_params() if ch else 0
 
     @cached_property
     def moe_layer_expert_params(self) -> int:
         """Routed experts of one MoE layer (E · expert)."""
-        return self.moe.num_experts * self.expert_params if self.moe else 0
+        return channel_block(self, "moe").expert_params() if self.moe else 0
 
     @property
     def embedding_params(self) -> int:
@@ -428,36 +437,19 @@ class ModelSpec(Spec):
         return self.num_moe_layers * self.moe_layer_expert_params
 
     # ---- FLOPs -------------------------------------------------------------------------------------------
-    def _attention_context(self, i: int, seq_len: int) -> float:
-        """Average number of keys a query attends to in layer i: causal s/2; sliding window min(w, s/2);
-        chunked attention (chunk c, a token sees the earlier tokens of its chunk) c/2 when c < s. 0 for layers
-        without softmax attention."""
-        mx = self.attention_part(i)
-        if mx is None:
-            return 0.0
-        ctx = seq_len / 2
-        if mx.window is not None:
-            ctx = min(float(mx.window), ctx)
-        if mx.chunk is not None:
-            ctx = min(mx.chunk / 2, ctx)
-        return ctx
-
     def attention_core_flops_per_token(self, i: int, seq_len: int) -> float:
-        """Softmax-attention scores of layer i per token: QK^T and AV, 2·ctx·a·d_qk + 2·ctx·a·d_v."""
-        return 2.0 * self._attention_context(i, seq_len) * self.num_attention_heads * (self.qk_head_dim
-                                                                                          + self.v_head_dim)
+        """Softmax-attention scores of layer i per token: QK^T and AV (:mod:`autopar.blocks.attention`)."""
+        return sum((b.attention_core_flops(seq_len) for b in self.mixer_blocks(i)), 0.0)
 
     def mixer_core_flops_per_token(self, i: int) -> float:
         """Chunked linear-attention / SSM scan and short convolution of layer i per token (0 for attention; summed
-        over parallel mixers); formulas in :mod:`autopar.specs.mixers`."""
-        return sum(mx.core_flops() for mx in self.mixers_of(i) if mx.is_linear)
+        over parallel mixers)."""
+        return sum((b.scan_flops() for b in self.mixer_blocks(i)), 0.0)
 
     def channel_forward_flops_per_token(self, i: int) -> float:
         """Dense MLP, or MoE router (2·h·E) + k routed + shared experts, of layer i per token."""
-        kind = self.channel_of(i)
-        if kind == "moe":
-            return 2.0 * (self.moe_layer_dense_part_params + self.moe.top_k * self.expert_params)
-        return 2.0 * self.mlp_params(self.ffn_hidden_size) if kind == "dense" else 0.0
+        ch = self.channel_block(i)
+        return ch.forward_flops() if ch else 0.0
 
     def layer_forward_flops_per_token(self, i: int, seq_len: int) -> float:
         """Forward FLOPs of layer i for one token: 2·(matmul params touched) + attention scores or the chunked

@@ -75,6 +75,16 @@ def test_zoo_lists_every_model_and_hardware_file_with_their_figures():
     assert table.returncode == 0 and "h100_sxm" in table.stdout and "deepseek_v3" not in table.stdout
 
 
+def test_zoo_blocks_lists_the_catalogue():
+    from autopar.blocks import CHANNELS, MIXERS
+    r = run("zoo", "blocks", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["blocks"]
+    assert [b["kind"] for b in rows] == [*MIXERS, *CHANNELS]
+    assert all(b["title"] and b["source"] for b in rows)
+    assert "mamba1" in run("zoo", "blocks").stdout
+
+
 def test_help_lists_every_command():
     r = run("--help")
     assert r.returncode == 0

@@ -605,8 +605,9 @@ def test_falcon_h1_runs_attention_and_mamba2_in_parallel_in_every_layer():
     kinds = [mx.kind for mx in m.mixers_of(0)]
     assert kinds == ["attention", "mamba2"] and m.mixers["mamba"].d_inner == 3072
     # one layer = both mixers + one shared pre-norm + the MLP and its norm
-    assert m.layer_nonexpert_params(0) == (m.attention_params + m.mixers["mamba"].gemm_params(3072)
-                                           + m.mixers["mamba"].other_params() + m.mlp_params(12288) + 2 * 3072)
+    mamba = m.linear_mixers["mamba"]
+    assert m.layer_nonexpert_params(0) == (m.attention_params + mamba.gemm_params() + mamba.other_params()
+                                           + m.mlp_params(12288) + 2 * 3072)
     with pytest.raises(AutoparInputError, match=r"mamba_n_heads·mamba_d_head = 24·100 must equal the SSM width 3072"):
         _map({**FALCON_H1_7B, "mamba_d_head": 100})
     auto = {k: v for k, v in FALCON_H1_7B.items() if k not in ("mamba_d_ssm", "mamba_d_head")}

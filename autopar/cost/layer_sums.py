@@ -30,7 +30,7 @@ class LayerSums:
     attn_core_flops: list[float]   # forward FLOPs of softmax attention's QK^T and AV per token (what selective
     #                                recompute redoes on attention layers; 0 on other layers)
     mixer_core_flops: list[float]  # forward FLOPs per token of a linear-attention / SSM layer's chunked scan and short
-    #                                convolution (autopar.specs.mixers): small batched matmuls over C-token chunks and
+    #                                convolution (autopar.blocks): small batched matmuls over C-token chunks and
     #                                d_k x d_v states, not the projections (those are in fwd_flops as GEMM FLOPs, like
     #                                attention's). 0 on softmax-attention layers. Also what core_attn recompute redoes
     #                                on these layers.
@@ -49,7 +49,7 @@ class LayerSums:
     #                                 + conv tail); per sequence, not per token. Split by TP (by heads).
     mixer_a2a_elems: list[float]   # per token, the linear/SSM mixers' input-projection output + scan output widths:
     #                                what all-to-all context parallelism swaps between a sequence and a head split
-    #                                (MixerSpec.in_width + out_width); split by TP
+    #                                (the blocks' in_width + out_width); split by TP
     # Stored activation elements per token, by tensor (see ModelProfile for the derivation):
     act_norm_in: list[float]       # inputs of the layer's norms (h each); split by SP
     act_norm_out: list[float]      # outputs of the norms = inputs of the mixer and MLP linears (h each); split by SP
@@ -84,61 +84,37 @@ class ModelProfile:
         self.model = model
         self.training = training
         m, s = model, training.seq_len
-        h, a, g = m.hidden_size, m.num_attention_heads, m.kv_heads
-        dq, dv = m.qk_head_dim, m.v_head_dim
+        h, g = m.hidden_size, m.kv_heads
         cols: dict[str, list[float]] = {f: [] for f in LayerSums.__dataclass_fields__}
-        gated = 3 if m.gated_mlp else 2
         for i in range(m.num_layers):
-            kind = m.channel_of(i)
-            is_moe = kind == "moe"
+            mixers, channel = m.mixer_blocks(i), m.channel_block(i)
             row = dict.fromkeys(cols, 0.0)
             row["attn_core_flops"] = m.attention_core_flops_per_token(i, s)
             row["mixer_core_flops"] = m.mixer_core_flops_per_token(i)
             mlp_f = m.channel_forward_flops_per_token(i)
             row.update(dense_params=m.layer_nonexpert_params(i), expert_params=m.layer_expert_params(i))
-            if is_moe:
-                row.update(moe_layers=1.0, moe_mlp_flops=mlp_f, routed_flops=2.0 * m.moe.top_k * m.expert_params)
-            shared = is_moe and m.moe.num_shared_experts > 0
-            row["tp_blocks"] = (1.0 if m.mixers_of(i) else 0.0) + (1.0 if kind == "dense" or shared else 0.0)
+            if channel is not None and channel.routed:
+                row.update(moe_layers=1.0, moe_mlp_flops=mlp_f, routed_flops=channel.routed_flops())
+            row["tp_blocks"] = (1.0 if mixers else 0.0) + (1.0 if channel is not None and channel.tp_reduces else 0.0)
             row["fwd_flops"] = m.layer_forward_flops_per_token(i, s)
             row["mlp_flops"] = mlp_f
             # Stored activations (elements per token), derived tensor by tensor for a pre-norm block with
-            # FlashAttention (no s x s scores kept; Dao et al. 2022, arXiv 2205.14135) and no dropout. This
-            # refines Korthikanti et al. 2022 (arXiv 2205.05198) eq. 1-2 (34·s·b·h + 5·a·s²·b bytes per layer),
-            # which assumes GPT-3: MHA, a 4h GELU MLP, dropout masks and materialised attention scores.
+            # FlashAttention (no s x s scores kept; Dao et al. 2022, arXiv 2205.14135) and no dropout, block by block
+            # (autopar.blocks). This refines Korthikanti et al. 2022 (arXiv 2205.05198) eq. 1-2 (34·s·b·h + 5·a·s²·b
+            # bytes per layer), which assumes GPT-3: MHA, a 4h GELU MLP, dropout masks and materialised scores.
             n_norms = m.layer_norms(i) / m.norm_params
             row["act_norm_in"] = n_norms * h
             row["act_norm_out"] = n_norms * h
             # Parallel mixers (Falcon-H1) add up: the layer holds both the attention tensors and the scan's.
-            for mx in m.mixers_of(i):
-                if mx.kind == "attention":
-                    row["attn_layers"] = 1.0
-                    row["kv_params"] = 0.0 if m.mla else 2.0 * h * g * m.dim_per_head
-                    if m.mla:
-                        ml = m.mla
-                        row["act_mla_up"] = a * (2 * dq + dv)
-                        row["act_qkv"] += (ml.q_lora_rank or 0) + ml.kv_lora_rank + ml.qk_rope_head_dim \
-                            + row["act_mla_up"]
-                    else:
-                        row["act_qkv"] += a * dq + 2 * g * dq
-                    if mx.output_gate:
-                        row["act_qkv"] += a * dv
-                    row["act_attn_out"] += a * dv
-                else:
-                    row["state_layers"] = 1.0
-                    row["mixer_state_elems"] += mx.state_elems()
-                    row["mixer_a2a_elems"] += mx.in_width(h) + mx.out_width()
-                    stored_in, stored_out = mx.stored_elems()
-                    row["act_qkv"] += stored_in
-                    row["act_attn_out"] += stored_out
-            if is_moe:
-                mo = m.moe
-                row["act_shared"] = mo.num_shared_experts * mo.shared_ffn * gated
-                row["act_moe_io"] = 2.0 * mo.top_k * h
-                row["act_moe_inner"] = mo.top_k * mo.expert_ffn_hidden_size * gated
-                row["act_moe_act"] = mo.top_k * mo.expert_ffn_hidden_size if m.gated_mlp else 0.0
-            elif kind == "dense":
-                row["act_mlp"] = m.ffn_hidden_size * gated
+            for b in mixers:
+                row["attn_layers"] = max(row["attn_layers"], float(b.keeps_kv))
+                row["state_layers"] = max(row["state_layers"], float(b.has_state))
+                row["kv_params"] += b.kv_params()
+                row["mixer_state_elems"] += b.state_elems()
+                row["mixer_a2a_elems"] += b.a2a_elems()
+            for b in (*mixers, *((channel,) if channel is not None else ())):
+                for role, elems in b.stored().items():
+                    row["act_" + role] += elems
             for k, v in row.items():
                 cols[k].append(float(v))
         self.layers = LayerSums(**{k: _prefix(v) for k, v in cols.items()})

@@ -1,0 +1,146 @@
+"""What linear-attention and SSM mixers share: a fixed-size recurrent state, input projections to everything the
+scan reads, a chunked scan, an output projection, and a split by heads (Mamba-1: by channels).
+
+Kernels: the input projections are one column-parallel GEMM h -> in_width, the output projection a row-parallel
+GEMM out_width -> h; the chunked scan (:meth:`Recurrent.scan_flops`) is priced as one more column-parallel GEMM of
+the same FLOPs with K = its key head dim (Mamba-1: its state size), in recompute module ``core_attn`` — an
+approximation until the scan has a kernel class of its own. The sub-block's norm and residual bytes are not
+counted for these mixers (as the estimates have always done; the attention and channel sub-blocks count theirs).
+
+Under all-to-all context parallelism (Megatron-Core ``MambaContextParallel``, ``GatedDeltaNet``) the input
+projections' output and the scan's output are swapped between a sequence and a head split: in_width + out_width
+elements per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from autopar.blocks._base import Block, Linear, Rule
+
+_HEADS_NOTE = " (all-to-all context parallel splits heads)"
+# MixerSpec fields that belong to one kind only, and the message when another kind sets them.
+_OWNED = {"state_size": "state_size is a mamba2 field, not {k}'s",
+          "gate_low_rank": "gate_low_rank is a gla / kda field, not {k}'s",
+          "num_value_heads": "num_value_heads is a gated_deltanet field, not {k}'s"}
+
+
+@dataclass(frozen=True)
+class Recurrent(Block):
+    """A linear mixer: subclasses give the projections, the scan, the state and what they store."""
+
+    has_state = True
+
+    hidden: int
+    conv_kernel: int = 0
+
+    @classmethod
+    def field_problem(cls, spec) -> str | None:
+        """Why a MixerSpec of this kind is malformed (None = it is not)."""
+        if spec.window or spec.chunk or spec.sinks:
+            return f"window, chunk and sinks are softmax-attention options, not {cls.kind}'s"
+        return cls._own_field_problem(spec)
+
+    @classmethod
+    def _own_field_problem(cls, spec) -> str | None:
+        return None
+
+    # ---- what subclasses give ----
+    def other_params(self) -> int:
+        """Non-GEMM weights: convolutions, gate biases, decay parameters, norms."""
+        return 0
+
+    def conv_channels(self) -> int:
+        """Channels of the short causal convolution."""
+        return 0
+
+    def out_width(self) -> int:
+        """Width of the scan's output, the output projection's input."""
+        return 0
+
+    def stored_io(self) -> tuple[float, float]:
+        """(projected inputs of the scan, scan output) elements per token kept for the backward pass."""
+        return 0.0, 0.0
+
+    def core_gemm_k(self) -> int:
+        """K of the GEMM the scan is priced as."""
+        return 1
+
+    # ---- derived ----
+    def params(self) -> int:
+        return self.gemm_params() + self.other_params()
+
+    def in_width(self) -> int:
+        """Width of the input projections' output (everything the scan and its gates read per token)."""
+        h = self.hidden
+        return (self.gemm_params() - self.out_width() * h) // h
+
+    def a2a_elems(self) -> int:
+        return self.in_width() + self.out_width()
+
+    def conv_flops(self) -> float:
+        """Short causal convolution (FLA ``ShortConvolution``, Mamba's conv1d): 2·K FLOPs per channel per token."""
+        return 2.0 * self.conv_kernel * self.conv_channels()
+
+    def conv_tail(self) -> int:
+        """The last K − 1 convolution inputs, part of the state handed on."""
+        return max(self.conv_kernel - 1, 0) * self.conv_channels()
+
+    def gemms(self) -> tuple[Linear, ...]:
+        h, kdim = self.hidden, self.core_gemm_k()
+        return (Linear(h, self.in_width(), "col", "attn"), Linear(self.out_width(), h, "row", "attn"),
+                Linear(kdim, int(round(self.scan_flops() / (2.0 * kdim))), "col", "core_attn"))
+
+    def fp8_cast_width(self) -> int:
+        h = self.hidden
+        return h + self.in_width() + self.out_width() + h
+
+    def stored(self) -> dict[str, float]:
+        stored_in, stored_out = self.stored_io()
+        return {"qkv": stored_in, "attn_out": stored_out}
+
+
+@dataclass(frozen=True)
+class HeadMixer(Recurrent):
+    """A linear mixer split by heads (GLA, Lightning, Gated DeltaNet, KDA, Mamba-2)."""
+
+    heads: int = 0
+    head_dim: int = 0
+    value_head_dim: int = 0
+    output_gate: bool = False
+    chunk_size: int = 64
+
+    @classmethod
+    def _own_field_problem(cls, spec) -> str | None:
+        k = cls.kind
+        if spec.inner_size is not None or spec.dt_rank is not None or spec.bc_norms:
+            return f"inner_size, dt_rank and bc_norms are mamba1 fields, not {k}'s"
+        if spec.num_heads is None or spec.head_dim is None:
+            return f"a {k} mixer needs num_heads and head_dim"
+        for field, why in _OWNED.items():
+            if field not in cls.own_fields and getattr(spec, field) is not None:
+                return why.format(k=k)
+        return cls._shape_problem(spec)
+
+    # Of the kind-owned MixerSpec fields (state_size, gate_low_rank, num_value_heads), those this kind takes.
+    own_fields: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def _shape_problem(cls, spec) -> str | None:
+        return None
+
+    @property
+    def dk(self) -> int:
+        return self.head_dim
+
+    @property
+    def dv(self) -> int:
+        return self.value_head_dim or self.head_dim
+
+    def core_gemm_k(self) -> int:
+        return max(self.dk, 1)
+
+    def rules(self) -> tuple[Rule, ...]:
+        """Split by heads over TP, and over tp·cp ranks by the all-to-all context parallel."""
+        return (Rule("tp", "num_heads", self.heads), Rule("tp·cp", "num_heads", self.heads, note=_HEADS_NOTE))

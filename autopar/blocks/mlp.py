@@ -1,0 +1,77 @@
+"""The dense MLP: gated (SwiGLU/GeGLU, 3 matrices; Shazeer 2020, arXiv 2002.05202) or plain (2 matrices, GELU).
+
+Parameters: gated 3·h·f (gate, up, down), plain 2·h·f; with biases + n_in·f + h (n_in = 2 gated, 1 plain).
+GEMMs: h -> n_in·f column-parallel, f -> h row-parallel, recompute module ``mlp``. Memory-bound kernels (elements
+per token, forward and backward, one HBM pass each): the sub-block's norm 2h / 3h and residual add 3h / 3h (see
+:mod:`autopar.blocks.attention`); the activation of a gated MLP (Megatron's fused bias-swiglu) reads 2f, writes f
+forward, reads 2f and df, writes 2f backward -> (3f, 5f); plain GELU (2f, 3f). Stored: the MLP's internals,
+n_in·f + f (gated 3f, plain 2f).
+
+Symbols: h hidden, f FFN width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.blocks._base import Block, Linear, Rule
+
+
+@dataclass(frozen=True)
+class MLP(Block):
+    kind = "dense"
+    title = "dense MLP (gated or plain)"
+    source = "SwiGLU arXiv 2002.05202; Megatron-Core MLP"
+
+    hidden: int
+    ffn: int
+    gated: bool = True
+    bias: bool = False
+
+    @classmethod
+    def from_spec(cls, model) -> "MLP":
+        return cls(hidden=model.hidden_size, ffn=model.ffn_hidden_size, gated=model.gated_mlp,
+                   bias=model.linear_bias)
+
+    @property
+    def n_in(self) -> int:
+        """Input matrices: gate and up (gated), or up alone."""
+        return 2 if self.gated else 1
+
+    def params(self) -> int:
+        h, f = self.hidden, self.ffn
+        p = (self.n_in + 1) * h * f
+        if self.bias:
+            p += self.n_in * f + h
+        return p
+
+    def gemm_params(self) -> int:
+        return self.params()
+
+    def forward_flops(self) -> float:
+        return 2.0 * self.params()
+
+    tp_reduces = True     # its output is a TP partial sum
+
+    def act_elems(self) -> tuple[float, float]:
+        """Activation function's memory-bound elements per unit of FFN width, (forward, backward)."""
+        return (3.0, 5.0) if self.gated else (2.0, 3.0)
+
+    def gemms(self) -> tuple[Linear, ...]:
+        h, f = self.hidden, self.ffn
+        return Linear(h, self.n_in * f, "col", "mlp"), Linear(f, h, "row", "mlp")
+
+    def membound(self) -> dict[str, tuple[float, float]]:
+        h, f = self.hidden, self.ffn
+        fwd, bwd = self.act_elems()
+        return {"norm": (2.0 * h, 3.0 * h), "residual": (3.0 * h, 3.0 * h), "mlp_act": (fwd * f, bwd * f)}
+
+    def fp8_cast_width(self) -> int:
+        h, f = self.hidden, self.ffn
+        return h + self.n_in * f + f + h
+
+    def stored(self) -> dict[str, float]:
+        return {"mlp": self.ffn * (self.n_in + 1)}
+
+    def rules(self) -> tuple[Rule, ...]:
+        return (Rule("tp", "ffn_hidden_size", self.ffn),)

@@ -1,0 +1,125 @@
+"""The mixture-of-experts block: a router, routed experts (each an MLP of width f_e) and always-active shared experts.
+
+Parameters: router h·E; shared experts n_s MLPs of width f_s; routed experts E MLPs of width f_e (their own bias
+flag: GPT-OSS), sharded by EP·ETP, everything else by TP. Forward FLOPs per token: 2·(router + shared + k
+routed experts' weights). GEMMs: the router replicated on every TP rank; shared experts column/row-parallel
+(Megatron-Core ``SharedExpertMLP``, recompute module ``shared_experts``); routed experts expert-column/row by ETP
+(module ``moe``). Memory-bound (elements per token, forward and backward): norm and residual as the MLP's; the
+experts' activation k·(3f_e, 5f_e) gated or k·(2f_e, 3f_e) plain (module ``moe_act``) and the shared experts' the
+same over n_s·f_s; token permutation (Megatron ``permute``/``unpermute``): each routed copy written once and read
+once by the weighted sum, each way -> 2·k·h forward, 2·k·h backward. Stored: shared internals n_s·f_s·(n_in+1),
+the k routed copies in and out (2·k·h), the routed internals k·f_e·(n_in+1), the activation outputs k·f_e (gated
+only; dropped by ``moe_act`` recompute). The expert all-to-all carries k copies of each token's h.
+
+Symbols: h hidden, E routed experts, k top-k, f_e routed expert FFN width, n_s shared experts of width f_s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.blocks._base import Block, Linear, Rule
+from autopar.blocks.mlp import MLP
+
+
+@dataclass(frozen=True)
+class MoE(Block):
+    kind = "moe"
+    title = "mixture of experts (router, routed and shared experts)"
+    source = "Megatron-Core MoELayer, SharedExpertMLP"
+    routed = True
+
+    hidden: int
+    num_experts: int
+    top_k: int
+    expert_ffn: int
+    num_shared: int = 0
+    shared_ffn: int = 0
+    gated: bool = True
+    expert_bias: bool = False
+    linear_bias: bool = False
+
+    @classmethod
+    def from_spec(cls, model) -> "MoE":
+        m = model.moe
+        return cls(hidden=model.hidden_size, num_experts=m.num_experts, top_k=m.top_k,
+                   expert_ffn=m.expert_ffn_hidden_size, num_shared=m.num_shared_experts, shared_ffn=m.shared_ffn,
+                   gated=model.gated_mlp, expert_bias=m.expert_bias, linear_bias=model.linear_bias)
+
+    @property
+    def expert(self) -> MLP:
+        """One routed expert."""
+        return MLP(self.hidden, self.expert_ffn, self.gated, self.expert_bias or self.linear_bias)
+
+    @property
+    def shared(self) -> MLP:
+        """One shared expert."""
+        return MLP(self.hidden, self.shared_ffn, self.gated, self.linear_bias)
+
+    def one_expert_params(self) -> int:
+        return self.expert.params()
+
+    def params(self) -> int:
+        """Router (h·E) and shared experts: the part sharded by TP."""
+        return self.hidden * self.num_experts + self.num_shared * self.shared.params()
+
+    def gemm_params(self) -> int:
+        return self.params()
+
+    def expert_params(self) -> int:
+        return self.num_experts * self.one_expert_params()
+
+    def forward_flops(self) -> float:
+        """Router (2·h·E) + shared + k routed experts."""
+        return 2.0 * (self.params() + self.top_k * self.one_expert_params())
+
+    def routed_flops(self) -> float:
+        """The k routed experts (grouped GEMMs)."""
+        return 2.0 * self.top_k * self.one_expert_params()
+
+    @property
+    def tp_reduces(self) -> bool:
+        """Shared experts are a TP-split MLP; the routed tokens travel by the expert all-to-all instead."""
+        return self.num_shared > 0
+
+    def gemms(self) -> tuple[Linear, ...]:
+        h, n_in = self.hidden, self.expert.n_in
+        lin = [Linear(h, self.num_experts, "replicated", "router")]
+        if self.num_shared:
+            fs = self.num_shared * self.shared_ffn
+            lin += [Linear(h, n_in * fs, "col", "shared_experts"), Linear(fs, h, "row", "shared_experts")]
+        fe = self.expert_ffn
+        return tuple(lin + [Linear(h, n_in * fe, "expert_col", "moe"), Linear(fe, h, "expert_row", "moe")])
+
+    def membound(self) -> dict[str, tuple[float, float]]:
+        h, k, fe = self.hidden, self.top_k, self.expert_ffn
+        act = self.expert.act_elems()
+        out = {"norm": (2.0 * h, 3.0 * h), "residual": (3.0 * h, 3.0 * h)}
+        if self.num_shared:
+            fs = self.num_shared * self.shared_ffn
+            out["shared_act"] = (act[0] * fs, act[1] * fs)
+        out["moe_act"] = (k * act[0] * fe, k * act[1] * fe)
+        out["permute"] = (2.0 * k * h, 2.0 * k * h)
+        return out
+
+    def fp8_cast_width(self) -> int:
+        h, fs = self.hidden, self.num_shared * self.shared_ffn
+        return h + self.expert.n_in * fs + fs + h if self.num_shared else 0
+
+    def fp8_cast_width_expert(self) -> int:
+        """The same for one routed copy through the expert GEMMs."""
+        return self.expert.fp8_cast_width()
+
+    def stored(self) -> dict[str, float]:
+        h, k, fe, gated = self.hidden, self.top_k, self.expert_ffn, self.expert.n_in + 1
+        return {"shared": self.num_shared * self.shared_ffn * gated, "moe_io": 2.0 * k * h,
+                "moe_inner": k * fe * gated, "moe_act": k * fe if self.gated else 0.0}
+
+    def dispatch_elems(self) -> int:
+        """Per token, what the expert all-to-all carries each way: k copies of h."""
+        return self.top_k * self.hidden
+
+    def rules(self) -> tuple[Rule, ...]:
+        shared = (Rule("tp", "shared expert FFN", self.shared_ffn),) if self.num_shared else ()
+        return shared + (Rule("ep", "num_experts", self.num_experts),
+                         Rule("etp", "expert_ffn_hidden_size", self.expert_ffn))

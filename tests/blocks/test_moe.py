@@ -1,0 +1,45 @@
+"""The MoE block (autopar/blocks/moe.py) against DeepSeek-V3's and Mixtral's shapes by hand."""
+
+from __future__ import annotations
+
+from autopar.blocks import MoE
+
+
+def deepseek_v3() -> MoE:
+    return MoE(hidden=7168, num_experts=256, top_k=8, expert_ffn=2048, num_shared=1, shared_ffn=2048)
+
+
+def test_parameters_and_flops_by_hand():
+    m = deepseek_v3()
+    h, E, k, f = 7168, 256, 8, 2048
+    expert = 3 * h * f
+    assert m.one_expert_params() == expert
+    assert m.params() == h * E + expert                             # router + one shared expert (TP-sharded)
+    assert m.expert_params() == E * expert                          # routed (EP·ETP-sharded)
+    assert m.forward_flops() == 2 * (h * E + expert + k * expert)
+    assert m.routed_flops() == 2 * k * expert
+    assert m.tp_reduces and m.routed
+    assert MoE(hidden=8, num_experts=4, top_k=2, expert_ffn=16, expert_bias=True).one_expert_params() == \
+        3 * 8 * 16 + 2 * 16 + 8                                     # GPT-OSS: expert biases
+
+
+def test_kernels_membound_and_stored_activations():
+    m = deepseek_v3()
+    h, k, f = 7168, 8, 2048
+    modules = [(lin.split, lin.module) for lin in m.gemms()]
+    assert modules == [("replicated", "router"), ("col", "shared_experts"), ("row", "shared_experts"),
+                       ("expert_col", "moe"), ("expert_row", "moe")]
+    mb = m.membound()
+    assert mb["permute"] == (2 * k * h, 2 * k * h) and mb["moe_act"] == (k * 3 * f, k * 5 * f)
+    assert m.stored() == {"shared": 3 * f, "moe_io": 2 * k * h, "moe_inner": k * 3 * f, "moe_act": k * f}
+    assert m.dispatch_elems() == k * h
+    mixtral = MoE(hidden=4096, num_experts=8, top_k=2, expert_ffn=14336)
+    assert not mixtral.tp_reduces and "shared_act" not in mixtral.membound() and mixtral.fp8_cast_width() == 0
+
+
+def test_rules_ep_etp_and_shared():
+    m = deepseek_v3()
+    broken = [r.problem(tp=3, ep=3, etp=3) for r in m.rules()]
+    assert broken == ["shared expert FFN (2048) not divisible by tp (3)", "num_experts (256) not divisible by ep (3)",
+                      "expert_ffn_hidden_size (2048) not divisible by etp (3)"]
+    assert [r.problem(tp=8, ep=64, etp=1) for r in m.rules()] == [None, None, None]
