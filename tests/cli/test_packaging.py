@@ -21,6 +21,7 @@ def test_write_needs_out():
 def test_validation_data_is_packaged():
     text = (ROOT / "pyproject.toml").read_text()
     assert '"data" = "autopar/_zoo/data"' in text
+    assert '"stacks" = "autopar/_zoo/stacks"' in text         # --stack names, and the stacks' fitted constants
     from autopar.measure.validation import DEFAULT_CSV
     assert DEFAULT_CSV.is_file()
 
