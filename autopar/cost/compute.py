@@ -129,6 +129,31 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
     return {k: (v[0], v[1]) for k, v in parts.items()}
 
 
+# torchtitan's op-level selective activation checkpointing (TrainingSpec.selective_ac == "op", the "selective"
+# policy under the torchtitan stack; pytorch/torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py
+# _save_list and _custom_policy): inside each checkpointed block it saves the outputs of SDPA and of every matmul
+# except every second one, and recomputes everything else. Share of each part's forward re-run:
+#  - attention projections q, k, v, o in that order: k and o are the 2nd and 4th matmuls -> (|Wk| + |Wo|) / (|Wq| +
+#    |Wk| + |Wv| + |Wo|) = 1/2 for any GQA ratio (|Wk| = |Wv|, |Wq| = |Wo|);
+#  - gated MLP w1, w3, w2 (5th-7th matmuls): w3 -> 1/3; other GEMM modules (experts, router, MLA, shared experts):
+#    every second matmul -> 1/2;
+#  - the attention core (SDPA, saved): 0; every memory-bound op (norms, RoPE, activation, residual, casts): 1.
+# The stored activations are counted as Megatron's selective policy (core_attn) counts them: an upper bound, since
+# op-SAC also drops the elementwise outputs and half the matmul outputs.
+OP_SAC_SHARE = {"attn": 0.5, "mlp": 1 / 3, "core_attn": 0.0}
+OP_SAC_GEMM_DEFAULT = 0.5
+
+
+def recompute_shares(L: Layout, tr: TrainingSpec, parts: dict) -> dict[str, float]:
+    """The share of each part's forward kernels the layout's recompute policy re-runs (``parts``' order): 1 for the
+    parts of the modules it names (:func:`recomputed_parts`), or op-SAC's shares (:data:`OP_SAC_SHARE`) for the
+    selective policy under ``TrainingSpec.selective_ac == "op"``."""
+    if tr.selective_ac == "op" and L.recompute not in ("none", "full") and L.recompute_modules == {"core_attn"}:
+        return {p: OP_SAC_SHARE.get(p, 1.0 if KERNEL_CLASS.get(p) == "memory-bound" else OP_SAC_GEMM_DEFAULT)
+                for p in parts}
+    return {p: 1.0 for p in recomputed_parts(L, parts)}
+
+
 def recomputed_parts(L: Layout, parts: dict) -> tuple[str, ...]:
     """The parts of a layer whose forward kernels the layout's recompute policy runs again, in ``parts``' order
     (a fixed order keeps the floating-point sums identical from run to run, whatever the string hash seed)."""
@@ -155,7 +180,7 @@ def _layer_times(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: Train
             parts = kern.cache[key] = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
         fwd = sum(v[0] for v in parts.values())
         bwd = sum(v[1] for v in parts.values())
-        rc = sum(parts[p][0] for p in recomputed_parts(L, parts))
+        rc = sum(parts[p][0] * w for p, w in recompute_shares(L, tr, parts).items())
         hit = kern.cache[key + (L.recompute, L.recompute_modules)] = (fwd, bwd, rc)
     return hit
 
@@ -252,10 +277,10 @@ def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         kinds.append((prof.kind_of[-1], prof.mtp_layers))
     for j, count in kinds:
         parts = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
-        rc_names = recomputed_parts(L, parts)
+        shares = recompute_shares(L, tr, parts)
         for name, (f, b) in parts.items():
             cls = KERNEL_CLASS[name]
-            rc = f if name in rc_names else 0.0
+            rc = f * shares.get(name, 0.0)
             out[cls] = out.get(cls, 0.0) + count * (f + b + rc)
             if rc:
                 out["recomputation"] = out.get("recomputation", 0.0) + count * rc

@@ -130,6 +130,18 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
         # Only each layer's input (h per token) is kept; one layer is rebuilt at a time in backward.
         return n * prof.hidden / sp_div, working
     mods = L.recompute_modules
+    if prof.training.selective_ac == "op" and mods == {"core_attn"}:
+        # torchtitan's op-level SAC (autopar/cost/compute.py OP_SAC_SHARE) keeps, per layer: the block input (one of
+        # its two norm inputs), the saved matmul outputs (Q and V of Q, K, V; the first of a gated MLP's three
+        # internals, or of a plain MLP's two; the down projection's output before its reduce-scatter, h per token
+        # on every TP rank) and SDPA's output; it drops the norm outputs, K, the activation and the out-projection
+        # output. Routed experts keep what Megatron's selective policy keeps. An approximation for pre-norm
+        # attention + MLP blocks (torchtitan's Llama), stated in the stack file.
+        m = prof.model
+        a, g = m.num_attention_heads, m.kv_heads
+        kept = (norm_in / 2) / sp_div + (qkv * (a + g) / (a + 2 * g) + attn_out + mlp / (3 if m.gated_mlp else 2)
+                                         + shared + moe) / tp_div + n * prof.hidden / L.cp
+        return kept, where(full_layers > kept, full_layers - kept, 0.0) / max(n, 1)
     if "core_attn" in mods:
         attn_out = 0.0
     if "layernorm" in mods:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
-               "cross_entropy")
+               "cross_entropy", "selective_ac")
 KNOB_RECORDED = ("dispatcher", "cuda_graphs")
 
 
@@ -57,6 +57,9 @@ class StackKnobs(Spec):
                                                        "parallel-comm / moe_a2a_overlap).")
     cp_overlap: bool = Field(default=True, description="CP ring exchange overlapped with attention.")
     cross_entropy: Literal["fused", "unfused"] = Field(default="fused", description="Loss kernel.")
+    selective_ac: Literal["modules", "op"] = Field(
+        default="modules", description="What 'selective' recompute re-runs: Megatron's modules or torchtitan's "
+                                       "op-level SAC.")
     fp8_attention: bool = Field(default=False, description="Attention core in FP8 (TE fp8_dot_product_attention).")
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
@@ -75,7 +78,8 @@ class StackKnobs(Spec):
         return dict(elementwise=self.elementwise, attention_impl=self.attention, fp8_recipe=self.fp8_recipe,
                     tp_comm_overlap=self.tp_overlap != "none", dp_comm_overlap=self.dp_overlap,
                     ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap,
-                    cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention)
+                    cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
+                    selective_ac=self.selective_ac)
 
 
 class StackSpec(Spec):

@@ -67,6 +67,11 @@ class TrainingSpec(Spec):
         default="te",
         description="FP8 scaling recipe (precision fp8): 'te' (Transformer Engine, fused cast-transpose), "
                     "'tensorwise' or 'rowwise' (torchao Float8Linear); sets the quantisation kernels' HBM bytes.")
+    selective_ac: Literal["modules", "op"] = Field(
+        default="modules",
+        description="What the 'selective' recompute policy re-runs: 'modules' (Megatron-Core: the attention core) "
+                    "or 'op' (torchtitan's op-level SAC: every second matmul and every elementwise op; "
+                    "autopar/cost/compute.py OP_SAC_SHARE).")
     fp8_attention: bool = Field(
         default=False,
         description="Run the attention core (flash attention) in FP8 too. Off by default: FP8 recipes (Transformer "

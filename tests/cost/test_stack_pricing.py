@@ -38,3 +38,21 @@ def test_dp_overlap_off_exposes_the_fsdp_traffic():
     # Megatron-Core's distributed optimizer hides a fitted share (torchtitan's own fitted share is 0: nothing moves)
     lay = Layout(tp=1, micro_batch=1, zero_stage=3, recompute="full")
     assert step("dp_overlap=off", layout=lay, stack="megatron_core") > step("", layout=lay, stack="megatron_core")
+
+
+def test_op_level_sac_sits_between_no_recompute_and_full():
+    # torchtitan's selective policy re-runs every second matmul and the elementwise ops (compute.OP_SAC_SHARE) and
+    # keeps fewer activations than Megatron's selective policy (memory.activation_elems_per_token)
+    st = load_stack("torchtitan")
+    tr = TrainingSpec(seq_len=8192, global_batch=16, **st.knobs.training_fields())
+    mtr = tr.model_copy(update={"selective_ac": "modules"})
+    model, hw = load_model("llama3_8b"), st.on(load_hardware("h100_96gb_gt"))
+    est = {k: Estimator(model, hw, t, 8) for k, t in (("op", tr), ("modules", mtr))}
+
+    def run(which: str, rc: str):
+        return est[which].estimate(Layout(micro_batch=2, zero_stage=3, recompute=rc))
+
+    none, op, full = run("op", "none"), run("op", "selective"), run("op", "full")
+    assert none.step_time_s < op.step_time_s < full.step_time_s
+    assert full.memory_gib.total < op.memory_gib.total < none.memory_gib.total
+    assert op.memory_gib.total < run("modules", "selective").memory_gib.total
