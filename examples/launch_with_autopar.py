@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import string
 import subprocess
 import sys
@@ -76,37 +77,44 @@ def main() -> int:
     p.add_argument("--storage", default=None, help="Optuna storage for the tuning study (default ./autopar-tune.db)")
     p.add_argument("--study", default=None)
     p.add_argument("--train-steps", type=int, default=20, help="steps of the built-in training (no command given)")
+    p.add_argument("--keep", action="store_true", help="keep the run folder (plan.json, results) after the run")
     args = p.parse_args(ours)
 
     plan, model, training, doc = plan_with_tuning(args) if args.tune else plan_without_tuning(args)
     layout = plan.layout
     print(f"plan: {layout.short()} ({'measured fastest' if args.tune else 'predicted fastest'})", file=sys.stderr)
 
-    work = Path(tempfile.mkdtemp(prefix="autopar-launch-"))
-    plan_path = work / "plan.json"
-    plan_path.write_text(json.dumps(doc, indent=1))
-    env = dict(os.environ, **env_vars(layout, training, args.gpus), AUTOPAR_PLAN=str(plan_path))
+    work = Path(tempfile.mkdtemp(prefix="autopar-launch-"))   # autopar's own files; removed at the end
+    try:
+        plan_path = work / "plan.json"
+        plan_path.write_text(json.dumps(doc, indent=1))
+        env = dict(os.environ, **env_vars(layout, training, args.gpus), AUTOPAR_PLAN=str(plan_path))
 
-    if not command:                         # autopar's own runner trains the planned model with the plan
-        from autopar.run.launch import worker_spec
-        spec = work / "spec.json"
-        spec.write_text(json.dumps(worker_spec(model, layout, training, steps=args.train_steps, warmup=1,
-                                               result_dir=work)))
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={args.gpus}", "-m", "autopar.run.worker", "--spec", str(spec)]
-        env.setdefault("OMP_NUM_THREADS", "1")
-        root = str(Path(autopar.__file__).resolve().parents[1])
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    else:
-        command = [string.Template(word).safe_substitute(env) for word in command]
-    print("training: " + " ".join(command), file=sys.stderr)
-    rc = subprocess.call(command, env=env)
-    if rc == 0 and "--" not in argv:
-        losses = json.loads((work / "rank0.json").read_text()).get("losses", [])
-        last = [json.loads(f.read_text()) for f in work.glob("rank*.json")]
-        losses = next((r["losses"] for r in last if r.get("loss_rank")), losses)
-        if losses:
-            print(f"trained {len(losses)} steps: loss {losses[0]:.4f} -> {losses[-1]:.4f}", file=sys.stderr)
+        if not command:                         # autopar's own runner trains the planned model with the plan
+            from autopar.run.launch import worker_spec
+            spec = work / "spec.json"
+            spec.write_text(json.dumps(worker_spec(model, layout, training, steps=args.train_steps, warmup=1,
+                                                   result_dir=work)))
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       f"--nproc-per-node={args.gpus}", "-m", "autopar.run.worker", "--spec", str(spec)]
+            env.setdefault("OMP_NUM_THREADS", "1")
+            root = str(Path(autopar.__file__).resolve().parents[1])
+            env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        else:
+            command = [string.Template(word).safe_substitute(env) for word in command]
+        print("training: " + " ".join(command), file=sys.stderr)
+        rc = subprocess.call(command, env=env)
+        if rc == 0 and "--" not in argv:
+            losses = json.loads((work / "rank0.json").read_text()).get("losses", [])
+            last = [json.loads(f.read_text()) for f in work.glob("rank*.json")]
+            losses = next((r["losses"] for r in last if r.get("loss_rank")), losses)
+            if losses:
+                print(f"trained {len(losses)} steps: loss {losses[0]:.4f} -> {losses[-1]:.4f}", file=sys.stderr)
+    finally:
+        if args.keep:
+            print(f"run folder kept: {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return rc
 
 

@@ -45,6 +45,12 @@ SECTIONS = {
     "dist": (["megatron.training.config.common_config:DistributedInitConfig"],
              ["training/config.py:DistributedInitConfig"]),
     "comm_overlap": ([], ["training/comm_overlap.py:CommOverlapConfig"]),
+    # the Llama 2/3 recipes (recipes/llama/h100/llama{2,3}.py: AutoBridge...get_model_config()) build
+    # BridgeGPTModelConfig: its own fields are model.X, the TransformerConfig's are model.transformer.X
+    "model_gpt_config": (["megatron.training.models.gpt:GPTModelConfig"],
+                         ["models/gpt/gpt_builder.py:GPTModelConfig", "models/gpt/model_config.py:BridgeGPTModelConfig"]),
+    "model_transformer": (["megatron.core.transformer.transformer_config:TransformerConfig"],
+                          ["models/transformer_config.py:TransformerConfig"]),
     # the model section of a hybrid (Mamba / GDN) recipe: HybridModelProvider instead of GPTModelProvider
     "model_hybrid": (["megatron.core.transformer.transformer_config:TransformerConfig"],
                      ["models/transformer_config.py:TransformerConfig",

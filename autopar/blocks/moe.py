@@ -11,7 +11,16 @@ once by the weighted sum, each way -> 2·k·h forward, 2·k·h backward. Stored:
 the k routed copies in and out (2·k·h), the routed internals k·f_e·(n_in+1), the activation outputs k·f_e (gated
 only; dropped by ``moe_act`` recompute). The expert all-to-all carries k copies of each token's h.
 
-Symbols: h hidden, E routed experts, k top-k, f_e routed expert FFN width, n_s shared experts of width f_s.
+LatentMoE (NVIDIA Nemotron 3 Super and Ultra; Megatron-Core ``MoELayer`` with ``moe_latent_size``,
+Megatron-LM@d98e8a64ddf3 megatron/core/transformer/moe/moe_layer.py:265-303 and 488-490): the router and the shared
+experts see the full hidden state h, but the routed tokens are first projected down to a latent width l
+(``fc1_latent_proj``, h·l) and the combined expert output back up (``fc2_latent_proj``, l·h); both projections are
+``parallel_mode="duplicated"`` (every TP rank holds them whole, like the router). So the routed experts are MLPs of
+l -> f_e -> l, the all-to-all and the permutation carry k copies of l instead of h, and the stored routed copies are
+l wide, plus the latent input and output (2·l) of the projections.
+
+Symbols: h hidden, E routed experts, k top-k, f_e routed expert FFN width, n_s shared experts of width f_s,
+l latent width (l = h without LatentMoE).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from autopar.blocks.mlp import MLP
 @dataclass(frozen=True)
 class MoE(Block):
     kind = "moe"
-    title = "mixture of experts (router, routed and shared experts)"
+    title = "mixture of experts (router, routed and shared experts; LatentMoE)"
     source = "Megatron-Core MoELayer, SharedExpertMLP"
     routed = True
 
@@ -38,18 +47,29 @@ class MoE(Block):
     gated: bool = True
     expert_bias: bool = False
     linear_bias: bool = False
+    latent: int = 0                     # LatentMoE width l (0: the experts run at h)
 
     @classmethod
     def from_spec(cls, model) -> "MoE":
         m = model.moe
         return cls(hidden=model.hidden_size, num_experts=m.num_experts, top_k=m.top_k,
                    expert_ffn=m.expert_ffn_hidden_size, num_shared=m.num_shared_experts, shared_ffn=m.shared_ffn,
-                   gated=model.gated_mlp, expert_bias=m.expert_bias, linear_bias=model.linear_bias)
+                   gated=model.gated_mlp, expert_bias=m.expert_bias, linear_bias=model.linear_bias,
+                   latent=m.latent_size or 0)
+
+    @property
+    def routed_width(self) -> int:
+        """Width of a routed token: the latent l under LatentMoE, else h."""
+        return self.latent or self.hidden
+
+    def latent_params(self) -> int:
+        """fc1_latent_proj (h·l) and fc2_latent_proj (l·h); 0 without LatentMoE."""
+        return 2 * self.hidden * self.latent
 
     @property
     def expert(self) -> MLP:
-        """One routed expert."""
-        return MLP(self.hidden, self.expert_ffn, self.gated, self.expert_bias or self.linear_bias)
+        """One routed expert (on the latent width under LatentMoE)."""
+        return MLP(self.routed_width, self.expert_ffn, self.gated, self.expert_bias or self.linear_bias)
 
     @property
     def shared(self) -> MLP:
@@ -60,8 +80,9 @@ class MoE(Block):
         return self.expert.params()
 
     def params(self) -> int:
-        """Router (h·E) and shared experts: the part sharded by TP."""
-        return self.hidden * self.num_experts + self.num_shared * self.shared.params()
+        """Router (h·E), shared experts and the latent projections: the part outside the routed experts (counted
+        with what TP shards, as the router is, although the router and the latent projections are replicated)."""
+        return self.hidden * self.num_experts + self.num_shared * self.shared.params() + self.latent_params()
 
     def gemm_params(self) -> int:
         return self.params()
@@ -83,41 +104,44 @@ class MoE(Block):
         return self.num_shared > 0
 
     def gemms(self) -> tuple[Linear, ...]:
-        h, n_in = self.hidden, self.expert.n_in
+        h, n_in, r = self.hidden, self.expert.n_in, self.routed_width
         lin = [Linear(h, self.num_experts, "replicated", "router")]
         if self.num_shared:
             fs = self.num_shared * self.shared_ffn
             lin += [Linear(h, n_in * fs, "col", "shared_experts"), Linear(fs, h, "row", "shared_experts")]
+        if self.latent:
+            lin += [Linear(h, self.latent, "replicated", "moe"), Linear(self.latent, h, "replicated", "moe")]
         fe = self.expert_ffn
-        return tuple(lin + [Linear(h, n_in * fe, "expert_col", "moe"), Linear(fe, h, "expert_row", "moe")])
+        return tuple(lin + [Linear(r, n_in * fe, "expert_col", "moe"), Linear(fe, r, "expert_row", "moe")])
 
     def membound(self) -> dict[str, tuple[float, float]]:
-        h, k, fe = self.hidden, self.top_k, self.expert_ffn
+        h, k, fe, r = self.hidden, self.top_k, self.expert_ffn, self.routed_width
         act = self.expert.act_elems()
         out = {"norm": (2.0 * h, 3.0 * h), "residual": (3.0 * h, 3.0 * h)}
         if self.num_shared:
             fs = self.num_shared * self.shared_ffn
             out["shared_act"] = (act[0] * fs, act[1] * fs)
         out["moe_act"] = (k * act[0] * fe, k * act[1] * fe)
-        out["permute"] = (2.0 * k * h, 2.0 * k * h)
+        out["permute"] = (2.0 * k * r, 2.0 * k * r)
         return out
 
     def fp8_cast_width(self) -> int:
-        h, fs = self.hidden, self.num_shared * self.shared_ffn
-        return h + self.expert.n_in * fs + fs + h if self.num_shared else 0
+        h, fs, lat = self.hidden, self.num_shared * self.shared_ffn, self.latent
+        shared = h + self.expert.n_in * fs + fs + h if self.num_shared else 0
+        return shared + (2 * (h + lat) if lat else 0)
 
     def fp8_cast_width_expert(self) -> int:
         """The same for one routed copy through the expert GEMMs."""
         return self.expert.fp8_cast_width()
 
     def stored(self) -> dict[str, float]:
-        h, k, fe, gated = self.hidden, self.top_k, self.expert_ffn, self.expert.n_in + 1
-        return {"shared": self.num_shared * self.shared_ffn * gated, "moe_io": 2.0 * k * h,
+        k, fe, gated, r = self.top_k, self.expert_ffn, self.expert.n_in + 1, self.routed_width
+        return {"shared": self.num_shared * self.shared_ffn * gated, "moe_io": 2.0 * k * r + 2.0 * self.latent,
                 "moe_inner": k * fe * gated, "moe_act": k * fe if self.gated else 0.0}
 
     def dispatch_elems(self) -> int:
-        """Per token, what the expert all-to-all carries each way: k copies of h."""
-        return self.top_k * self.hidden
+        """Per token, what the expert all-to-all carries each way: k copies of h (of l under LatentMoE)."""
+        return self.top_k * self.routed_width
 
     def rules(self) -> tuple[Rule, ...]:
         shared = (Rule("tp", "shared expert FFN", self.shared_ffn),) if self.num_shared else ()

@@ -21,7 +21,7 @@ from autopar.cli.common import SCALE_BOUNDS, count, dump_json, seconds
 from autopar.cli.estimate import add_layout_args, layout_from_args
 from autopar.cli.measure import register_compare, register_hardware
 from autopar.errors import AutoparInputError
-from autopar.run import runner_training, scale_model
+from autopar.run import runner_training, scale_model, scale_notes
 from autopar.specs.layout import resolve_layout
 from autopar.specs.loaders import build_spec, load_model
 from autopar.specs.model import ModelSpec
@@ -66,7 +66,10 @@ def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]
     model = load_model(args.model)
     scale = {k: getattr(args, k) for k in SCALE_FLAGS if getattr(args, k) is not None}
     if scale:
-        model = scale_model(model, **scale)
+        unscaled, model = model, scale_model(model, **scale)
+        for note in scale_notes(unscaled, model):    # what scaling changed beyond the sizes asked for
+            from autopar.cli.render import wrap
+            print(wrap(f"note: {note}"), file=sys.stderr)
     layout = layout_from_args(args)
     if layout.offload_activations:
         raise AutoparInputError("--offload-activations: the profiling runner does not offload activations yet; "
@@ -87,41 +90,47 @@ def _problem(args: argparse.Namespace) -> tuple[ModelSpec, object, TrainingSpec]
 
 
 def run(args: argparse.Namespace) -> int:
+    from autopar.cli.render import terminal_width, wrap
     from autopar.run.launch import run_layout
+    width = terminal_width()
+
+    def say(line: str = "", file=None) -> None:   # every line within the terminal, continued under its label
+        print(wrap(line, width, indent=" " * 10), file=file, flush=file is not None)
+
     model, layout, training = _problem(args)
     resolved = resolve_layout(layout, model, training, args.gpus)
-    print(f"autopar profile: {model.summary()}; {resolved.short()}; {args.gpus} ranks, "
-          f"{training.global_batch} x {training.seq_len} tokens/step, {args.steps} steps", file=sys.stderr)
+    say(f"autopar profile: {model.summary()}; {resolved.short()}; {args.gpus} ranks, "
+        f"{training.global_batch} x {training.seq_len} tokens/step, {args.steps} steps", file=sys.stderr)
     res = run_layout(model, layout, training, world=args.gpus, steps=args.steps, warmup=args.warmup,
                      timeout_s=args.timeout, seed=args.seed, backend=args.backend,
                      workdir=Path(args.workdir) if args.workdir else None,
-                     progress=lambda line: print(line, file=sys.stderr, flush=True),
+                     progress=lambda line: say(line, file=sys.stderr),
                      lr=args.lr, lr_warmup_steps=args.lr_warmup, dtype=args.dtype)
     if args.json:
         print(dump_json(dict(res.to_dict(), model=model.model_dump(mode="json"), layout=resolved.short(),
                              global_batch=training.global_batch, seq_len=training.seq_len)))
         return 0 if res.ok else 1
     if not res.ok:
-        print(f"run failed: {res.failure}" + (f" (log: {res.log_path})" if res.log_path else ""))
+        say(f"run failed: {res.failure}" + (f" (log: {res.log_path})" if res.log_path else ""))
         return 1
     a = res.applied
-    print(f"model     {model.summary()}")
-    print(f"layout    {resolved.short()}")
-    print("applied   " + " ".join(f"{k}={a[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp")) +
-          f"  sp={a['sp']}  schedule={a['schedule']}  backend={a['backend']} ({a['dtype']})")
-    print(f"          data parallel: {a['data_parallel']}; recompute: {', '.join(a['recompute']) or 'none'}")
-    print(f"step      {res.step_time_s:.4f} s (median of {args.steps - args.warmup} after {args.warmup} warm-up)"
-          f"   {res.tokens_per_s:,.0f} tokens/s")
-    print(f"memory    peak GiB per rank: {' '.join(f'{m:.3f}' for m in res.peak_mem_gib)}  ({a['memory']})")
-    print(f"          scheme: {a['memory_scheme']}")
+    say(f"model     {model.summary()}")
+    say(f"layout    {resolved.short()}")
+    say("applied   " + " ".join(f"{k}={a[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp")) +
+        f"  sp={a['sp']}  schedule={a['schedule']}  backend={a['backend']} ({a['dtype']})")
+    say(f"          data parallel: {a['data_parallel']}; recompute: {', '.join(a['recompute']) or 'none'}")
+    say(f"step      {res.step_time_s:.4f} s (median of {args.steps - args.warmup} after {args.warmup} warm-up)"
+        f"   {res.tokens_per_s:,.0f} tokens/s")
+    say(f"memory    peak GiB per rank: {' '.join(f'{m:.3f}' for m in res.peak_mem_gib)}  ({a['memory']})")
+    say(f"          scheme: {a['memory_scheme']}")
     for term, label in (("weights", "weights"), ("grads", "gradients"), ("optimizer", "optimizer (main+Adam)"),
                         ("fwd_bwd_peak", "fwd/bwd peak above step start")):
         vals = [t.get(term) for t in res.memory_terms_gib]
         shown = "n/a on CPU" if all(v is None for v in vals) else " ".join(f"{v:.4g}" for v in vals)
-        print(f"          {label:<30} GiB per rank: {shown}")
-    print(f"loss      {' '.join(f'{x:.4f}' for x in res.losses)}   ({a['lr']})")
+        say(f"          {label:<30} GiB per rank: {shown}")
+    say(f"loss      {' '.join(f'{x:.4f}' for x in res.losses)}   ({a['lr']})")
     for n in res.notes:
-        print(f"note      {n}")
+        say(f"note      {n}")
     return 0
 
 

@@ -92,6 +92,16 @@ class SweepOut(_Out):
     gpu_hours_per_1e12_tokens: float | None
 
 
+class EmitOut(_Out):
+    target: str = Field(description="The --emit target: megatron, bridge, torchtitan or env.")
+    plan_rank: int | None = Field(description="The plan the settings are for: the fastest the launcher can run "
+                                              "(None when it runs none).")
+    text: str | None = Field(description="The launcher settings as a file holds them (the text output prints the "
+                                         "same, its long comment lines wrapped to the terminal).")
+    refusal: str | None = Field(description="Why the launcher cannot train this model at all (then no text).")
+    refused: dict[str, list[str]] = Field(description="Reason -> ranks ('#2') of the faster plans it refused.")
+
+
 class SolveJson(_Out):
     """``autopar solve --json``."""
     schema_version: Literal[SCHEMA_VERSION]
@@ -109,6 +119,7 @@ class SolveJson(_Out):
     notes: list[str]
     advice: list[str]
     batch_warning: str | None
+    emit: EmitOut | None = Field(None, description="With --emit: the launcher settings of the best plan it runs.")
     gpu_sweep: list[SweepOut] | None = None
     interval: dict | None = Field(
         default=None, description="80% intervals of the best plan's throughput, step time and memory (held-out "

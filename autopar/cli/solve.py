@@ -79,6 +79,28 @@ def _reasons(refused: dict[str, list[str]]) -> str:
     return "; ".join(f"{', '.join(ranks)}: {why}" for why, ranks in refused.items())
 
 
+def _emitted(args, res, model, training, gpus, hw) -> dict:
+    """The --emit settings for the fastest ranked layout the launcher can run (it may refuse a layout autopar's
+    model allows, e.g. Megatron-Bridge's hybrid provider and virtual stages): {"target", "plan_rank" (None when
+    none), "text", "refusal" (the model itself is refused), "refused" (reason -> ranks)}. The text output and
+    --json both print this."""
+    from autopar.emit import emit, emit_refusal
+    out = {"target": args.emit, "plan_rank": None, "text": None, "refusal": emit_refusal(args.emit, model),
+           "refused": {}}
+    if out["refusal"]:
+        return out
+    for plan in res.plans:
+        try:
+            out["text"] = emit(args.emit, plan.layout, model, training, gpus, hw,
+                               torchtitan_version=args.torchtitan_version)
+        except AutoparInputError as why:
+            out["refused"].setdefault(str(why), []).append(f"#{plan.rank}")
+            continue
+        out["plan_rank"] = plan.rank
+        break
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from autopar.cost import Estimator
     from autopar.search.advice import advise
@@ -121,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
             f"{k}={getattr(args.stack_knobs, k)}" for k in args.stack_spec.free))
     res.notes = notes + res.notes
     best = res.plans[0] if res.plans else None
+    if best:   # what the cost model approximates for this model or layout, said without --explain too
+        res.notes += [n for n in best.estimate.notes if n not in res.notes]
     advice = (advise(Estimator(model, hw, training, gpus), best.estimate, max_items=5,
                      allow_cross_domain=opts.allow_cross_domain) if best else [])
     batch = batch_advice(model, hw, training, gpus, best.estimate) if best else None
@@ -139,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         if tokens:
             for p in d["plans"]:
                 p["budget"] = budgets[p["rank"]].to_dict()
+        if args.emit:
+            d["emit"] = _emitted(args, res, model, training, gpus, hw)
         if sweep:
             d["gpu_sweep"] = [{"gpus": n, "fits": b is not None, "step_time_s": r.plans[0].estimate.step_time_s
                                if r.plans else None, "gpu_hours_per_1e12_tokens": b.gpu_hours / (tokens or 1e12)
@@ -189,30 +215,19 @@ def run(args: argparse.Namespace) -> int:
     if batch:
         out.print(f"[yellow]warning: {batch.message(training.seq_len, gpus)}[/yellow]")
     if args.emit:
-        from autopar.emit import emit, emit_refusal
         out.print(f"\n[bold]{args.emit} settings[/bold]")
-        refusal = emit_refusal(args.emit, model)   # the model, not the layout: a note, and the table still prints
-        if refusal:
-            out.print(f"[yellow]note: no {args.emit} settings: {refusal}[/yellow]", soft_wrap=True)
+        em = _emitted(args, res, model, training, gpus, hw)
+        if em["refusal"]:   # the model, not the layout: a note, and the table still prints
+            out.print(f"[yellow]note: no {args.emit} settings: {em['refusal']}[/yellow]")
+        elif em["text"] is None:
+            out.print(f"[yellow]note: no {args.emit} settings: it refuses every ranked layout: "
+                      f"{_reasons(em['refused'])}[/yellow]")
         else:
-            # the fastest ranked layout the launcher can run (it may refuse a layout autopar's model allows,
-            # e.g. Megatron-Bridge's hybrid provider and virtual stages)
-            refused: dict[str, list[str]] = {}      # reason -> ranks
-            for plan in res.plans:
-                try:
-                    text = emit(args.emit, plan.layout, model, training, gpus, hw,
-                                torchtitan_version=args.torchtitan_version)
-                except AutoparInputError as why:
-                    refused.setdefault(str(why), []).append(f"#{plan.rank}")
-                    continue
-                if refused:
-                    out.print(f"[yellow]note: {args.emit} settings for #{plan.rank}, the fastest layout it can run; "
-                              f"refused: {_reasons(refused)}[/yellow]", soft_wrap=True)
-                print(text, end="")
-                break
-            else:
-                out.print(f"[yellow]note: no {args.emit} settings: it refuses every ranked layout: "
-                          f"{_reasons(refused)}[/yellow]", soft_wrap=True)
+            if em["refused"]:
+                out.print(f"[yellow]note: {args.emit} settings for #{em['plan_rank']}, the fastest layout it can "
+                          f"run; refused: {_reasons(em['refused'])}[/yellow]")
+            from autopar.cli.render import wrap_comments
+            print(wrap_comments(em["text"], out.width), end="")
     headers = ["#", "layout", "step s", "tok/s/GPU", "MFU", "mem GiB", "W+G+O", "act", "compute", "tp", "cp",
                "ep", "dp", "bubble", "bottleneck"]
     if tokens:
@@ -235,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     out.print("[dim]layout: TPn PPn(vV virtual stages) CP/EP/ETP degrees, DP data-parallel, SP sequence parallel, "
               "Z ZeRO stage (FSDP = ZeRO-3), mbs micro-batch, GA gradient accumulation, rc recompute, "
               "layers = transformer layers per pipeline stage[/dim]")
-    out.print(f"[dim]search: {res.method}, status {res.status}, gap {res.gap:.2%}, {res.solve_s:.2f} s, "
+    out.print(f"[dim]search: {res.method}, {res.status_text()}, {res.solve_s:.2f} s, "
               f"space {res.space_size:,} layouts over {res.meshes} meshes[/dim]")
     for n in res.notes:
         out.print(f"[dim]note: {n}[/dim]")

@@ -66,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         refusal = emit_refusal(args.emit, load_model(args.model))
         if refusal:
             raise AutoparInputError(f"--emit {args.emit}: {refusal}")
-    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    from autopar.cli.render import terminal_width, wrap, wrap_comments
+    width = terminal_width()
+    say = (lambda m: None) if args.quiet else (lambda m: print(wrap(m, width), file=sys.stderr, flush=True))
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         result = tune(args.model, args.hardware, _training(args), args.gpus, search_options(args), trials=args.trials,
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                       warmup=args.warmup, timeout_s=args.timeout, backend=args.backend, scale=_scale(args),
                       seeds=args.seeds, confirm=args.confirm, progress=say)
     except TuneInterrupted as err:
-        print(f"autopar tune: interrupted; {err}", file=sys.stderr)
+        print(wrap(f"autopar tune: interrupted; {err}", width), file=sys.stderr)
         return 143 if isinstance(err.__context__, _Terminated) else 130
     finally:
         signal.signal(signal.SIGTERM, old)
@@ -88,28 +90,32 @@ def run(args: argparse.Namespace) -> int:
     if args.out and result.best is not None:
         Path(args.out).write_text(json.dumps(plan_document(result), indent=1))
     if args.json:
-        print(dump_json(result.to_dict()))
+        d = result.to_dict()
+        if args.emit:   # the settings are part of the answer (issue 22 #7: --json used to drop them)
+            d["emit"] = {"target": args.emit, "text": emitted, "file": args.emit_out}
+        print(dump_json(d))
         return 0 if result.best is not None else 1
     for n in result.notes:
-        print(f"note: {n}")
-    print(f"\nPredicted ({result.hardware.name}) vs measured ({result.gpus} rank(s)), every trial of study "
-          f"'{result.study_name}':")
-    print(format_trials(result))
-    print(format_summary(result))
+        print(wrap(f"note: {n}", width))
+    print(wrap(f"\nPredicted ({result.hardware.name}) vs measured ({result.gpus} rank(s)), every trial of study "
+               f"'{result.study_name}':", width))
+    print(wrap(format_trials(result, width), width))
+    print(wrap(format_summary(result), width))
     if result.best is None:
         print("No run succeeded: no plan to give (see the failures above).")
         return 1
     b, e = result.best_trial, result.best.estimate
     print(f"\nWinning plan: {result.best.layout.short()}")
-    print(f"  measured  {b.measured_tokens_per_s:,.0f} tokens/s, {b.measured_step_s:.4g} s/step, peak "
-          f"{b.measured_mem_gib if b.measured_mem_gib is not None else float('nan'):.3f} GiB on the fullest rank")
-    print(f"  predicted {e.step_time_s:.4g} s/step, {e.memory_gib.total:.2f} GiB per GPU on {result.hardware.name} "
-          f"({'fits' if e.fits else 'does not fit'})")
+    print(wrap(f"  measured  {b.measured_tokens_per_s:,.0f} tokens/s, {b.measured_step_s:.4g} s/step, peak "
+               f"{b.measured_mem_gib if b.measured_mem_gib is not None else float('nan'):.3f} GiB on the fullest "
+               "rank", width))
+    print(wrap(f"  predicted {e.step_time_s:.4g} s/step, {e.memory_gib.total:.2f} GiB per GPU on "
+               f"{result.hardware.name} ({'fits' if e.fits else 'does not fit'})", width))
     if args.out:
         print(f"  written to {args.out}")
     if emitted is not None:
         print(f"\n{args.emit} settings" + (f" (also in {args.emit_out})" if args.emit_out else ""))
-        print(emitted, end="" if emitted.endswith("\n") else "\n")
+        print(wrap_comments(emitted, width), end="" if emitted.endswith("\n") else "\n")
     return 0
 
 

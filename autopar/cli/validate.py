@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.table import Table
+from rich.markup import escape
 
 from autopar.cli.common import dump_json
-from autopar.cli.render import console
+from autopar.cli.render import console, fitted_table
 from autopar.errors import AutoparInputError
 from autopar.measure.validation import DEFAULT_CSV, validate
 
@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         rk = rep.ranking
         cov = _coverage(rep)
-        print(dump_json({"interval_coverage": {"inside": cov[0], "runs": cov[1]} if cov else None, "mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
+        print(dump_json({"interval_coverage": {"inside": cov[0], "runs": cov[1]} if cov else None,
+                         "mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
                          "ranking": {"share": rk.share, "right": rk.right, "pairs": rk.pairs, "ties": rk.ties,
                                      "skipped_measured_ties": rk.skipped},
                          "rows": [{"id": r.case.row_id, "measured_tokens_per_s_per_gpu": r.case.measured_tokens,
@@ -134,23 +135,23 @@ def run(args: argparse.Namespace) -> int:
                          "skipped": rep.skipped}))
         return 0
     out = console()
-    t = Table(title=f"Predicted vs measured tokens/s/GPU — {args.csv}", title_justify="left")
-    for c in ("row", "layout", "measured", "from", "predicted", "error", "mem GiB", "fits", "assumed"):
-        t.add_column(c, justify="right" if c in ("measured", "predicted", "error", "mem GiB") else "left")
-    for r in rep.rows:
-        t.add_row(r.case.row_id, r.case.layout.short(), f"{r.case.measured_tokens:,.0f}", r.case.measured_from,
-                  f"{r.predicted_tokens:,.0f}", f"{r.error:+.1%}", f"{r.memory_gib:.1f}/{r.hbm_gib:.0f}",
-                  "yes" if r.fits else "[red]OOM[/red]", "; ".join(r.case.assumptions))
-    out.print(t)
+    # the table through the shared width logic (cli/render.fitted_table): at 80 columns the text columns wrap and
+    # the least needed columns are dropped, named below it; a column added here needs only its header and cells
+    headers = ["row", "layout", "measured", "from", "predicted", "error", "mem GiB", "fits", "assumed"]
+    rows = [[r.case.row_id, r.case.layout.short(), f"{r.case.measured_tokens:,.0f}", r.case.measured_from,
+             f"{r.predicted_tokens:,.0f}", f"{r.error:+.1%}", f"{r.memory_gib:.1f}/{r.hbm_gib:.0f}",
+             "yes" if r.fits else "OOM", "; ".join(r.case.assumptions)] for r in rep.rows]
+    out.print(*fitted_table(out.width, f"Predicted vs measured tokens/s/GPU — {args.csv}", headers, rows,
+                            left=("row", "layout", "from", "fits", "assumed"),
+                            optional=("mem GiB", "fits", "from", "assumed"), wrap_at=20))
     for rid, why in rep.skipped:
-        out.print(f"skipped {rid}: {why}")
+        out.print(f"skipped {escape(rid)}: {escape(why)}")
     for grouping, groups in rep.breakdown().items():
-        g = Table(title=f"Error by {grouping}", title_justify="left")
-        for c in (grouping, "rows", "mean |error|", "mean error (+ = predicted fast)"):
-            g.add_column(c, justify="left" if c == grouping else "right")
-        for name, (n, mae, bias) in groups.items():
-            g.add_row(name, str(n), f"{mae:.1%}", f"{bias:+.1%}")
-        out.print(g)
+        out.print(*fitted_table(out.width, f"Error by {grouping}",
+                                [grouping, "rows", "mean |error|", "mean error (+ = predicted fast)"],
+                                [[name, str(n), f"{mae:.1%}", f"{bias:+.1%}"]
+                                 for name, (n, mae, bias) in groups.items()],
+                                left=(grouping,)))
     _print_coverage(rep, out)
     rk = rep.ranking
     out.print(f"[bold]{len(rep.rows)} rows: mean absolute error {rep.mape:.2%}, max {rep.max_abs_error:.1%}; "

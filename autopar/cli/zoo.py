@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
 from autopar.blocks import CHANNELS, MIXERS
 from autopar.cli.common import dump_json
 from autopar.cli.render import console, fitted_table
@@ -22,12 +24,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def params_b(n: float) -> str:
+    """A parameter count in billions as every command prints it (one decimal, rounded once from the count:
+    solve's header and this table both say 70.6 for llama3_70b; rounding a rounded 70.55 gave 70.5)."""
+    return f"{n / 1e9:.1f}"
+
+
 def _models() -> list[dict]:
     rows = []
     for name in zoo_names("models"):
         m = load_model(name)
         rows.append({"name": name, "total_params_b": round(m.total_params / 1e9, 2),
-                     "active_params_b": round(m.active_params / 1e9, 2), "layers": m.num_layers,
+                     "active_params_b": round(m.active_params / 1e9, 2),
+                     "_total": params_b(m.total_params), "_active": params_b(m.active_params), "layers": m.num_layers,
                      "hidden": m.hidden_size, "heads": m.num_attention_heads, "kv_heads": m.kv_heads,
                      "experts": m.moe.num_experts if m.moe else None, "top_k": m.moe.top_k if m.moe else None,
                      "mla": m.mla is not None, "vocab": m.vocab_size, "mixers": _mixers(m)})
@@ -88,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     if args.kind == "blocks":
         out["blocks"] = _blocks()
     if args.json:
-        print(dump_json(out))
+        print(dump_json({k: [{f: v for f, v in r.items() if not f.startswith("_")} for r in rows]
+                         for k, rows in out.items()}))
         return 0
     c = console()
     if "blocks" in out:
@@ -97,16 +107,17 @@ def run(args: argparse.Namespace) -> int:
                              ["kind", "role", "what", "source"], rows, left=("kind", "role", "what", "source"),
                              optional=("source",)))
         return 0
-    c.print(f"[dim]from {zoo_dir('models')} and {zoo_dir('hardware')}[/dim]")
+    c.print(f"[dim]from {escape(str(zoo_dir('models')))} and {escape(str(zoo_dir('hardware')))}[/dim]")
     if "models" in out:
-        rows = [[r["name"], f"{r['total_params_b']:.1f}", f"{r['active_params_b']:.1f}", str(r["layers"]),
+        rows = [[r["name"], r["_total"], r["_active"], str(r["layers"]),
                  str(r["hidden"]), f"{r['heads']}/{r['kv_heads']}",
                  f"{r['experts']} ({r['top_k']})" if r["experts"] else "-", "yes" if r["mla"] else "", r["mixers"]]
                 for r in out["models"]]
         c.print(*fitted_table(c.width, "Models (--model NAME)",
                              ["name", "total B", "active B", "layers", "hidden", "heads/ kv", "experts (top-k)", "MLA",
                               "token mixers (layers)"],
-                             rows, left=("name", "token mixers (layers)"), optional=("hidden", "heads/ kv", "MLA")))
+                             rows, left=("name", "token mixers (layers)"),
+                             optional=("layers", "hidden", "heads/ kv", "MLA"), wrap_at=20))
     if "hardware" in out:
         rows = [[r["name"], f"{r['bf16_tflops']:g}", f"{r['fp8_tflops']:g}" if r["fp8_tflops"] else "-",
                  f"{r['fp4_tflops']:g}" if r["fp4_tflops"] else "-", f"{r['hbm_gib']:g}", f"{r['hbm_tbps']:g}",

@@ -5,7 +5,8 @@ Per MoE layer and micro-batch each GPU holds b·s/(cp·tp) tokens (SP splits the
 sends each to k experts: dispatch and combine in the forward pass, the same two in the backward pass
 (4 all-to-alls; full recomputation adds 2), each of
 
-    A2A = b·s/(cp·tp) · k · h · e bytes  over ep ranks, etp apart in the stage's expert mesh,
+    A2A = b·s/(cp·tp) · k · h · e bytes  over ep ranks, etp apart in the stage's expert mesh
+    (l instead of h under LatentMoE, whose tokens travel at the latent width),
 
 priced by :meth:`autopar.cost.collectives.Network.moe_dispatch_time`: a plain all-to-all inside one NVLink
 domain, hierarchical across domains (each token crosses the network once per destination domain and is
@@ -17,6 +18,7 @@ Exposed fraction: 1 − ep_overlap (Megatron's 1F1B A2A overlap hides part of it
 
 from __future__ import annotations
 
+from autopar.blocks import channel_block
 from autopar.cost.collectives import Network
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.stage import Stage
@@ -31,7 +33,9 @@ def ep_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     if not n_moe or (L.ep == 1 and L.etp == 1):
         return 0.0
     per_pass = 3 if L.recompute == "full" else 2     # forward, backward (+ recomputed forward)
-    token_bytes = L.micro_batch * tr.seq_len / (L.cp * L.tp) * prof.hidden * tr.activation_bytes
+    # a routed token is h wide, or l under LatentMoE (autopar.blocks.moe)
+    width = channel_block(prof.model, "moe").routed_width
+    token_bytes = L.micro_batch * tr.seq_len / (L.cp * L.tp) * width * tr.activation_bytes
     nbytes = token_bytes * prof.top_k
     t = 2 * per_pass * net.moe_dispatch_time(token_bytes, prof.top_k, prof.model.moe.num_experts, L.ep, L.etp)
     if L.etp > 1:

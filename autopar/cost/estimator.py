@@ -200,10 +200,10 @@ class Estimator:
             compute=M * st_t.compute, tp=M * st_t.tp, cp=M * st_t.cp, ep=M * st_t.ep, dp=tail_terms[0],
             pp_bubble=bubble_time(L, t_mb), pp_p2p=p2p_time(L, tr, prof.hidden, hw, self.net),
             optimizer=tail_terms[1], offload=M * st_t.offload)
-        notes = ()
+        notes = tuple(self.model.pricing_notes())
         if hw.host_memory_gib is not None and host_gib > hw.host_memory_gib:
-            notes = (f"offloaded activations need {host_gib:.0f} GiB of host memory per GPU, more than the "
-                     f"{hw.host_memory_gib:.0f} GiB {hw.name}'s reference server has",)
+            notes += (f"offloaded activations need {host_gib:.0f} GiB of host memory per GPU, more than the "
+                      f"{hw.host_memory_gib:.0f} GiB {hw.name}'s reference server has",)
         step = times.total
         tok = tr.global_batch * tr.seq_len / (step * self.gpus)
         model_tflops = prof.model_flops_per_token * tok / 1e12

@@ -68,7 +68,7 @@ def stage_params(prof: ModelProfile, st: Stage, L: Layout) -> tuple[float, float
     expert = st.sum(prof, "expert_params") / (L.ep * L.etp)
     if st.is_last and prof.mtp_params:
         m = prof.model
-        mtp_expert = m.mtp_layers * (m.moe_layer_expert_params if m.is_moe_layer(m.num_layers - 1) else 0)
+        mtp_expert = m.mtp_layers * m.mtp_module_expert_params
         dense += (prof.mtp_params - mtp_expert) / tp
         expert += mtp_expert / (L.ep * L.etp)
     return dense, expert

@@ -14,6 +14,11 @@ docs/megatron-lm-to-megatron-bridge.md table do (``--tensor-model-parallel-size 
 Overlap switches are set on ``model`` / ``ddp`` directly; a recipe whose ``comm_overlap`` section is set may change
 them again when Bridge finalises the config (a note says so).
 
+Llama 2 / 3 (:func:`autopar.specs.launcher_rules.bridge_recipe_family`): Bridge's Llama recipes build
+``BridgeGPTModelConfig``, which nests Megatron-Core's TransformerConfig as ``model.transformer``; the overrides of its
+fields are written ``model.transformer.X`` (``model.seq_length`` and the other GPT-config fields stay ``model.X``).
+The keys are checked against the fixture's ``model_gpt_config`` and ``model_transformer`` sections.
+
 Hybrid models (Mamba-2 / Gated DeltaNet / attention / MLP / MoE, :mod:`autopar.emit.megatron_hybrid`): the recipe's
 ``model`` is then Bridge's ``HybridModelProvider`` (src/megatron/bridge/models/hybrid/hybrid_provider.py; the
 NemotronH and Nemotron 3 recipes in src/megatron/bridge/recipes/nemotronh use it), whose fields are checked against
@@ -32,6 +37,7 @@ import shlex
 from autopar.emit.megatron import MegatronLaunch, megatron_launch
 from autopar.errors import AutoparInputError
 from autopar.specs.hardware import HardwareSpec
+from autopar.specs.launcher_rules import bridge_model_key, bridge_recipe_family
 from autopar.specs.layout import Layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
@@ -70,6 +76,7 @@ _VALUE = {
     "--linear-key-head-dim": ["model.linear_key_head_dim"],
     "--linear-value-head-dim": ["model.linear_value_head_dim"],
     "--linear-conv-kernel-dim": ["model.linear_conv_kernel_dim"],
+    "--mtp-num-layers": ["model.mtp_num_layers"],
 }
 _LIST = {"--recompute-modules": "model.recompute_modules", "--offload-modules": "model.offload_modules"}
 # Megatron-LM switch -> Bridge key=value pairs.
@@ -156,6 +163,12 @@ def bridge_overrides(layout: Layout, model: ModelSpec, training: TrainingSpec, h
     if chunks:   # one mamba2 shape per model (megatron_hybrid.hybrid_refusal)
         overrides.append(f"model.mamba_chunk_size={chunks.pop()}")
         launch.notes = [n for n in launch.notes if "chunks of" not in n]   # Bridge sets the chunk: no mismatch
+    family = bridge_recipe_family(model)
+    if family == "llama_nested":   # BridgeGPTModelConfig: TransformerConfig fields under model.transformer.
+        overrides = [bridge_model_key(o.split("=", 1)[0][len("model."):], family) + "=" + o.split("=", 1)[1]
+                     if o.startswith("model.") else o for o in overrides]
+        launch.notes.append("the Llama 2/3 recipes build BridgeGPTModelConfig: its TransformerConfig fields are "
+                            "set as model.transformer.* (a plain model.* override of them is rejected)")
     return overrides, launch
 
 

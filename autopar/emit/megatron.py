@@ -43,9 +43,10 @@ Overlap (emitted where the hardware file's ``efficiency`` counts it, since the p
   ``--tp-comm-overlap`` (Transformer Engine userbuffers); Megatron allows it only with
   sequence parallel, so a layout with SP off gets a note that its TP time is predicted too low.
 - ep_overlap > 0, ``TrainingSpec.ep_comm_overlap`` and EP > 1 -> ``--overlap-moe-expert-parallel-comm`` (1F1B
-  all-to-all overlap), which Megatron allows
-  only with VPP > 1 when PP > 1, without full recompute or 'moe' in the recompute modules, and with at most one MTP
-  layer; otherwise a note says the EP time is predicted too low.
+  all-to-all overlap), which Megatron allows only with VPP > 1 when PP > 1, without full recompute or 'moe' in the recompute modules, with at most one MTP
+  layer, and (its combined 1F1B schedule asserts this at the first step) not with Megatron-FSDP on an interleaved
+  pipeline; otherwise a note says the EP time is predicted too low. The rules, with their upstream lines, are
+  autopar/specs/launcher_rules.py; the finished argv is checked against all of them before it is printed.
 - ``CUDA_DEVICE_MAX_CONNECTIONS=1`` when TP or CP > 1 without FSDP or EP overlap (Megatron asserts it on Hopper).
 
 Activation offload (offload_activations f > 0) -> Megatron-Core fine-grained activation offloading:
@@ -66,6 +67,7 @@ from autopar.emit.megatron_hybrid import (HYBRID_SCRIPT, HYBRID_SPEC, hybrid_lay
                                           hybrid_notes)
 from autopar.errors import AutoparInputError
 from autopar.specs.hardware import Efficiency, HardwareSpec
+from autopar.specs.launcher_rules import EP_OVERLAP_RULES, megatron_problems, megatron_settings
 from autopar.specs.layout import Layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
@@ -160,20 +162,6 @@ def _recompute_args(layout: Layout) -> list[str]:
     return ["--recompute-granularity", "selective", "--recompute-modules", *sorted(layout.recompute_modules)]
 
 
-def _ep_overlap_blockers(layout: Layout, model: ModelSpec) -> list[str]:
-    """Why Megatron refuses --overlap-moe-expert-parallel-comm for this layout (TransformerConfig.__post_init__)."""
-    L, why = layout, []
-    if L.pp > 1 and L.vpp == 1:
-        why.append(f"it needs virtual pipeline stages when PP > 1 (PP{L.pp}, VPP 1)")
-    if L.recompute == "full":
-        why.append("it refuses full recompute")
-    if "moe" in L.recompute_modules:
-        why.append("it refuses 'moe' in the recompute modules")
-    if model.mtp_layers > 1:
-        why.append(f"it allows at most one MTP layer ({model.mtp_layers})")
-    return why
-
-
 def _offload_args(layout: Layout, model: ModelSpec) -> list[str]:
     """Fine-grained activation offloading (docs/user-guide/features/fine_grained_activation_offloading.md)."""
     L = layout
@@ -220,13 +208,8 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
         args += ["--expert-model-parallel-size", str(L.ep), "--expert-tensor-parallel-size", str(L.etp),
                  "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
         if L.ep > 1 and eff.ep_overlap > 0 and training.ep_comm_overlap:
-            blockers = _ep_overlap_blockers(L, model)
-            if blockers:
-                notes.append(f"the prediction hides {eff.ep_overlap:.0%} of the EP all-to-all, but Megatron cannot "
-                             f"overlap it here ({'; '.join(blockers)}): expect a longer step than predicted")
-            else:
-                ep_overlap = True
-                args.append("--overlap-moe-expert-parallel-comm")
+            ep_overlap = True       # withheld below if a run-time rule of Megatron refuses it for this layout
+            args.append("--overlap-moe-expert-parallel-comm")
     if L.sp:
         args.append("--sequence-parallel")
     if L.tp > 1 and eff.tp_overlap > 0 and training.tp_comm_overlap:
@@ -253,8 +236,21 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
         args.append("--grad-reduce-in-bf16" if training.grad_dtype == "bf16"
                     else "--accumulate-allreduce-grads-in-fp32")
     args += precision_args(training.precision)
+    if ep_overlap:   # Megatron's run-time rules for the overlap (specs/launcher_rules.py, with the upstream lines)
+        settings = megatron_settings(args)
+        if model.mtp_layers:
+            settings["mtp_num_layers"] = model.mtp_layers   # the recipe's --mtp-num-layers (the model has them)
+        blockers = megatron_problems(settings, EP_OVERLAP_RULES)
+        if blockers:
+            ep_overlap = False
+            args.remove("--overlap-moe-expert-parallel-comm")
+            notes.append(f"the prediction hides {eff.ep_overlap:.0%} of the EP all-to-all, but Megatron cannot "
+                         f"overlap it here ({'; '.join(blockers)}): expect a longer step than predicted")
     if (L.tp > 1 or L.cp > 1) and not (torch_fsdp or megatron_fsdp or ep_overlap):
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    problems = megatron_problems(megatron_settings(args))
+    if problems:   # never print settings Megatron would abort on: solve then takes the next ranked layout
+        raise AutoparInputError(f"Megatron-LM would abort on {L.short()}: {'; '.join(problems)}")
     return MegatronLaunch(args=args, env=env, notes=notes,
                           script=HYBRID_SCRIPT if model.is_hybrid else "pretrain_gpt.py")
 

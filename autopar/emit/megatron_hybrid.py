@@ -110,10 +110,20 @@ def hybrid_refusal(model: ModelSpec) -> str | None:
             return (f"{kind} mixers {sorted(found)} differ in shape; Megatron-Core's shape flags are model-wide")
     if len(gates) > 1:
         return "attention layers differ in output_gate; Megatron's --attention-output-gate is model-wide"
-    if model.mtp_layers:
+    if model.mtp_layers and model.mtp_layer_pattern is None:
         return (f"{model.name} has {model.mtp_layers} MTP layer(s); a hybrid MTP depth needs its own layer pattern "
-                "after '/' in --hybrid-layer-pattern, which autopar's ModelSpec does not describe")
+                "after '/' in --hybrid-layer-pattern: give the model's mtp_layer_pattern and mtp_mlp_pattern")
     return None
+
+
+def _mtp_symbols(model: ModelSpec) -> str:
+    """One MTP depth in Megatron's pattern symbols (Nemotron 3: '*E'), from mtp_layer_pattern / mtp_mlp_pattern."""
+    out = ""
+    for name, channel in zip(model.mtp_layer_pattern or (), model.mtp_mlp_pattern or ()):
+        kind = "none" if name == "none" else model.mixers[name].kind if name in model.mixers else "attention"
+        out += ("" if kind == "none" else "+" if kind == "attention" and model.mla else _SYMBOLS[kind]) \
+            + _CHANNEL[channel]
+    return out
 
 
 def hybrid_symbols(model: ModelSpec, i: int) -> str:
@@ -130,13 +140,17 @@ def hybrid_layer_pattern(layout: Layout, model: ModelSpec) -> str:
     """``--hybrid-layer-pattern`` value: the layers' symbols, with ``|`` between the virtual stages of
     :func:`autopar.emit._common.virtual_chunks` when PP > 1."""
     layers = [hybrid_symbols(model, i) for i in range(model.num_layers)]
+    # MTP depths follow the decoder after '/', one per MTP layer (Megatron-LM@d98e8a64ddf3
+    # tests/functional_tests/test_cases/nemotron/nemotron3_super_release_gb200/model_config.yaml: "...E/*E/*E" with
+    # --mtp-num-layers 2)
+    mtp = ("/" + _mtp_symbols(model)) * model.mtp_layers if model.mtp_layer_pattern is not None else ""
     if layout.pp == 1:
-        return "".join(layers)
+        return "".join(layers) + mtp
     segments, start = [], 0
     for n in virtual_chunks(layout, model.num_layers):
         segments.append("".join(layers[start:start + n]))
         start += n
-    return "|".join(segments)
+    return "|".join(segments) + mtp
 
 
 def hybrid_mixer_args(layout: Layout, model: ModelSpec) -> list[str]:
@@ -162,6 +176,8 @@ def hybrid_mixer_args(layout: Layout, model: ModelSpec) -> list[str]:
                  "--linear-conv-kernel-dim", str(g.conv_kernel)]
     if "attention" in kinds and kinds["attention"].output_gate:
         args.append("--attention-output-gate")
+    if model.mtp_layers and model.mtp_layer_pattern is not None:
+        args += ["--mtp-num-layers", str(model.mtp_layers)]
     return args
 
 

@@ -23,7 +23,9 @@ How autopar's layout maps onto torchtitan's:
   allows only with ``compile.enable`` and "model" in ``compile.components``).
 - PP: ``pipeline_parallel_schedule`` "1F1B", or "Interleaved1F1B" when vpp > 1; the stage split is written out as
   ``module_fqns_per_model_part`` (one list per virtual stage, model order: tok_embeddings, layers.i, norm, output).
-  ``training.disable_cuda_graphs = True`` with PP (torchtitan refuses CUDA graphs with PP).
+  ``training.disable_cuda_graphs = True`` with PP, and with EP (torchtitan's ``Trainer.Config`` refuses CUDA graphs
+  with PP, and with EP unless the model's dispatcher is HybridEP with ``non_blocking_capacity_factor`` or
+  MinimalAsyncEP, which autopar cannot see: torchtitan trainer.py ``_validate_cuda_graphs``).
 - Batch: ``local_batch_size`` is split into ``local_batch_size / pipeline_parallel_microbatch_size`` pipeline
   micro-batches; torchtitan accumulates ``global / (local·dp)`` steps. With PP, local = micro_batch·grad_accum; without
   PP, local = micro_batch.
@@ -44,6 +46,7 @@ from __future__ import annotations
 from autopar.emit._common import require_resolved, virtual_chunks
 from autopar.errors import AutoparInputError
 from autopar.specs.hardware import Efficiency, HardwareSpec
+from autopar.specs.launcher_rules import torchtitan_problems
 from autopar.specs.layout import Layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
@@ -209,8 +212,11 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
         par.append(("module_fqns_per_model_part", model_parts(L, model)))
     train: list[tuple[str, object]] = [("local_batch_size", _local_batch(L)),
                                        ("global_batch_size", training.global_batch), ("seq_len", training.seq_len)]
-    if L.pp > 1:
+    if L.pp > 1 or L.ep > 1:
         train.append(("disable_cuda_graphs", True))
+    broken = torchtitan_problems({**dict(par), **dict(train), "world_size": L.world})
+    if broken:   # never print a config torchtitan would abort on (specs/launcher_rules.py)
+        raise AutoparInputError(f"torchtitan {version} would abort on {L.short()}: {'; '.join(broken)}")
 
     def kwargs(items: list[tuple[str, object]], indent: str) -> list[str]:
         out = []
@@ -237,9 +243,9 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
               "        training=replace(", "            base.training,", *kwargs(train, "            "), "        ),",
               f"        activation_checkpoint={ac},"]
     if compile_model:
-        extra = ", enable_async_tensor_parallel=True" if async_tp else ""
-        lines += [f"        compile=replace(base.compile, enable=True{extra},",
-                  '                        components=sorted({*base.compile.components, "model"})),']
+        lines += ["        compile=replace(", "            base.compile,", "            enable=True,",
+                  *(["            enable_async_tensor_parallel=True,"] if async_tp else []),
+                  '            components=sorted({*base.compile.components, "model"}),', "        ),"]
     lines.append("    )")
     return "\n".join(lines) + "\n"
 

@@ -393,7 +393,7 @@ def _summary(res: SolveResult, hw: HardwareSpec) -> str:
     elif res.heuristic:
         lines.append(f"- The rules-of-thumb layout ({res.heuristic.layout.short()}) does not fit "
                      f"({res.heuristic.estimate.memory_gib.total:.1f} of {hw.hbm_gib:.1f} GiB), so it is no baseline")
-    lines.append(f"- Search: {res.method}, status {res.status}, gap {res.gap:.2%}, {res.solve_s:.2f} s")
+    lines.append(f"- Search: {res.method}, {res.status_text()}, {res.solve_s:.2f} s")
     return "\n".join(lines)
 
 

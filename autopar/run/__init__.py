@@ -7,7 +7,8 @@ entry point (``torchrun -m autopar.run.worker --spec spec.json``) and ``launch``
 a :class:`~autopar.run.launch.RunResult`. See docs/runner.md.
 
 The public surface for planning and measuring code (``measure/compare``, ``tune``, the CLI): ``run_layout`` and
-``RunResult`` (the launcher), ``scale_model`` (a model small enough for this machine) and ``runner_training``
+``RunResult`` (the launcher), ``scale_model`` (a model small enough for this machine) with ``scale_notes`` (what
+it changed beyond the sizes) and ``runner_training``
 (the TrainingSpec the runner actually executes). Everything else is the runner's own.
 """
 
@@ -18,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 from autopar.run._training import RUNNER_LINEAR_CP, runner_training  # torch-free
 
 if TYPE_CHECKING:  # pragma: no cover
-    from autopar.run._scale import scale_model
+    from autopar.run._scale import scale_model, scale_notes
     from autopar.run.launch import RunResult, run_layout
 
-__all__ = ["RUNNER_LINEAR_CP", "RunResult", "run_layout", "runner_training", "scale_model"]
+__all__ = ["RUNNER_LINEAR_CP", "RunResult", "run_layout", "runner_training", "scale_model", "scale_notes"]
 
 
 def __getattr__(name: str) -> Any:
@@ -29,7 +30,7 @@ def __getattr__(name: str) -> Any:
     if name in ("RunResult", "run_layout"):
         from autopar.run import launch
         return getattr(launch, name)
-    if name == "scale_model":
-        from autopar.run._scale import scale_model
-        return scale_model
+    if name in ("scale_model", "scale_notes"):
+        from autopar.run import _scale
+        return getattr(_scale, name)
     raise AttributeError(name)

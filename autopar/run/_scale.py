@@ -72,6 +72,18 @@ def scale_model(model: ModelSpec, *, layers: int | None = None, hidden: int | No
             from None
 
 
+def scale_notes(model: ModelSpec, scaled: ModelSpec) -> list[str]:
+    """What scaling changed beyond the sizes asked for, said to the user: a routed top-k clamped to fewer experts
+    (top-8 of 4 experts cannot route 8), multi-token prediction layers left out."""
+    notes = []
+    if model.moe is not None and scaled.moe is not None and scaled.moe.top_k < model.moe.top_k:
+        notes.append(f"routing is top-{scaled.moe.top_k} in the scaled model, not {model.name}'s "
+                     f"top-{model.moe.top_k}: it has only {scaled.moe.num_experts} experts")
+    if model.mtp_layers and not scaled.mtp_layers:
+        notes.append(f"the scaled model leaves out {model.name}'s {model.mtp_layers} multi-token prediction layer(s)")
+    return notes
+
+
 def _scale_mixer(mx, r: float):
     """A linear-attention / SSM mixer with its width scaled by r (heads, keeping d_k, d_v, N and the chunk)."""
     if mx.kind == "attention":

@@ -61,6 +61,10 @@ def unsupported_reason(model: ModelSpec, layout: Layout) -> str | None:
     """Valid layouts this runner cannot apply (None: runnable)."""
     if model.is_moe and layout.tp > 1 and not layout.sp:
         return "MoE with tp > 1 needs sequence parallelism (as in Megatron-LM)"
+    if model.moe is not None and model.moe.latent_size:
+        return "LatentMoE (the experts' latent projections) is not in autopar's runner yet"
+    if model.mla is not None and model.mla.indexer is not None:
+        return "DeepSeek Sparse Attention's indexer is not in autopar's runner yet"
     return None
 
 

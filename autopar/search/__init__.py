@@ -38,6 +38,15 @@ class SolveResult:
     explanation: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def status_text(self) -> str:
+        """The status as a person should read it: OPTIMAL with its gap; FEASIBLE (the time limit stopped CP-SAT or
+        the branch and bound) says that the ranking is not proven, and prints a gap only where a bound proves one,
+        never a bare "gap 0.00%" that reads as proof."""
+        if self.status != "FEASIBLE":
+            return f"status {self.status}" + (f", gap {self.gap:.2%}" if self.method == "cpsat" else "")
+        bound = f"#1 within {self.gap:.2%} of the best bound" if self.gap > 0 else "no bound on #1's gap"
+        return f"status FEASIBLE (the time limit stopped the search: not proven optimal; {bound})"
+
     def to_dict(self) -> dict:
         return {"status": self.status, "gap": self.gap, "solve_s": self.solve_s, "space_size": self.space_size,
                 "meshes": self.meshes, "method": self.method, "plans": [p.to_dict() for p in self.plans],

@@ -17,6 +17,8 @@ shipped with the checkpoints; key names as in those classes):
 ``deepseek_v2``, ``deepseek_v3``,      MLA attention, shared experts, ``first_k_dense_replace`` leading dense
 ``kimi_k2``                            layers, ``num_nextn_predict_layers`` MTP modules (Moonlight and Kimi K2
                                        use the DeepSeek-V3 code)
+``deepseek_v32``                       DeepSeek-V3.2: V3 plus DeepSeek Sparse Attention's lightning indexer
+                                       (``index_n_heads``, ``index_head_dim``, ``index_topk``; autopar.blocks.mla)
 ``glm4_moe``                           GLM-4.5 / 4.5-Air (Q/K/V biases, shared expert, leading dense layers, MTP)
 ``gpt_oss``                            GPT-OSS (attention and expert biases, alternating sliding window)
 ``llama4``, ``llama4_text``            Llama 4 (``text_config``; MoE every ``interleave_moe_layer_step``-th
@@ -25,7 +27,9 @@ shipped with the checkpoints; key names as in those classes):
                                        ``full_attention_interval``-th layer (or ``layer_types``), MoE + 1 shared
 ``nemotron_h``                         Nemotron-H and Nemotron 3: one mixer per layer from
                                        ``hybrid_override_pattern`` / ``layers_block_type`` (M Mamba-2, * attention,
-                                       - squared-ReLU MLP, E MoE with one shared expert)
+                                       - squared-ReLU MLP, E MoE with one shared expert); Nemotron 3 Super and
+                                       Ultra's LatentMoE (``moe_latent_size``) and MTP modules
+                                       (``num_nextn_predict_layers`` of ``mtp_layers_block_type`` sub-layers)
 ``kimi_linear``                        Kimi Linear: Kimi Delta Attention and MLA (``linear_attn_config``), MoE
 ``gemma3``, ``gemma3_text``            Gemma 3 (``text_config``; 5 local sliding-window layers : 1 global,
                                        ``sliding_window_pattern`` or ``layer_types``; tied embeddings)
@@ -34,6 +38,11 @@ shipped with the checkpoints; key names as in those classes):
                                        MoE every ``expert_layer_period``-th layer, dense SwiGLU MLPs elsewhere
 ``falcon_h1``                          Falcon-H1: attention and a Mamba-2 mixer in parallel in every layer
                                        (layer_pattern ``attention+mamba``), SwiGLU MLP
+``phi3``                               Phi-3 / Phi-4 (Llama shape, packed qkv_proj and gate_up_proj)
+``smollm3``                            SmolLM3 (Llama shape, tied embeddings, RoPE left out on some layers)
+``minimax_m2``                         MiniMax-M2 (GQA with explicit head_dim, every layer MoE, MTP modules)
+``bailing_moe``                        Ling / Ring v1 and v2 (shared experts, leading dense layers, MTP)
+``ernie4_5_moe``                       ERNIE 4.5 MoE (MoE from moe_layer_start_index, shared experts)
 =====================================  ==========================================================================
 
 Each mixer a family maps to names its block class (:mod:`autopar.blocks`), whose ``field_problem`` checks the
@@ -164,6 +173,11 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
     if r.get("attention_bias", False, kind=bool):
         r.used.discard("attention_bias")  # MLA with biases is not modelled: report the key
     f["mla"] = _mla(r)
+    if r.family == "deepseek_v32":
+        # DeepSeek Sparse Attention: the lightning indexer next to MLA (autopar.blocks.mla)
+        f["mla"]["indexer"] = dict(n_heads=r.get("index_n_heads"), head_dim=r.get("index_head_dim"),
+                                   topk=r.get("index_topk"))
+        r.mark("indexer_rope_interleave")   # RoPE layout of the index key: no weights
     moe = _deepseek_moe(r, f, r.family)
     if moe is not None:
         f["moe"] = moe
@@ -307,15 +321,31 @@ def _nemotron_h(r: _Reader) -> dict[str, Any]:
     f["layer_pattern"] = [_NEMOTRON_KINDS[c][0] for c in pattern]
     f["mlp_pattern"] = [_NEMOTRON_KINDS[c][1] for c in pattern]
     if "E" in pattern:
-        if r.get("moe_latent_size", None, nullable=True) is not None:
-            r.used.discard("moe_latent_size")   # latent MoE (Nemotron 3 Super) projections are not modelled
         shared = r.get("moe_shared_expert_intermediate_size", 0)
+        # LatentMoE (Nemotron 3 Super / Ultra): the routed experts run at moe_latent_size (autopar.blocks.moe)
         f["moe"] = dict(num_experts=r.get("n_routed_experts"), top_k=r.get("num_experts_per_tok"),
                         expert_ffn_hidden_size=r.get("moe_intermediate_size"),
-                        num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared or None)
+                        num_shared_experts=1 if shared else 0, shared_expert_ffn_hidden_size=shared or None,
+                        latent_size=r.get("moe_latent_size", None, nullable=True))
     else:
         r.mark("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
-               "moe_shared_expert_intermediate_size")
+               "moe_shared_expert_intermediate_size", "moe_latent_size")
+    # MTP (Nemotron 3 Super / Ultra): num_nextn_predict_layers modules, each the sub-layers of
+    # mtp_layers_block_type (["attention", "moe"]) or mtp_hybrid_override_pattern ("*E")
+    f["mtp_layers"] = r.get("num_nextn_predict_layers", 0)
+    kinds = r.get("mtp_layers_block_type", None, kind=list, nullable=True)
+    mtp = r.get("mtp_hybrid_override_pattern", None, kind=str, nullable=True)
+    if mtp is None and kinds is not None:
+        bad = sorted({str(b) for b in kinds if b not in _NEMOTRON_NAMES})
+        if bad:
+            raise r.fail(f"mtp_layers_block_type: unknown block type(s) {bad} (mamba, attention, mlp, moe)")
+        mtp = "".join(_NEMOTRON_NAMES[b] for b in kinds)
+    if f["mtp_layers"] and mtp:
+        bad = sorted(set(mtp) - set(pattern))
+        if bad:
+            raise r.fail(f"the MTP sub-layers {mtp!r} use block kinds {bad} that no main layer has")
+        f["mtp_layer_pattern"] = [_NEMOTRON_KINDS[c][0] for c in mtp]
+        f["mtp_mlp_pattern"] = [_NEMOTRON_KINDS[c][1] for c in mtp]
     return f
 
 
@@ -464,6 +494,109 @@ def _falcon_h1(r: _Reader) -> dict[str, Any]:
     return f
 
 
+def _phi3(r: _Reader) -> dict[str, Any]:
+    """Phi-3 / Phi-4 (transformers Phi3Config / modeling_phi3.py): the Llama shape with Q/K/V packed into one
+    ``qkv_proj`` and gate/up into one ``gate_up_proj`` (same weights, same FLOPs as separate projections). Phi-4
+    (microsoft/phi-4) has no sliding window (``sliding_window`` null); Phi-3-mini's 2047-token window on every
+    layer is read like Mistral's. ``partial_rotary_factor`` (Phi-4-mini) has no weights."""
+    f = _llama_like(r, kv_required=False)
+    f.update(_window(r, f["num_layers"], all_layers_key=True))
+    r.mark("original_max_position_embeddings", "resid_pdrop")
+    return f
+
+
+def _smollm3(r: _Reader) -> dict[str, Any]:
+    """SmolLM3 (transformers SmolLM3Config): the Llama shape (GQA, SwiGLU, tied embeddings by default) with RoPE
+    left out on every ``no_rope_layer_interval``-th layer (``no_rope_layers``: no weights, ignored)."""
+    f = _llama_like(r, kv_required=True)
+    f["tie_embeddings"] = r.get("tie_word_embeddings", True, kind=bool)
+    f.update(_window(r, f["num_layers"], all_layers_key=False))
+    return f
+
+
+def _minimax_m2(r: _Reader) -> dict[str, Any]:
+    """MiniMax-M2 (MiniMaxAI's configuration_minimax_m2.py / transformers MiniMaxM2Config): GQA attention with an
+    explicit ``head_dim`` (48 heads of 128 on a 3072-wide model), Q/K RMSNorm, every layer a MoE of
+    ``num_local_experts`` SwiGLU experts of width ``intermediate_size``, sigmoid routing, no shared expert;
+    ``num_mtp_modules`` multi-token prediction modules when ``use_mtp``. The routing bias (E per layer) is below
+    0.01 % and not counted."""
+    f = _base(r, kv_required=True, head_dim_required=True)
+    width = r.get("intermediate_size")
+    f["ffn_hidden_size"] = width
+    if r.get("attention_bias", False, kind=bool):
+        f["qkv_bias"] = True
+    shared = r.get("shared_intermediate_size", 0)
+    f["moe"] = dict(num_experts=r.get("num_local_experts"), top_k=r.get("num_experts_per_tok"),
+                    expert_ffn_hidden_size=width, num_shared_experts=1 if shared else 0,
+                    shared_expert_ffn_hidden_size=shared or None)
+    use_mtp = r.get("use_mtp", False, kind=bool)
+    modules = r.get("num_mtp_modules", 0)
+    per_module = r.get("mtp_transformer_layers", 1)
+    f["mtp_layers"] = modules * per_module if use_mtp else 0
+    f.update(_window(r, f["num_layers"], all_layers_key=False))
+    r.mark("rotary_dim", "use_routing_bias", "qk_norm_type", "attn_type_list", "layernorm_full_attention_beta",
+           "layernorm_full_attention_alpha", "layernorm_mlp_alpha", "layernorm_mlp_beta",
+           "layernorm_linear_attention_alpha", "layernorm_linear_attention_beta", "full_attn_alpha_factor",
+           "full_attn_beta_factor", "linear_attn_alpha_factor", "linear_attn_beta_factor", "mlp_alpha_factor",
+           "mlp_beta_factor", "postnorm", "use_gradient_checkpointing", "block_size", "head_dim_rope")
+    return f
+
+
+def _bailing_moe(r: _Reader) -> dict[str, Any]:
+    """Ling / Ring (inclusionAI's configuration_bailing_moe.py and configuration_bailing_moe_v2.py, both
+    ``model_type`` bailing_moe): GQA, SwiGLU experts of ``moe_intermediate_size``, ``num_shared_experts`` always-on
+    shared experts (each of ``moe_shared_expert_intermediate_size``, else of the routed width: BailingMoeV2 sizes
+    the shared block as ``moe_intermediate_size * num_shared_experts``), ``first_k_dense_replace`` leading dense
+    layers of ``intermediate_size``; v2 adds Q/K norms (``use_qk_norm``), sigmoid group routing and
+    ``num_nextn_predict_layers`` MTP layers. ``use_qkv_bias`` puts biases on Q/K/V."""
+    f = _base(r, kv_required=True)
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    if r.get("use_qkv_bias", False, kind=bool):
+        f["qkv_bias"] = True
+    if r.get("use_bias", False, kind=bool):
+        r.used.discard("use_bias")    # biases on every linear layer are not modelled: report the key
+    expert = r.get("moe_intermediate_size")
+    shared = r.get("num_shared_experts", 0, nullable=False)
+    f["moe"] = dict(num_experts=r.get("num_experts"), top_k=r.get("num_experts_per_tok"),
+                    expert_ffn_hidden_size=expert, num_shared_experts=shared,
+                    shared_expert_ffn_hidden_size=r.get("moe_shared_expert_intermediate_size", None, nullable=True),
+                    first_dense_layers=r.get("first_k_dense_replace", 0))
+    f["mtp_layers"] = r.get("num_nextn_predict_layers", 0)
+    r.mark("norm_head", "norm_softmax", "embedding_dropout", "output_dropout", "use_rmsnorm", "score_function",
+           "moe_router_enable_expert_bias", "router_dtype", "use_qk_norm", "mtp_loss_scaling_factor")
+    return f
+
+
+def _ernie4_5_moe(r: _Reader) -> dict[str, Any]:
+    """ERNIE 4.5 MoE (transformers Ernie4_5_MoeConfig / baidu's configuration_ernie4_5_moe.py): GQA, SwiGLU
+    experts; layer i is MoE when moe_layer_start_index <= i <= moe_layer_end_index (default: the last layer) and
+    (i - start) % moe_layer_interval == 0, else a dense SwiGLU MLP of ``intermediate_size``;
+    ``moe_num_shared_experts`` shared experts of the routed width. ``use_bias`` puts biases on every linear layer
+    (not modelled; reported)."""
+    f = _base(r, kv_required=True)
+    f["ffn_hidden_size"] = r.get("intermediate_size")
+    f["tie_embeddings"] = r.get("tie_word_embeddings", True, kind=bool)
+    if r.get("use_bias", False, kind=bool):
+        r.used.discard("use_bias")
+    n = f["num_layers"]
+    start = r.get("moe_layer_start_index", 1)
+    end = r.get("moe_layer_end_index", None, nullable=True)
+    end = n - 1 if end is None or end < 0 else end
+    interval = r.count("moe_layer_interval", 1)
+    moe_layers = [i for i in range(n) if start <= i <= end and (i - start) % interval == 0]
+    first_dense, every = _moe_from_lists(r, n, moe_layers, "moe_layer_start_index / moe_layer_end_index / "
+                                         "moe_layer_interval")
+    f["moe"] = dict(num_experts=r.get("moe_num_experts"), top_k=r.get("moe_k"),
+                    expert_ffn_hidden_size=r.get("moe_intermediate_size"),
+                    num_shared_experts=r.get("moe_num_shared_experts", 0, nullable=False),
+                    first_dense_layers=first_dense, moe_layer_interval=every)
+    f["mtp_layers"] = r.get("num_nextn_predict_layers", 0)
+    r.mark("moe_gate_act", "moe_capacity", "moe_gate", "moe_use_aux_free", "moe_norm_min", "use_rmsnorm",
+           "compression_ratio", "fuse_rms_norm", "use_flash_attention", "multi_token_pred_lambda",
+           "enable_mtp_magic_send")
+    return f
+
+
 def _refuse(why: str):
     def family(r: _Reader) -> dict[str, Any]:
         raise r.fail(why)
@@ -473,9 +606,11 @@ def _refuse(why: str):
 _FAMILIES = {
     "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "olmoe": _olmoe, "deepseek_v2": _deepseek,
-    "deepseek_v3": _deepseek, "kimi_k2": _deepseek, "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss,
+    "deepseek_v3": _deepseek, "deepseek_v32": _deepseek, "kimi_k2": _deepseek, "glm4_moe": _glm4_moe,
+    "gpt_oss": _gpt_oss,
     "llama4_text": _llama4_text, "qwen3_next": _qwen3_next, "nemotron_h": _nemotron_h, "gemma3_text": _gemma3_text,
-    "kimi_linear": _kimi_linear, "jamba": _jamba, "falcon_h1": _falcon_h1,
+    "kimi_linear": _kimi_linear, "jamba": _jamba, "falcon_h1": _falcon_h1, "phi3": _phi3, "smollm3": _smollm3,
+    "minimax_m2": _minimax_m2, "bailing_moe": _bailing_moe, "ernie4_5_moe": _ernie4_5_moe,
 }
 _REFUSED: dict[str, str] = {}
 _WRAPPERS = {"llama4": ("llama4_text", _llama4_text), "gemma3": ("gemma3_text", _gemma3_text)}

@@ -357,6 +357,9 @@ def check_layout_groups(layout: Layout, model: ModelSpec, training: TrainingSpec
             add(f"dp·micro_batch·grad_accum = {dp}·{L.micro_batch}·{L.grad_accum} = "
                      f"{dp * L.micro_batch * L.grad_accum} != global_batch ({B})")
         elif L.vpp > 1 and (B // (dp * L.micro_batch)) % L.pp:
+            # Megatron-LM@d98e8a64ddf3 megatron/core/pipeline_parallel/schedules.py:1160-1180 (the interleaved
+            # schedule raises unless PP <= micro-batches and micro-batches % PP is 0 or >= PP, with its default
+            # microbatch_group_size_per_vp_stage = PP); torchtitan's Interleaved1F1B needs the same
             group = "interleaving"
             add(f"interleaved schedule: micro-batches per step ({B // (dp * L.micro_batch)}) must be a "
                      f"multiple of pp ({L.pp})")

@@ -133,7 +133,10 @@ def _resolve(ref: str | Path, kind: str) -> Path:
     path = Path(ref)
     if path.suffix in (".yaml", ".yml", ".json") or _exists(path):
         if not _exists(path):
-            raise AutoparInputError(f"{label} file not found: {_show(path)}")
+            zoo = path.stem if path.suffix in (".yaml", ".yml") else None
+            hint = (f"; the zoo {label} '{zoo}' has that name: pass --{'model' if kind == 'models' else 'hardware'} "
+                    f"{zoo} (works from any folder)" if zoo and zoo in zoo_names(kind) else "")
+            raise AutoparInputError(f"{label} file not found: {_show(path)}{hint}")
         if path.is_dir() and _exists(path / "config.json"):
             return path / "config.json"
         return path
@@ -179,8 +182,10 @@ def load_model(ref: str | Path | ModelSpec, *, warn: Any = None) -> ModelSpec:
     taking a string; default: printed to stderr)."""
     if isinstance(ref, ModelSpec):
         return ref
-    hf_id = (isinstance(ref, str) and _HF_ID.fullmatch(ref) and not Path(ref).exists()
-             and not (zoo_dir("models") / f"{ref}.yaml").exists())
+    # a name ending in .yaml/.yml/.json is a file even when missing ("models/deepseek_v3.yaml" run outside the
+    # checkout), never a Hub id: _resolve says at once that it is missing and names the zoo model it matches
+    hf_id = (isinstance(ref, str) and _HF_ID.fullmatch(ref) and Path(ref).suffix not in (".yaml", ".yml", ".json")
+             and not _exists(Path(ref)) and not (zoo_dir("models") / f"{ref}.yaml").exists())
     path = hf_config_path(ref) if hf_id else _resolve(ref, "models")
     data = read_structured_file(path)
     if isinstance(data, dict) and ("model_type" in data or "architectures" in data):

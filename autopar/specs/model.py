@@ -62,6 +62,10 @@ class MoESpec(Spec):
         default=1, gt=0, le=limit("layers"),
         description="After the leading dense layers, every n-th layer is MoE (Llama 4 Maverick: 2); others dense.")
     expert_bias: bool = Field(default=False, description="Expert linear layers carry biases (GPT-OSS).")
+    latent_size: int | None = Field(
+        default=None, gt=0, le=limit("hidden"),
+        description="LatentMoE (Nemotron 3 Super/Ultra): routed experts run at this width l; the tokens are projected "
+                    "h -> l before the dispatch and l -> h after the combine (autopar.blocks.moe). None = h.")
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":
@@ -74,6 +78,16 @@ class MoESpec(Spec):
         return self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size
 
 
+class IndexerSpec(Spec):
+    """DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2-Exp; autopar.blocks.mla): a small multi-query
+    scoring over all earlier keys that picks the top-k keys each query attends to."""
+
+    n_heads: int = Field(gt=0, le=limit("heads"), description="Index heads (H_I; index_n_heads).")
+    head_dim: int = Field(gt=0, le=limit("head_dim"), description="Width of an index head and of the shared index "
+                                                                  "key (d_I; index_head_dim).")
+    topk: int = Field(gt=0, le=limit("seq_len"), description="Keys each query attends to (index_topk).")
+
+
 class MLASpec(Spec):
     """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 sec. 2.1): low-rank Q and joint KV."""
 
@@ -83,6 +97,8 @@ class MLASpec(Spec):
     qk_nope_head_dim: int = Field(gt=0, le=limit("head_dim"), description="Per-head Q/K dim without rotary embedding.")
     qk_rope_head_dim: int = Field(gt=0, le=limit("head_dim"), description="Per-head decoupled rotary Q/K dim.")
     v_head_dim: int = Field(gt=0, le=limit("head_dim"), description="Per-head value dim.")
+    indexer: IndexerSpec | None = Field(default=None, description="DeepSeek Sparse Attention's indexer; None = "
+                                                                  "dense MLA.")
 
 
 class ModelSpec(Spec):
@@ -117,6 +133,12 @@ class ModelSpec(Spec):
     mla: MLASpec | None = Field(default=None, description="Multi-head latent attention; None = standard GQA.")
     mtp_layers: int = Field(default=0, ge=0, le=limit("layers"),
                             description="Multi-token-prediction modules (DeepSeek-V3: 1).")
+    mtp_layer_pattern: tuple[str, ...] | None = Field(
+        default=None, description="Token mixer of each sub-layer of one MTP module, as in layer_pattern (Nemotron 3: "
+                                  "['attention', 'none']); None = one sub-layer of the last layer's kinds.")
+    mtp_mlp_pattern: tuple[ChannelKind, ...] | None = Field(
+        default=None, description="Channel mixer of each sub-layer of one MTP module (Nemotron 3: ['none', 'moe']); "
+                                  "given with mtp_layer_pattern.")
     mixers: dict[str, MixerSpec] = Field(
         default_factory=dict, description="Named token mixers that layer_pattern can place (linear attention, SSM, "
                                           "attention variants); see autopar.specs.mixers.")
@@ -156,6 +178,13 @@ class ModelSpec(Spec):
         unused = sorted(set(self.mixers) - used)
         if unused:
             raise ValueError(f"mixers {unused} are defined but no layer_pattern entry uses them")
+        if (self.mtp_layer_pattern is None) != (self.mtp_mlp_pattern is None) or (
+                self.mtp_layer_pattern is not None and len(self.mtp_layer_pattern) != len(self.mtp_mlp_pattern)):
+            raise ValueError("mtp_layer_pattern and mtp_mlp_pattern go together, one entry per MTP sub-layer each")
+        if self.mtp_layer_pattern is not None:
+            bad = sorted({n for n in self.mtp_layer_pattern if n not in {"attention", "none", *self.mixers}})
+            if bad or ("moe" in self.mtp_mlp_pattern and self.moe is None):
+                raise ValueError(f"mtp_layer_pattern names unknown mixer(s) {bad} or places 'moe' without moe")
         if self.mlp_pattern is not None and "moe" in self.mlp_pattern and self.moe is None:
             raise ValueError("mlp_pattern places 'moe' layers but moe is not set")
         if self.mlp_pattern is not None and self.moe is not None and "moe" not in self.mlp_pattern:
@@ -408,12 +437,41 @@ class ModelSpec(Spec):
         """Output projection (0 when tied to the embedding); the final norm is counted here."""
         return (0 if self.tie_embeddings else self.vocab_size * self.hidden_size) + self.norm_params
 
+    def _mtp_sublayers(self) -> list[tuple[tuple[Block, ...], Block | None]]:
+        """(token-mixer blocks, channel block) of each sub-layer of one MTP module: mtp_layer_pattern /
+        mtp_mlp_pattern (Nemotron 3: an attention sub-layer and an MoE sub-layer), else the last layer's."""
+        if self.mtp_layer_pattern is None:
+            last = self.num_layers - 1
+            return [(self.mixer_blocks(last), self.channel_block(last))]
+        return [(tuple(mixer_block(self, self._named_mixer(n)) for n in name.split("+") if n != "none"),
+                 channel_block(self, ch)) for name, ch in zip(self.mtp_layer_pattern, self.mtp_mlp_pattern)]
+
+    def pricing_notes(self) -> list[str]:
+        """What the cost model approximates for this model's blocks, said beside every estimate."""
+        notes = []
+        if self.mla is not None and self.mla.indexer is not None:
+            notes.append("DeepSeek Sparse Attention: the indexer's scores over all keys are priced at the attention "
+                         "kernel's speed (its FP8 kernel is not in the hardware file) and its top-k selection is "
+                         "not priced; MLA attends to the top-k keys")
+        if self.mtp_layers and self.mtp_layer_pattern is not None and len(self.mtp_layer_pattern) > 1:
+            notes.append(f"each MTP module's {len(self.mtp_layer_pattern)} sub-layers are counted in parameters, "
+                         "FLOPs and memory, but its time is priced as one layer of the last layer's kind")
+        return notes
+
+    @cached_property
+    def mtp_module_expert_params(self) -> int:
+        """Routed-expert weights of one MTP module (sharded by EP·ETP)."""
+        return sum(ch.expert_params() for _, ch in self._mtp_sublayers() if ch is not None)
+
     @cached_property
     def mtp_module_params(self) -> int:
-        """One DeepSeek-V3 MTP module (arXiv 2412.19437 sec. 2.2): 2 norms, a 2h x h projection and one
-        transformer block of the last layer's kind; embedding and head are shared with the main model."""
-        last = self.num_layers - 1
-        block = self.layer_nonexpert_params(last) + self.layer_expert_params(last)
+        """One MTP module (DeepSeek-V3, arXiv 2412.19437 sec. 2.2; Nemotron 3's two-sub-layer depth): 2 norms, a
+        2h x h projection and its sub-layers (each with its norms); embedding and head are shared with the main
+        model."""
+        block = 0
+        for mixers, ch in self._mtp_sublayers():
+            block += sum(b.params() for b in mixers) + self.norm_params * (bool(mixers) + (ch is not None))
+            block += (ch.params() + ch.expert_params()) if ch is not None else 0
         return 2 * self.norm_params + 2 * self.hidden_size * self.hidden_size + block
 
     @cached_property
@@ -462,11 +520,14 @@ class ModelSpec(Spec):
         return 2.0 * self.hidden_size * self.vocab_size
 
     def mtp_forward_flops_per_token(self, seq_len: int) -> float:
-        """MTP modules: projection 2·(2h·h), one block, and one more LM head each."""
+        """MTP modules: projection 2·(2h·h), its sub-layers, and one more LM head each."""
         if not self.mtp_layers:
             return 0.0
-        per = 2.0 * 2 * self.hidden_size ** 2 + self.layer_forward_flops_per_token(self.num_layers - 1, seq_len) \
-            + self.head_forward_flops_per_token()
+        block = 0.0
+        for mixers, ch in self._mtp_sublayers():
+            block += sum(2.0 * b.gemm_params() + b.attention_core_flops(seq_len) + b.scan_flops() for b in mixers)
+            block += ch.forward_flops() if ch is not None else 0.0
+        per = 2.0 * 2 * self.hidden_size ** 2 + block + self.head_forward_flops_per_token()
         return self.mtp_layers * per
 
     def forward_flops_per_token(self, seq_len: int) -> float:
@@ -486,11 +547,21 @@ class ModelSpec(Spec):
             out[self.mixer_name(i)] = out.get(self.mixer_name(i), 0) + 1
         return out
 
+    @staticmethod
+    def count_text(n: float) -> str:
+        """A parameter count as every command prints it: one decimal of the largest unit that keeps it at least 1
+        (70.6B, 120.0M, 45.1K), rounded once from the count (autopar zoo's billions use the same rounding)."""
+        for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+            if n >= scale:
+                return f"{n / scale:.1f}{unit}"
+        return f"{n:.0f}"
+
     def summary(self) -> str:
         kind = f"MoE {self.moe.num_experts}x top-{self.moe.top_k}" if self.moe else "dense"
         mix = ""
         if self.is_hybrid:
             mix = " (" + " + ".join(f"{n} {k}" for k, n in self.mixer_counts().items()) + ")"
-        return (f"{self.name}: {self.total_params / 1e9:.1f}B total, {self.active_params / 1e9:.1f}B active, "
+        return (f"{self.name}: {self.count_text(self.total_params)} total, {self.count_text(self.active_params)} "
+                "active, "
                 f"{self.num_layers} layers{mix}, h={self.hidden_size}, {kind}")
 

@@ -114,7 +114,7 @@ def resolve_problem(model: ModelSpec | str | Path, hardware: HardwareSpec | str 
     :func:`scale_model` arguments (on the CPU, completed from CPU_SCALE), or None (run the model as given).
     ``training``: a TrainingSpec, None (the defaults for the machine), or a dict of TrainingSpec fields laid over
     those defaults."""
-    from autopar.run import scale_model
+    from autopar.run import scale_model, scale_notes
 
     if not isinstance(gpus, int) or gpus < 1:
         raise AutoparInputError(f"gpus must be a positive whole number (got {gpus})")
@@ -149,11 +149,12 @@ def resolve_problem(model: ModelSpec | str | Path, hardware: HardwareSpec | str 
         raise AutoparInputError(f"scale must be 'auto', a dict of scale_model arguments or None (got {scale!r})")
     base = spec.name
     if args:
-        spec = scale_model(spec, **args)
+        unscaled, spec = spec, scale_model(spec, **args)
         why = "so a run takes a few seconds on this CPU" if on_cpu else "as asked"
         notes.append(f"model scaled down from {base} ({why}): "
                      + ", ".join(f"{k} {v}" for k, v in sorted(args.items()))
                      + "; the plan found is for this scaled model (pass --no-scale / scale=None to run it as is)")
+        notes += scale_notes(unscaled, spec)
     if not isinstance(training, TrainingSpec):
         from autopar.specs.loaders import build_spec
         over = dict(training or {})

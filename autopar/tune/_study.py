@@ -415,7 +415,7 @@ class StudyWorker:
         params = self.space.suggest(trial, gpus)
         layout = self.space.layout(params, gpus)
         seed_rank = trial.user_attrs.get("seed_rank")
-        tag = f"#{number}" + (f" seed {seed_rank}" if seed_rank else "")
+        tag = f"seed {seed_rank}" if seed_rank else ""   # the study's trial number is no run number: not shown
         problems = check_layout(layout, p.model, p.training, gpus)
         if problems:
             trial.set_user_attr("layout", self.space.structures[params["layout"]].label(gpus) + f" {params}")
@@ -434,13 +434,14 @@ class StudyWorker:
             return self._not_run(trial, SKIPPED, f"predicted OOM: {e.memory_gib.total:.2f} GiB > "
                                                  f"{e.hbm_gib:.2f} GiB HBM", tag)
         if trial.user_attrs.get("confirm_of") is not None:
-            tag += f" re-measure of #{trial.user_attrs['confirm_of']}"
+            tag += f" re-measure of trial #{trial.user_attrs['confirm_of']}"
         else:
             prior = self._prior_run(label, number, float(trial.user_attrs.get("timeout_s", self.s.timeout_s)))
             if prior is not None:
                 return self._repeat(trial, prior, tag)
         self._not_run_streak = 0
-        self.say(f"[trial {i}/{self.s.trials} {tag}] {label}: predicted {e.step_time_s:.4g} s/step; running "
+        seed = f" {tag.strip()}" if tag.strip() else ""
+        self.say(f"[trial {i}/{self.s.trials}{seed}] {label}: predicted {e.step_time_s:.4g} s/step; running "
                  f"{self.s.steps} steps ...")
         res = self.runner(p.model, resolved, p.training, world=gpus, steps=self.s.steps, warmup=self.s.warmup,
                           timeout_s=self.s.timeout_s, seed=0, backend=p.backend)
@@ -508,7 +509,8 @@ class StudyWorker:
             trial.set_user_attr("outcome", outcome)
             self.study.tell(trial, state=TrialState.PRUNED)
         if outcome == SKIPPED:
-            self.say(f"    {tag} {trial.user_attrs.get('layout', '')}: not run, {reason}")
+            self.say(f"    proposal{' (' + tag + ')' if tag else ''} {trial.user_attrs.get('layout', '')}: not run, "
+                     f"{reason}")
 
     def _interrupt(self, trial: Any, reason: str) -> None:
         from optuna.trial import TrialState

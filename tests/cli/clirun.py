@@ -19,7 +19,8 @@ from autopar.cli.main import main
 
 CASE_LIMIT_S = 20
 NO_RESULT_OK = {"solve"}          # commands whose exit 1 is documented ("No layout fits.")
-PROGRESS = ("note:", "…", "autopar tune:")   # stderr lines a command may print before its error
+PROGRESS = ("note:", "…", "autopar tune:", "  ")   # stderr lines a command may print before its error ("  ":
+#   the continuation of a progress line wrapped at the terminal width)
 
 
 class Hang(BaseException):

@@ -40,3 +40,17 @@ def test_schema_command_prints_the_generated_schema():
 def test_version():
     r = run("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"autopar {__version__}"
+
+
+def test_solve_json_keeps_the_emitted_settings():
+    """Issue 22 #7: --emit with --json dropped the launcher settings silently."""
+    r = run("solve", "--model", "llama3_8b", "--gpus", "8", "--mbs", "1", "--vpp", "1", "--time-limit", "5",
+            "--top-k", "2", "--emit", "megatron", "--json")
+    assert r.returncode == 0, r.stderr
+    d = SolveJson.model_validate(json.loads(r.stdout))
+    assert d.emit is not None and d.emit.target == "megatron" and d.emit.plan_rank == 1
+    assert "--tensor-model-parallel-size" in d.emit.text and d.emit.refusal is None
+    text = run("solve", "--model", "llama3_8b", "--gpus", "8", "--mbs", "1", "--vpp", "1", "--time-limit", "5",
+               "--top-k", "2", "--emit", "megatron")
+    from autopar.cli.render import wrap_comments            # the terminal wraps long comment lines, nothing else
+    assert wrap_comments(d.emit.text, 80) in text.stdout

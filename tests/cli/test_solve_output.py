@@ -78,3 +78,28 @@ def test_offload_for_megatron_leaves_full_recompute_out_of_the_search():
     assert any("full recompute left out" in n for n in d["notes"])
     r = run(*BASE, "--gpus", "8", "--offload-activations", "0.5", "--emit", "bridge", "--recompute", "full")
     assert r.returncode == 2 and "full recompute" in r.stderr
+
+
+def test_tokens_without_price_at_80_columns_does_not_crash():
+    """Issue 22 #1: with --tokens but no price the 'cost' column is absent; dropping optional columns at 80 columns
+    raised ValueError ("'cost' is not in list") and exited 70."""
+    for gpus in ("512", "256-2048"):      # the range crashed the same way, after the sweep had printed
+        r = run("solve", "--model", "llama3_70b", "--gpus", gpus, "--tokens", "15T", "--time-limit", "5")
+        assert r.returncode == 0, r.stderr
+        assert "Fastest layouts" in r.stdout and "not shown at 80 columns" in r.stdout
+        assert max(len(ln) for ln in r.stdout.splitlines()) <= 80
+
+
+def test_fitted_table_falls_back_to_records():
+    """Issue 22 #6: a table whose required columns cannot fit prints one record per line, every line within the
+    width, with every value still there."""
+    from autopar.cli.render import console, fitted_table
+    headers = ["name", "a long value column", "another"]
+    rows = [["x" * 30, "1" * 40, "2" * 25], ["short", "3", "4"]]
+    parts = fitted_table(50, "T", headers, rows, left=("name",))
+    c = console(width=50)
+    with c.capture() as cap:
+        c.print(*parts, sep="\n")
+    text = cap.get()
+    assert all(len(ln) <= 50 for ln in text.splitlines())
+    assert "one record per row" in text and "1" * 40 in text and "2" * 25 in text

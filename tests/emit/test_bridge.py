@@ -32,19 +32,41 @@ def test_fixture_names_its_source():
     assert FIXTURE["command"].startswith("python tools/gen_bridge_keys.py")
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_override_keys_exist_in_bridge_config(case):
-    layout, model, training, hw = CASES[case]()
-    overrides, launch = bridge_overrides(layout, model, training, hw)
+def check_bridge_keys(overrides: list[str], model) -> dict[str, str]:
+    """Every override key exists on the dataclass the model's recipe family builds (fixture sections generated from
+    the pinned sources); returns {key: value} with model.transformer.X read as model.X."""
+    from autopar.specs.launcher_rules import bridge_recipe_family
+    family = bridge_recipe_family(model)
     keys = {}
     for o in overrides:
         section, field, value = _split(o)
         if section == "mixed_precision":
             assert value in FIXTURE["mixed_precision_recipes"], value
             continue
-        assert field in FIXTURE["sections"][section], f"{section}.{field} is not a Megatron-Bridge field"
+        if section == "model" and family == "llama_nested":
+            # BridgeGPTModelConfig: its own fields as model.X, the nested TransformerConfig's as model.transformer.X
+            if field.startswith("transformer."):
+                field = field[len("transformer."):]
+                assert field in FIXTURE["sections"]["model_transformer"], f"model.transformer.{field}"
+                assert field not in FIXTURE["sections"]["model_gpt_config"], field
+            else:
+                assert field in FIXTURE["sections"]["model_gpt_config"], \
+                    f"model.{field}: BridgeGPTModelConfig has no such field (a TransformerConfig field needs " \
+                    "model.transformer.)"
+        else:
+            where = "model_hybrid" if section == "model" and family == "hybrid" else section
+            assert field in FIXTURE["sections"][where], f"{section}.{field} is not a Megatron-Bridge field"
         assert value, o
+        assert f"{section}.{field}" not in keys, f"{section}.{field} set twice"
         keys[f"{section}.{field}"] = value
+    return keys
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_override_keys_exist_in_bridge_config(case):
+    layout, model, training, hw = CASES[case]()
+    overrides, launch = bridge_overrides(layout, model, training, hw)
+    keys = check_bridge_keys(overrides, model)
     assert len(keys) == len(overrides) - 1                            # no key set twice
     assert keys["model.tensor_model_parallel_size"] == str(layout.tp)
     assert keys["model.pipeline_model_parallel_size"] == str(layout.pp)

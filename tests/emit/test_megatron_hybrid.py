@@ -185,7 +185,7 @@ def test_solve_emits_the_fastest_layout_the_launcher_can_run(monkeypatch, capsys
     monkeypatch.setattr(E, "emit", first_refused)
     assert main(["solve", "--model", "llama3_8b", "--gpus", "8", "--emit", "megatron", "--top-k", "3"]) == 0
     out = capsys.readouterr().out
-    assert "settings for #2, the fastest layout it can run; refused: #1: refused for the test" in out
+    assert "settings for #2, the fastest layout it can run; refused: #1: refused for the test" in " ".join(out.split())
     assert "AUTOPAR_MEGATRON_ARGS" in out and len(calls) == 2
     monkeypatch.setattr(E, "emit", real)
     assert main(["solve", "--model", "nemotron_h_8b", "--gpus", "64", "--pp", "2", "--emit", "bridge",
@@ -193,3 +193,25 @@ def test_solve_emits_the_fastest_layout_the_launcher_can_run(monkeypatch, capsys
     out = capsys.readouterr().out
     assert "AUTOPAR_BRIDGE_OVERRIDES" in out and "model.pipeline_model_parallel_size=2" in out
     assert "PP2v" not in out and "virtual pipeline stages left out of the search" in out
+
+
+def test_nemotron3_super_mtp_depth_follows_the_pattern_after_a_slash():
+    """Nemotron 3 Super (LatentMoE, one MTP module of an attention and an MoE sub-layer): Megatron's hybrid pattern
+    carries the MTP depth after '/' with --mtp-num-layers, as NVIDIA's own Super recipe writes it."""
+    import json
+    from pathlib import Path
+
+    from autopar.emit.bridge import bridge_overrides
+    from autopar.specs.hf_config import model_from_hf_config
+
+    from .test_bridge import check_bridge_keys
+
+    cfg = Path(__file__).parents[1] / "specs" / "fixtures" / "hf" / "nemotron-3-super-120b-a12b.json"
+    model, _ = model_from_hf_config(json.loads(cfg.read_text()), name="nemotron3_super", where=str(cfg))
+    layout = resolve_layout(Layout(tp=2, ep=32), model, TRAIN, 64)
+    ns = parse(megatron_launch(layout, model, TRAIN).args)
+    assert ns.hybrid_layer_pattern.endswith("E/*E") and ns.hybrid_layer_pattern.count("/") == 1
+    assert ns.mtp_num_layers == 1
+    overrides, _ = bridge_overrides(layout, model, TRAIN)
+    keys = check_bridge_keys(overrides, model)
+    assert keys["model.mtp_num_layers"] == "1"

@@ -61,3 +61,24 @@ def test_documented_torchrun_command_runs_a_written_spec(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
     assert all(x["ok"] for x in ranks) and ranks[0]["applied"]["tp"] == 2 and len(ranks[0]["losses"]) == 2
+
+
+def test_tiny_moe_says_its_size_and_its_clamped_top_k_within_80_columns():
+    """Issue 22 #9 and #6: a tiny MoE printed "0.0B total" and top-8 quietly became top-4 of 4 experts; the
+    result lines ran to 342 characters."""
+    env = {**_env(), "COLUMNS": "80"}
+    r = subprocess.run([sys.executable, "-m", "autopar.cli.main", "profile", "run", "--model", "qwen3_30b_a3b",
+                        "--gpus", "2", "--layers", "2", "--hidden", "64", "--ffn", "128", "--heads", "4",
+                        "--experts", "4", "--vocab", "512", "--steps", "3", "--warmup", "1"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "0.0B" not in r.stdout and "K total" in r.stdout
+    assert "top-4 in the scaled model, not qwen3_30b_a3b's top-8" in " ".join(r.stderr.split())
+    lines = r.stdout.splitlines() + r.stderr.splitlines()
+    assert lines and max(len(ln) for ln in lines) <= 80, max(lines, key=len)
+
+
+def test_count_text_units():
+    from autopar.specs.model import ModelSpec
+    assert [ModelSpec.count_text(n) for n in (70.6e9, 3.04e5, 1.2e8, 45_100, 950.0)] == [
+        "70.6B", "304.0K", "120.0M", "45.1K", "950"]

@@ -259,3 +259,14 @@ def test_smallest_gpu_count_search_stops_at_the_gpu_bound():
                  SearchOptions(time_limit_s=30))
     assert not res.plans
     assert any("nothing fits up to 1,048,576 GPUs (autopar's bound" in line for line in res.explanation)
+
+
+@pytest.mark.parametrize("gap, needle", [(0.0, "no bound on #1's gap"), (0.031, "#1 within 3.10% of the best bound")])
+def test_feasible_status_never_reads_as_proof(gap, needle):
+    """Issue 22 #8: a time-limited, unproven solve printed "status FEASIBLE, gap 0.00%"."""
+    from autopar.search import SolveResult
+    res = SolveResult([], "FEASIBLE", gap, 1.0, 10, 1, "cpsat")
+    text = res.status_text()
+    assert "not proven optimal" in text and needle in text and "gap 0.00%" not in text
+    assert SolveResult([], "OPTIMAL", 0.0, 1.0, 10, 1, "cpsat").status_text() == "status OPTIMAL, gap 0.00%"
+    assert SolveResult([], "EXHAUSTIVE", 0.0, 1.0, 10, 1, "exhaustive").status_text() == "status EXHAUSTIVE"

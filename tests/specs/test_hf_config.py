@@ -509,7 +509,9 @@ def test_layer_patterns_autopar_cannot_model_are_refused(cfg):
 
 
 def test_every_supported_model_type_is_exercised():
-    tested = {cfg["model_type"] for _, cfg, _ in ROUND_TRIP} | {"mistral", "qwen2", "qwen3"}
+    from .test_hf_2026 import PUBLISHED
+    tested = ({cfg["model_type"] for _, cfg, _ in ROUND_TRIP} | {"mistral", "qwen2", "qwen3"}
+              | {model_type for _, model_type, _ in PUBLISHED} | {"deepseek_v32"})   # test_2026_configs_...
     untested = set(SUPPORTED_MODEL_TYPES) - tested - {"llama4_text", "qwen2_moe", "gemma3_text"}
     assert not untested, untested
 
@@ -612,3 +614,16 @@ def test_falcon_h1_runs_attention_and_mamba2_in_parallel_in_every_layer():
         _map({**FALCON_H1_7B, "mamba_d_head": 100})
     auto = {k: v for k, v in FALCON_H1_7B.items() if k not in ("mamba_d_ssm", "mamba_d_head")}
     assert _map(auto)[0].mixers["mamba"].d_inner == 2 * 3072        # mamba_expand·h, head dim "auto"
+
+
+def test_2026_configs_with_latent_moe_sparse_attention_and_mtp():
+    """DeepSeek-V3.2 (sparse-attention indexer), Nemotron 3 Super and Ultra (LatentMoE, MTP) load within 2% of their
+    published totals (tests/specs/fixtures/hf/SOURCES.md)."""
+    from pathlib import Path
+    fx = Path(__file__).parent / "fixtures" / "hf"
+    for name, billions, with_mtp in (("deepseek-v3.2-exp", 685.0, True), ("nemotron-3-super-120b-a12b", 120.0, False),
+                                     ("nemotron-3-ultra-550b-a55b", 550.0, False)):
+        m, unmapped = _map(json.loads((fx / f"{name}.json").read_text()), name)
+        assert not unmapped, unmapped
+        total = m.total_params + (m.mtp_layers * m.mtp_module_params if with_mtp else 0)
+        assert abs(total / 1e9 - billions) / billions <= 0.02, (name, total / 1e9)

@@ -50,3 +50,34 @@ def test_bad_flags_are_exit_2(args, needle, tmp_path):
         base = base[:1] + base[3:]
     r = _cli(*base, *args, cwd=tmp_path)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def _tune_cli(monkeypatch, capsys, tmp_path, *extra, columns=80):
+    """`autopar tune` in-process with the bookkeeping runner (the real runs are tested in test_tune_workers.py)."""
+    import autopar.tune as T
+    from autopar.cli.main import main
+    real = T.tune
+    monkeypatch.setattr(T, "tune", lambda *a, **kw: real(*a, **{**kw, "runner": BookRunner()}))
+    monkeypatch.setenv("COLUMNS", str(columns))
+    rc = main(["tune", "--model", "llama3_8b", "--gpus", "2", "--backend", "gloo", "--trials", "8",
+               "--storage", f"sqlite:///{tmp_path / 't.db'}", "--study", "s", *extra])
+    return rc, capsys.readouterr()
+
+
+def test_tune_json_keeps_the_emitted_settings(monkeypatch, capsys, tmp_path):
+    """Issue 22 #7: --emit with --json dropped the launcher settings silently."""
+    import json
+    rc, cap = _tune_cli(monkeypatch, capsys, tmp_path, "--emit", "env", "--json", "--quiet")
+    assert rc == 0, cap.err
+    d = json.loads(cap.out)
+    assert d["emit"]["target"] == "env" and "AUTOPAR_TP=" in d["emit"]["text"]
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_tune_output_fits_the_terminal(monkeypatch, capsys, tmp_path, columns):
+    """Issue 22 #6: tune's result lines ran to 219 characters. Every line of stdout and stderr fits COLUMNS."""
+    rc, cap = _tune_cli(monkeypatch, capsys, tmp_path, columns=columns)
+    assert rc == 0, cap.err
+    lines = cap.out.splitlines() + cap.err.splitlines()
+    assert "Winning plan" in cap.out and any(ln.startswith("[trial 1/8") for ln in lines)
+    assert max(len(ln) for ln in lines) <= columns, max(lines, key=len)

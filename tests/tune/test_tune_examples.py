@@ -30,10 +30,16 @@ def test_python_launcher_solves_then_trains_with_the_plan(tmp_path):
 
 
 def test_python_launcher_trains_with_autopars_runner(tmp_path):
+    """... and leaves no autopar-launch-* folder in the temp dir (issue 22 #11: the suite left them in /tmp)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
     r = subprocess.run([sys.executable, str(EXAMPLES / "launch_with_autopar.py"), "--model", "llama3_8b", "--gpus",
-                        "1", "--train-steps", "3"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+                        "1", "--train-steps", "3"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env=env)
     assert r.returncode == 0, r.stderr
     assert "trained 3 steps: loss" in r.stderr
+    assert not list(tmp.glob("autopar-launch-*")) and not list(tmp.glob("autopar-profile-*"))
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("autopar") is None,

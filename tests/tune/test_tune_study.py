@@ -197,3 +197,24 @@ def test_the_last_trials_re_measure_a_runner_up_that_a_busy_machine_slowed_down(
     again = next(x for x in res.records if x.remeasure_of is not None)
     assert again.layout == res.best_trial.layout and res.best.layout.pp == 2
     assert "fastest of its 2 runs" in format_summary(res)
+
+
+def test_a_proposal_not_run_gets_no_run_number(sqlite_url):
+    """Issue 22 #14: the trials table numbered a skipped repeat as a trial. Runs are numbered 1..runs in order; a
+    repeat shows '-' and names the run it repeats; every line fits the width asked for."""
+    from autopar.tune._report import format_trials, run_numbers
+    res = _tune(BookRunner(), sqlite_url, 12, seeds=3, confirm=0)
+    repeats = [r for r in res.records if r.outcome == "repeat"]
+    assert repeats, "seed 0 proposes a repeat within 12 runs with this runner"
+    runs = run_numbers(res.records)
+    assert sorted(runs.values()) == list(range(1, res.runs + 1))
+    for width in (None, 80, 40):
+        text = format_trials(res, width)
+        if width:
+            assert all(len(ln) <= width for ln in text.splitlines())
+    table = format_trials(res, 200).splitlines()
+    for r in repeats:
+        row = next(ln for ln in table if r.layout in ln and "not run" in ln)
+        assert row.split()[0] == "-" and f"repeat of run {runs[r.repeat_of]}" in row
+        assert res.records[[x.number for x in res.records].index(r.repeat_of)].layout == r.layout
+    assert [ln.split()[0] for ln in table[1:] if ln.split()[0].isdigit()] == [str(i) for i in range(1, 13)]
