@@ -18,3 +18,9 @@ class LayoutError(AutoparInputError):
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
         super().__init__("invalid layout: " + "; ".join(self.problems))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, scancel, a SLURM time limit), raised by the CLI's handler: it unwinds like Ctrl-C, so every
+    ``finally`` runs (a run's workers are stopped and its folder removed, a study's trial is queued again), and the
+    command exits 143."""

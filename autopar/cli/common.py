@@ -6,8 +6,9 @@ import argparse
 import json
 import math
 
-from autopar.defaults import (DEFAULT_HARDWARE, DEFAULT_MBS, DEFAULT_PRECISION, DEFAULT_SEQ_LEN, DEFAULT_STACK,
-                              DEFAULT_VPP, DEFAULT_ZERO, default_global_batch)
+from autopar.defaults import (DEFAULT_HARDWARE, DEFAULT_MBS, DEFAULT_MEMORY_MARGIN, DEFAULT_PRECISION,
+                              DEFAULT_SEQ_LEN, DEFAULT_STACK, DEFAULT_VPP, DEFAULT_ZERO, MEMORY_MARGIN_SOURCE,
+                              default_global_batch)
 from autopar.errors import AutoparInputError
 from autopar.specs.bounds import BOUNDS, limit
 from autopar.specs.hardware import PRECISIONS, HardwareSpec
@@ -79,6 +80,18 @@ def fraction(text: str) -> float:
     return v
 
 
+def margin(text: str) -> float:
+    """--memory-margin: a share of HBM from 0 to 0.5."""
+    from autopar.search.space import MAX_MEMORY_MARGIN
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share of HBM such as 0.08, got '{text[:40]}'") from None
+    if not (math.isfinite(v) and 0 <= v <= MAX_MEMORY_MARGIN):
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_MEMORY_MARGIN}, got {text[:40]}")
+    return v
+
+
 def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpus_range: bool = False,
                      cluster: bool = False) -> None:
     g = p.add_argument_group("problem")
@@ -114,6 +127,31 @@ def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpu
                    help="context parallelism of linear-attention / SSM layers (default: all_to_all, as Megatron-Core "
                         "runs it: heads split over tp·cp; state_pass: recurrent states passed between CP ranks, as "
                         "autopar's runner)")
+    g.add_argument("--overlap", type=overlap_set, default=None, metavar="none|tp,dp,ep,cp",
+                   help="which communication the framework overlaps with compute (default: tp,dp,ep,cp, as "
+                        "Megatron-Core's performance recipes run; real runs often have some off): the others are "
+                        "priced fully exposed")
+
+
+def overlap_set(text: str) -> tuple[str, ...]:
+    """'--overlap none' / 'tp,dp' -> the overlaps switched on; names outside tp, dp, ep, cp are refused."""
+    from autopar.specs.training import OVERLAPS
+    t = text.strip().lower()
+    if t == "none":
+        return ()
+    parts = [x.strip() for x in t.split(",") if x.strip()]
+    bad = [x for x in parts if x not in OVERLAPS]
+    if bad or not parts:
+        raise argparse.ArgumentTypeError(f"expected 'none' or a comma-separated subset of tp,dp,ep,cp, got "
+                                         f"'{text[:40]}'")
+    return tuple(dict.fromkeys(parts))
+
+
+def overlap_fields(args: argparse.Namespace) -> dict[str, bool]:
+    """TrainingSpec's ``*_comm_overlap`` switches from ``--overlap`` (absent: the spec's defaults)."""
+    from autopar.specs.training import OVERLAPS
+    on = getattr(args, "overlap", None)
+    return {} if on is None else {f"{k}_comm_overlap": k in on for k in OVERLAPS}
 
 
 # The stack each launcher runs: --emit NAME prices that framework, so the launcher and the prediction agree.
@@ -163,7 +201,8 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
         seq_len=args.seq_len, global_batch=gb, precision=args.precision,
         grad_dtype="fp16" if args.precision == "fp16" and args.grad_dtype == "bf16" else args.grad_dtype,
         weight_dtype="fp16" if args.precision == "fp16" else "bf16",
-        linear_cp=getattr(args, "linear_cp", "all_to_all"), **knobs.training_fields()), "training flags")
+        linear_cp=getattr(args, "linear_cp", "all_to_all"),
+        **{**knobs.training_fields(), **overlap_fields(args)}), "training flags")   # --overlap over the stack's
     hw.peak_tflops(training.precision)  # fails early, naming the precision, if the chip lacks it
     return model, hw, training, notes
 
@@ -227,8 +266,14 @@ def add_search_args(p: argparse.ArgumentParser, title: str, time_limit_default: 
     g.add_argument("--no-sp", action="store_true", help="no sequence parallelism")
     g.add_argument("--allow-cross-domain", action="store_true",
                    help="let TP and ETP span NVLink domains (default: forbidden; EP may always span domains)")
+    g.add_argument("--memory-margin", type=margin, default=None, metavar="SHARE",
+                   help=f"share of HBM kept free beyond the memory model (default: {DEFAULT_MEMORY_MARGIN:g}, "
+                        f"{MEMORY_MARGIN_SOURCE.replace('%', '%%')}; 0 fills HBM up to the prediction)")
     g.add_argument("--time-limit", type=seconds("time_limit_s"), default=time_limit_default,
-                   help=f"time limit in seconds of the whole search: tables, CP-SAT and the infeasibility explanation (default: {time_limit_default:g})")
+                   help=f"wall-clock seconds for the search (default: {time_limit_default:g}): the cost tables, CP-SAT "
+                        "and the infeasibility explanation; tune gives it to each of its solves. Start-up, loading "
+                        "and printing are outside it, the tables stop at it only once one layout is found, and a "
+                        "mesh's table in progress finishes first (see README, bounds)")
     return g
 
 
@@ -253,6 +298,8 @@ def search_options(args: argparse.Namespace, **extra):
         rc = [x.strip() for x in args.recompute.split(";") if x.strip()]
         if not rc:
             raise AutoparInputError(f"--recompute: no policy given in '{args.recompute[:60]}' (e.g. none;full)")
+    if getattr(args, "memory_margin", None) is not None:
+        extra = {"memory_margin": args.memory_margin, **extra}
     return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp,
                          allow_cross_domain=args.allow_cross_domain, time_limit_s=args.time_limit,
                          sequence_parallel=False if args.no_sp else None, **extra)

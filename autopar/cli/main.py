@@ -8,11 +8,13 @@ one line on stderr and exit status 2 (no traceback).
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
+import signal
 import sys
 
-from autopar.errors import AutoparInputError
+from autopar.errors import AutoparInputError, Terminated
 
 # Subcommand modules, in the order `autopar --help` lists them.
 SUBCOMMANDS = ("solve", "estimate", "validate", "profile", "tune", "zoo", "schema")
@@ -51,16 +53,22 @@ def main(argv: list[str] | None = None) -> int:
     Any other failure is a bug in autopar: one ``autopar: internal error:`` line and status 70
     (set AUTOPAR_DEBUG=1 for the traceback)."""
     argv = sys.argv[1:] if argv is None else argv
+    old_term = _catch_sigterm()
     try:
         parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
             parser.print_help()
             raise AutoparInputError(f"no command given (choose {', '.join(SUBCOMMANDS)})")
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()      # a full disk or /dev/full as stdout fails here, inside the handlers below
+        return status
     except AutoparInputError as err:
         _say(f"autopar: error: {_one_line(err)}")
         return 2
+    except Terminated:
+        _say("autopar: terminated (SIGTERM)")
+        return 143
     except KeyboardInterrupt:
         _say("autopar: interrupted")
         return 130
@@ -69,15 +77,49 @@ def main(argv: list[str] | None = None) -> int:
         # as a command killed by SIGPIPE would. Python's final flush must not write to the closed pipe again.
         _close_stdout()
         return 141
+    except OSError as err:
+        if err.errno not in _WRITE_ERRNOS:
+            return _internal(err)
+        # The output could not be written (stdout on a full disk or /dev/full, a file system gone read-only): the
+        # user's environment, not a bug. What stdout still holds cannot be written either: drop it.
+        _close_stdout()
+        where = f" {err.filename}" if getattr(err, "filename", None) else " the output"
+        _say(f"autopar: error: cannot write{_one_line(where)}: {err.strerror or err}")
+        return 2
     except MemoryError:
         _say("autopar: error: out of memory; the problem is too large for this machine (see docs/input-bounds.md)")
         return 2
     except Exception as err:  # noqa: BLE001 - the promise is one line, never a traceback
-        if os.environ.get("AUTOPAR_DEBUG"):
-            raise
-        _say(f"autopar: internal error: {type(err).__name__}: {_one_line(err)} (a bug in autopar; please report "
-             "it with the command; AUTOPAR_DEBUG=1 shows the traceback)")
-        return 70
+        return _internal(err)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess (tests/cli/test_faults.py)
+    raise Terminated()
+
+
+def _catch_sigterm():
+    """Turn SIGTERM into :class:`Terminated` while a command runs (main thread only); the old handler, or None."""
+    try:
+        return signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:        # not the main thread
+        return None
+
+
+def _internal(err: Exception) -> int:
+    """A failure nobody expected: one line and status 70 (AUTOPAR_DEBUG=1: the traceback instead)."""
+    if os.environ.get("AUTOPAR_DEBUG"):
+        raise err
+    _say(f"autopar: internal error: {type(err).__name__}: {_one_line(err)} (a bug in autopar; please report "
+         "it with the command; AUTOPAR_DEBUG=1 shows the traceback)")
+    return 70
+
+
+# errno values of a write the machine refused: no space, quota, file too large, I/O error, read-only file system,
+# permission (a file made read-only while autopar ran).
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def _one_line(err: BaseException | str) -> str:

@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autopar.cli.common import overlap_fields, overlap_set
 from autopar.errors import AutoparInputError
+from autopar.fileio import OutputFile, read_input, show_path
 from autopar.measure import ProfileError
 from autopar.measure.collectives import OP_LABELS, OPS, busbw_table, measured_collectives
 from autopar.specs.hardware import HardwareSpec
@@ -67,12 +69,10 @@ def register_hardware(subparsers: Any) -> argparse.ArgumentParser:
 def _cmd_hardware(args: argparse.Namespace) -> int:
     from autopar.specs.loaders import load_hardware, load_model
     out: Path = args.out
-    if out.exists() and not args.force:  # fail before minutes of measuring, and again before writing
-        raise AutoparInputError(f"{out} exists; pass --force to overwrite it (or choose another --out)")
+    OutputFile(out, "--out", overwrite=args.force)    # fail before minutes of measuring, and again before writing
     if args.world < 1:
         raise AutoparInputError(f"--world must be at least 1 (got {args.world})")
-    if args.results_from is not None and not args.results_from.is_file():
-        raise AutoparInputError(f"--results-from: file not found: {args.results_from}")
+    extra = _json_lines(args.results_from) if args.results_from is not None else None   # read before measuring
     base = load_hardware(args.base) if args.base else None
     model = load_model(args.model) if args.model else None
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
@@ -85,8 +85,7 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
     except ProfileError as err:
         print(f"autopar: profile failed: {err}", file=sys.stderr)
         return 1
-    if args.results_from:
-        extra = [json.loads(line) for line in args.results_from.read_text().splitlines() if line.strip()]
+    if extra is not None:
         raw["records"].extend(extra)
         raw["nodes"] = "see --results-from"
         raw["cross_node"] = f"merged from {args.results_from}"
@@ -105,13 +104,33 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_lines(path: Path) -> list[dict]:
+    """The records of a JSON-lines file (--results-from), read through the bounded input reader."""
+    out = []
+    try:
+        text = read_input(path).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise AutoparInputError(f"--results-from {show_path(path)}: not UTF-8 text (byte {err.start})") from None
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise AutoparInputError(f"--results-from {show_path(path)} line {i}: not JSON ({err.msg})") from None
+        if not isinstance(rec, dict):
+            raise AutoparInputError(f"--results-from {show_path(path)} line {i}: expected a JSON object")
+        out.append(rec)
+    return out
+
+
 # ---- compare ------------------------------------------------------------------------------------------------
 def register_compare(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``compare`` to the ``autopar profile`` subparsers."""
     p = subparsers.add_parser(
         "compare", help="run layouts for real, compare with the cost model, fit the hardware's efficiency constants",
         description="Run each layout with real processes, print predicted vs measured step time and memory, fit "
-                    "the hardware file's efficiency constants (GEMM, collectives, overlaps) to the measured step "
+                    "the hardware file's efficiency constants (GEMM, collectives, per-layer overhead) to the measured step "
                     "times (autopar/measure/calibrate.py: the one fitter, bounded, mean |error| by default) and, with --out, write the calibrated hardware file.")
     p.add_argument("--model", required=True, help="model zoo name or file (a small one: it really runs)")
     p.add_argument("--hardware", required=True, help="hardware zoo name or file (e.g. from 'autopar profile hardware')")
@@ -120,6 +139,8 @@ def register_compare(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=None, help="override training seq_len")
     p.add_argument("--global-batch", type=int, default=None, help="override training global_batch")
     p.add_argument("--precision", default=None, help="override training precision")
+    p.add_argument("--overlap", type=overlap_set, default=None, metavar="none|tp,dp,ep,cp",
+                   help="communication the predictions count as overlapped (default: the training's switches)")
     p.add_argument("--world", type=int, default=2, help="processes (GPUs) to run on (default 2)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--layouts", default=None, help="'tp=2,pp=1;tp=1,pp=2,mbs=2;...' (';' between layouts)")
@@ -153,6 +174,7 @@ def _training(args: argparse.Namespace) -> TrainingSpec:
     for key, val in (("seq_len", args.seq_len), ("global_batch", args.global_batch), ("precision", args.precision)):
         if val is not None:
             data[key] = val
+    data.update(overlap_fields(args))
     return build_spec(TrainingSpec, data, str(args.training or "training"))
 
 
@@ -161,9 +183,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                                          load_layouts_file, parse_layouts)
     from autopar.measure.hwfile import write_new_file
     from autopar.specs.loaders import load_hardware, load_model
-    for path in (args.out, args.json):
-        if path is not None and path.exists() and not args.force:
-            raise AutoparInputError(f"{path} exists; pass --force to overwrite it (or choose another path)")
+    json_out = OutputFile(args.json, "--json", overwrite=args.force) if args.json is not None else None
+    if args.out is not None:
+        OutputFile(args.out, "--out", overwrite=args.force)   # checked again when written
     if args.no_fit and args.out is not None:
         raise AutoparInputError("--out writes the fitted hardware file; it cannot go with --no-fit")
     model = load_model(args.model)
@@ -200,7 +222,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                    "not_identifiable": report.not_identifiable, "tau_before": report.tau_before,
                    "tau_after": report.tau_after, "mae_before": report.mae_before, "mae_after": report.mae_after,
                    "loo_predicted": loo, "notes": report.notes}}
-        args.json.write_text(json.dumps(doc, indent=1))
+        json_out.write(json.dumps(doc, indent=1))
     if args.out is not None:
         if report is None:
             print("autopar: nothing written: no fit", file=sys.stderr)

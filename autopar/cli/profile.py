@@ -21,7 +21,8 @@ from autopar.cli.common import SCALE_BOUNDS, count, dump_json, seconds
 from autopar.cli.estimate import add_layout_args, layout_from_args
 from autopar.cli.measure import register_compare, register_hardware
 from autopar.errors import AutoparInputError
-from autopar.run import runner_training, scale_model, scale_notes
+from autopar.fileio import OutputFile, check_output_dir
+from autopar.run import check_cpu_world, runner_training, runs_on_cpu, scale_model, scale_notes
 from autopar.specs.layout import resolve_layout
 from autopar.specs.loaders import build_spec, load_model
 from autopar.specs.model import ModelSpec
@@ -97,8 +98,12 @@ def run(args: argparse.Namespace) -> int:
     def say(line: str = "", file=None) -> None:   # every line within the terminal, continued under its label
         print(wrap(line, width, indent=" " * 10), file=file, flush=file is not None)
 
+    if args.workdir:
+        check_output_dir(args.workdir, "--workdir")
     model, layout, training = _problem(args)
     resolved = resolve_layout(layout, model, training, args.gpus)
+    if runs_on_cpu(args.backend):
+        check_cpu_world(args.gpus)
     say(f"autopar profile: {model.summary()}; {resolved.short()}; {args.gpus} ranks, "
         f"{training.global_batch} x {training.seq_len} tokens/step, {args.steps} steps", file=sys.stderr)
     res = run_layout(model, layout, training, world=args.gpus, steps=args.steps, warmup=args.warmup,
@@ -136,10 +141,11 @@ def run(args: argparse.Namespace) -> int:
 
 def spec(args: argparse.Namespace) -> int:
     from autopar.run.launch import worker_spec
+    target = OutputFile(args.out, "--out")          # checked before any work
     model, layout, training = _problem(args)
     resolved = resolve_layout(layout, model, training, args.gpus)
-    out = Path(args.out)
-    out.write_text(json.dumps(worker_spec(model, resolved, training, steps=args.steps, warmup=args.warmup,
+    out = target.path
+    target.write(json.dumps(worker_spec(model, resolved, training, steps=args.steps, warmup=args.warmup,
                                           seed=args.seed, backend=args.backend, timeout_s=args.timeout,
                                           lr=args.lr, lr_warmup_steps=args.lr_warmup, dtype=args.dtype), indent=1))
     print(f"wrote {out}; run it with:\n  torchrun --nproc-per-node {args.gpus} -m autopar.run.worker --spec {out}")

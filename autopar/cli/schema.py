@@ -109,6 +109,8 @@ class SolveJson(_Out):
     status: str
     gap: float
     solve_s: float
+    memory_margin: float = Field(description="Share of HBM the search kept free beyond the memory model "
+                                             "(--memory-margin).")
     space_size: int
     meshes: int
     method: str

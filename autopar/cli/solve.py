@@ -9,6 +9,7 @@ from pathlib import Path
 from autopar.cli.common import (SCHEMA_VERSION, add_emit_args, add_problem_args, add_search_args, count, dump_json,
                                 fraction, interval_line, load_problem, prediction_intervals, search_options)
 from autopar.cost.legend import APPROX_NOTE
+from autopar.defaults import MEMORY_MARGIN_SOURCE
 from autopar.errors import AutoparInputError
 
 
@@ -130,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
         raise AutoparInputError(f"--gpu-hour-price must be positive, got {args.gpu_hour_price}")
     if args.report:
         from autopar.report import report_paths, write_report
+    if args.report:
+        from autopar.fileio import check_output_dir
+        check_output_dir(Path(args.report).parent, "--report")
     if args.report and not args.overwrite:   # refuse before a long search, not after
         for f in report_paths(args.report):
             if f.exists():
@@ -186,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"  {e.step_time_s:.3f} s/step, {e.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {e.mfu:.1%}; "
               f"memory {e.memory_gib.total:.1f} of {e.hbm_gib:.1f} GiB per GPU ({free:.1f} GiB free, "
               f"{free / e.hbm_gib:.0%} headroom)")
+    out.print(f"  memory margin {res.memory_margin:.1%} of HBM kept free beyond the prediction ("
+              + (MEMORY_MARGIN_SOURCE if args.memory_margin is None else "--memory-margin") + ")")
     if tokens:
         b = budgets[best.rank]
         out.print(f"  {tokens / 1e12:g}T tokens: {b.days:,.1f} days on {gpus} GPUs, {b.gpu_hours:,.0f} GPU-hours"

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-from pathlib import Path
 
-from autopar.cli.common import SCALE_BOUNDS, add_emit_args, add_search_args, count, dump_json, search_options, seconds
+from autopar.cli.common import (SCALE_BOUNDS, add_emit_args, add_search_args, count, dump_json, overlap_fields,
+                                overlap_set, search_options, seconds)
 from autopar.defaults import DEFAULT_HARDWARE
-from autopar.errors import AutoparInputError
+from autopar.errors import AutoparInputError, Terminated
+from autopar.fileio import OutputFile
 
 SCALE_FLAGS = ("layers", "hidden", "ffn", "heads", "kv_heads", "experts", "vocab")
 
@@ -41,23 +41,16 @@ def _training(args: argparse.Namespace) -> dict:
         out["global_batch"] = args.global_batch
     if args.precision is not None:
         out["precision"] = args.precision
+    out.update(overlap_fields(args))
     return out
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (scancel, a SLURM time limit) stops the tuner as Ctrl-C does."""
-
-
-def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess
-    raise _Terminated()
 
 
 def run(args: argparse.Namespace) -> int:
     from autopar.tune import TuneInterrupted, format_summary, format_trials, plan_document, tune
 
-    for path in (args.out, args.emit_out):
-        if path is not None and not Path(path).parent.is_dir():
-            raise AutoparInputError(f"folder {Path(path).parent} does not exist (for {path})")
+    # every output is checked before the (long) study: its folder exists and takes a file
+    out = OutputFile(args.out, "--out") if args.out is not None else None
+    emit_out = OutputFile(args.emit_out, "--emit-out") if args.emit_out is not None else None
     if args.emit_out and not args.emit:
         raise AutoparInputError("--emit-out needs --emit megatron|bridge|torchtitan|env")
     if args.emit:   # refuse before the (long) tuning run when the launcher cannot train the model at all
@@ -69,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
     from autopar.cli.render import terminal_width, wrap, wrap_comments
     width = terminal_width()
     say = (lambda m: None) if args.quiet else (lambda m: print(wrap(m, width), file=sys.stderr, flush=True))
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         result = tune(args.model, args.hardware, _training(args), args.gpus, search_options(args), trials=args.trials,
                       top_k=args.top_k, storage=args.storage, study=args.study, seed=args.seed, steps=args.steps,
@@ -77,18 +69,16 @@ def run(args: argparse.Namespace) -> int:
                       seeds=args.seeds, confirm=args.confirm, progress=say)
     except TuneInterrupted as err:
         print(wrap(f"autopar tune: interrupted; {err}", width), file=sys.stderr)
-        return 143 if isinstance(err.__context__, _Terminated) else 130
-    finally:
-        signal.signal(signal.SIGTERM, old)
+        return 143 if isinstance(err.__context__, Terminated) else 130
     emitted = None
     if args.emit and result.best is not None:
         from autopar.emit import emit
         emitted = emit(args.emit, result.best.layout, result.model, result.training, result.gpus, result.hardware,
                        torchtitan_version=args.torchtitan_version)
         if args.emit_out:
-            Path(args.emit_out).write_text(emitted)
-    if args.out and result.best is not None:
-        Path(args.out).write_text(json.dumps(plan_document(result), indent=1))
+            emit_out.write(emitted)
+    if out is not None and result.best is not None:
+        out.write(json.dumps(plan_document(result), indent=1))
     if args.json:
         d = result.to_dict()
         if args.emit:   # the settings are part of the answer (issue 22 #7: --json used to drop them)
@@ -139,6 +129,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--global-batch", type=count("global_batch"), default=None,
                    help="sequences per step (default: 4 per rank on CPU, else by model size)")
     g.add_argument("--precision", default=None, help="GEMM precision of the predictions (default: bf16)")
+    g.add_argument("--overlap", type=overlap_set, default=None, metavar="none|tp,dp,ep,cp",
+                   help="communication the framework overlaps, for the predictions (default: tp,dp,ep,cp)")
     s = p.add_argument_group("scale the model down (default on a machine without GPUs: at most 4 layers, hidden 64, "
                              "ffn 256, 4 heads, 4 experts, vocab 512)")
     for name in SCALE_FLAGS:

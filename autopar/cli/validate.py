@@ -10,7 +10,7 @@ from rich.markup import escape
 from autopar.cli.common import dump_json
 from autopar.cli.render import console, fitted_table
 from autopar.errors import AutoparInputError
-from autopar.measure.validation import DEFAULT_CSV, validate
+from autopar.measure.validation import DEFAULT_CSV, summarize_skipped, validate
 
 
 def run_fit(args: argparse.Namespace) -> int:
@@ -22,6 +22,9 @@ def run_fit(args: argparse.Namespace) -> int:
     from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
     from autopar.measure.validation import load_cases
     err = console(stderr=True)
+    if args.write:   # checked before the fit
+        from autopar.fileio import check_output_dir
+        check_output_dir(args.out, "--out")
     cases, skipped = load_cases(_csv_path(args))
     if not cases:
         raise AutoparInputError(f"{args.csv}: no usable row to fit ({len(skipped)} skipped"
@@ -118,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         raise AutoparInputError("--write needs --fit and --out DIR (the folder to write the hardware YAML files to)")
     if args.fit:
         return run_fit(args)
+    if args.memory:
+        return run_memory(args)
     rep = validate(_csv_path(args))
     if args.json:
         rk = rep.ranking
@@ -144,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
     out.print(*fitted_table(out.width, f"Predicted vs measured tokens/s/GPU — {args.csv}", headers, rows,
                             left=("row", "layout", "from", "fits", "assumed"),
                             optional=("mem GiB", "fits", "from", "assumed"), wrap_at=20))
-    for rid, why in rep.skipped:
-        out.print(f"skipped {escape(rid)}: {escape(why)}")
+    for line in summarize_skipped(rep.skipped):     # repeated reasons as one line each
+        out.print(escape(line))
     for grouping, groups in rep.breakdown().items():
         out.print(*fitted_table(out.width, f"Error by {grouping}",
                                 [grouping, "rows", "mean |error|", "mean error (+ = predicted fast)"],
@@ -190,12 +195,37 @@ def _print_coverage(rep, out) -> None:
                   f"{'yes' if ok else 'no'}){'' if ok else '[/yellow]'}")
 
 
+def run_memory(args: argparse.Namespace) -> int:
+    """Published runs that print their peak memory (data/published_memory.csv): predicted vs measured."""
+    from autopar.measure.published_memory import default_csv, predict_rows
+    rows = predict_rows()
+    under = [r for r in rows if r.predicted_gib < r.measured_gib]
+    if args.json:
+        print(dump_json({"rows": [{"id": r.row_id, "source": r.source, "layout": r.layout,
+                                   "measured_peak_gib": r.measured_gib, "predicted_gib": r.predicted_gib}
+                                  for r in rows], "under_predicted": [r.row_id for r in under]}))
+        return 0
+    out = console()
+    t = Table(title=f"Predicted vs measured peak memory per GPU — {default_csv()}", title_justify="left")
+    for c in ("row", "layout", "measured GiB", "predicted GiB", "predicted/measured"):
+        t.add_column(c, justify="left" if c in ("row", "layout") else "right")
+    for r in rows:
+        t.add_row(r.row_id, r.layout, f"{r.measured_gib:.1f}", f"{r.predicted_gib:.1f}",
+                  ("[red]" if r.ratio < 1 else "") + f"{r.ratio:.2f}" + ("[/red]" if r.ratio < 1 else ""))
+    out.print(t)
+    out.print(f"[bold]{len(rows)} rows: {len(under)} predicted below their measured peak[/bold]")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="compare predictions with published measured runs",
                        description="Estimate every row of a published-runs CSV and print predicted vs measured "
                                    "tokens/s/GPU with the per-row error, the mean absolute error and the max.")
     p.add_argument("--csv", default=str(DEFAULT_CSV), help=f"runs file (default: {DEFAULT_CSV.name} shipped in data/)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--memory", action="store_true",
+                   help="instead: predicted vs measured peak memory of the published runs that print it "
+                        "(data/published_memory.csv)")
     p.add_argument("--fit", action="store_true",
                    help="fit the physical efficiency constants to the runs (see autopar/measure/calibration.py)")
     p.add_argument("--cv", action="store_true", help="with --fit: cross-validate by holding out each source")

@@ -28,3 +28,11 @@ def minimum(a, b):
         return min(a, b)
     import numpy as np
     return np.minimum(a, b)
+
+
+def maximum(a, b):
+    """``max(a, b)``, elementwise when either is an array."""
+    if not (_is_array(a) or _is_array(b)):
+        return max(a, b)
+    import numpy as np
+    return np.maximum(a, b)

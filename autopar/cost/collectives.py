@@ -13,7 +13,11 @@ NVLink and the inter-domain part on the k NICs of the domain in parallel:
     all-reduce:  2(k-1)/k · S/B_nvl + 2(m-1)/m · S/(k·B_net)    + 2(k-1)·a_nvl + 2(m-1)·a_net
     all-gather / reduce-scatter: half of the bandwidth and latency terms.
     all-to-all:  each rank sends S·(k-1)/n over NVLink and S·(n-k)/n over the network, concurrently:
-                 max(S(k-1)/(n·B_nvl), S(n-k)/(n·B_net)) + (k-1)·a_nvl + (m-1)·a_net
+                 max(S(k-1)/(n·B_nvl), S(n-k)/(n·B_net)) + a_nvl + [m > 1]·a_net
+                 The sends to all peers are posted at once (NCCL's all-to-all is a group of n − 1 send/recv pairs
+                 between ncclGroupStart/End, as nccl-tests' alltoall.cu and torch.distributed.all_to_all_single
+                 issue it), so one latency per link crossed, not Thakur et al.'s (n − 1)·alpha of a pairwise
+                 exchange that waits step by step.
     send/recv:   S/B + a (NVLink when both ends share a domain).
     MoE dispatch/combine (:meth:`Network.moe_dispatch_time`): the all-to-all of routed tokens, priced
                  hierarchically as DeepEP-style dispatchers run it across domains (below).
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import math
 
+from autopar.cost._select import maximum
 from autopar.specs.hardware import HardwareSpec
 
 _FACTOR = {
@@ -97,7 +102,7 @@ class Network:
             return (1.0 / bn, an) if stride < self.domain else (1.0 / bx, ax)
         if op == "all_to_all":
             per_byte = max((k - 1) / (n * bn), (n - k) / (n * bx))
-            return per_byte, (k - 1) * an + (m - 1) * ax
+            return per_byte, (an if k > 1 else 0.0) + (ax if m > 1 else 0.0)
         per_byte = (k - 1) / (k * bn) + (m - 1) / (m * k * bx)
         fixed = (k - 1) * an + (m - 1) * ax
         if op == "all_reduce":
@@ -118,7 +123,8 @@ class Network:
             net    = token_bytes · remote                      bytes per rank on its NIC
             nvl    = token_bytes · k · [(k_d − 1)/n + (n − k_d)/n · (k_d − 1)/k_d]
                      (copies for peers in the own domain + received remote copies forwarded inside the domain)
-            time   = max(nvl / B_nvl, net / B_net) + (k_d − 1)·a_nvl + (m − 1)·a_net   (NVLink and NIC overlap)
+            time   = max(nvl / B_nvl, net / B_net) + a_nvl + a_net   (NVLink and NIC overlap; every peer's send is
+                                                                       posted at once: one latency per link)
 
         with k_d ranks per domain (:meth:`placement`). Against the flat all-to-all (token_bytes·k·(n − k_d)/n on
         the NIC) this sends each token once per domain instead of once per expert copy: for DeepSeek-V3 at EP 32
@@ -135,7 +141,7 @@ class Network:
         remote = (m - 1) * (1.0 - miss)
         net = token_bytes * remote
         nvl = token_bytes * top_k * ((k_d - 1) / n + (n - k_d) / n * (k_d - 1) / k_d)
-        return max(nvl / self.b_nvl, net / self.b_net) + (k_d - 1) * self.a_nvl + (m - 1) * self.a_net
+        return maximum(nvl / self.b_nvl, net / self.b_net) + (self.a_nvl if k_d > 1 else 0.0) + self.a_net
 
     def time(self, op: str, nbytes: float, n: int, stride: int = 1) -> float:
         """Seconds for one ``op`` of ``nbytes`` (all-gather/reduce-scatter: the full gathered size) on n ranks."""

@@ -194,6 +194,35 @@ def layer_seconds(prof: ModelProfile, j: int, L: Layout, tr: TrainingSpec, kern:
     return f + b + r
 
 
+# The TP-split GEMMs of a layer (column- and row-parallel linears): what Transformer Engine's TP communication
+# overlap pipelines the all-gathers and reduce-scatters with (autopar.cost.tp).
+TP_GEMM_PARTS = ("attn", "mla_up_proj", "mlp", "shared_experts")
+
+
+def hiding_windows(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
+                   imbalance: float = 1.0) -> tuple[float, float]:
+    """(TP-split GEMM seconds, all kernel seconds) of one micro-batch's layers on stage ``st`` (forward + backward +
+    recomputation, no per-layer overhead, no head): the compute that communication can hide behind
+    (autopar.cost.tp, ep). Cached with the layer parts."""
+    tokens = gpu_tokens(L, tr)
+    gemm = total = 0.0
+    for j, count in prof.kind_counts(st.first, st.last):
+        moe = prof.kinds[j].is_moe
+        key = (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep if moe else 1, L.etp if moe else 1, imbalance)
+        wkey = key + ("window", L.recompute, L.recompute_modules)
+        hit = kern.cache.get(wkey)
+        if hit is None:
+            _layer_times(kern, prof, j, L, tr, tokens, imbalance)     # fills the parts cache
+            parts = kern.cache[key]
+            rc = set(recomputed_parts(L, parts))
+            g = sum(f + b + (f if n in rc else 0.0) for n, (f, b) in parts.items() if n in TP_GEMM_PARTS)
+            a = sum(f + b + (f if n in rc else 0.0) for n, (f, b) in parts.items())
+            hit = kern.cache[wkey] = (g, a)
+        gemm += count * hit[0]
+        total += count * hit[1]
+    return gemm, total
+
+
 def gpu_tokens(L: Layout, tr: TrainingSpec) -> float:
     """T = b·s/cp: the tokens of one micro-batch each GPU of a stage runs its layers on (module docstring)."""
     return L.micro_batch * tr.seq_len / L.cp

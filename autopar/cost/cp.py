@@ -8,10 +8,16 @@ cp − 1 steps; the backward pass passes K, V and their gradients (2x): 3(cp −
     (MLA: Megatron exchanges the up-projected K and V of the local heads: a/tp · (d_qk + d_v)),
 
 as point-to-point sends between neighbours tp ranks apart; full recomputation adds one forward pass.
-Ring attention overlaps each transfer with the attention block it feeds, so only what the attention math of
-the layer cannot cover is exposed:  T_cp = max(0, T_comm − cp_overlap · T_attention), with T_attention the
-flash-attention core's forward + backward (+ recomputed forward) time from :mod:`autopar.cost.kernels` at the
-ring's block span s/cp.
+Ring attention overlaps each transfer with the attention block it feeds (``training.cp_comm_overlap``; Liu et al.
+2023 sec. 3: "overlapping the communication of key-value blocks with the computation of blockwise attention"):
+at each of the cp − 1 ring steps the next KV block travels while the current one is computed, so per layer and
+pass only what one block's attention math cannot cover is exposed,
+
+    T_cp = Σ_passes (cp − 1) · max(0, t_xfer − T_attention_pass / cp)     (overlap on; all of T_comm otherwise)
+
+with t_xfer one step's transfer (KV forward, KV and dKV backward: 2 x) and T_attention_pass the flash-attention
+core's time of that pass from :mod:`autopar.cost.kernels` at the ring's block span s/cp, split evenly over the
+cp blocks (the zig-zag split balances them; an approximation, the stage's attention layers taken alike).
 
 Linear-attention and SSM layers (autopar.blocks) keep no KV: each CP rank scans its own s/cp tokens from
 a zero state, and the ranks then pass the d_k x d_v state along the sequence, rank r adding its chunk's
@@ -50,21 +56,43 @@ from autopar.specs.layout import Layout
 from autopar.specs.training import TrainingSpec
 
 
+def _ring_step(prof: ModelProfile, L: Layout, tr: TrainingSpec, net: Network) -> float:
+    """Seconds of one ring step's KV transfer (KV above) between neighbours tp ranks apart."""
+    m = prof.model
+    per_token = m.attention_block.ring_elems(L.tp)
+    kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * per_token * tr.activation_bytes
+    return net.time("send_recv", kv_bytes, 2, L.tp)
+
+
+def cp_ring_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network,
+                    passes: int = 3) -> float:
+    """The attention ring's transfers of one micro-batch, none hidden: ``passes`` KV volumes per layer and ring
+    step (3: forward KV, backward KV and dKV, whatever the recompute policy)."""
+    if L.cp == 1:
+        return 0.0
+    return st.sum(prof, "attn_layers") * passes * (L.cp - 1) * _ring_step(prof, L, tr, net)
+
+
 def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
                            net: Network, kern: Kernels) -> float:
     if L.cp == 1:
         return 0.0
     m = prof.model
-    per_token = m.attention_block.ring_elems(L.tp)
-    kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * per_token * tr.activation_bytes
     passes = 4 if L.recompute == "full" else 3
     n_attn = st.sum(prof, "attn_layers")
-    comm = n_attn * passes * (L.cp - 1) * net.time("send_recv", kv_bytes, 2, L.tp)
-    tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
-    span = tr.seq_len / L.cp
-    fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, span, m.qk_head_dim)
-    attn = fwd + bwd + (fwd if L.recompute == "full" else 0.0)
-    t = max(0.0, comm - (hw.efficiency.cp_overlap if tr.cp_comm_overlap else 0.0) * attn)
+    step = _ring_step(prof, L, tr, net)
+    t = 0.0
+    if n_attn:
+        if tr.cp_comm_overlap:
+            tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
+            fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, tr.seq_len / L.cp, m.qk_head_dim)
+            f_blk, b_blk = fwd / (n_attn * L.cp), bwd / (n_attn * L.cp)   # one layer's, one ring step's block
+            per_layer = max(0.0, step - f_blk) + max(0.0, 2 * step - b_blk)
+            if L.recompute == "full":
+                per_layer += max(0.0, step - f_blk)
+            t = n_attn * (L.cp - 1) * per_layer
+        else:
+            t = n_attn * passes * (L.cp - 1) * step
     n_state = st.sum(prof, "state_layers")
     if n_state and tr.linear_cp == "all_to_all":
         a2a_bytes = L.micro_batch * (tr.seq_len / L.cp) * st.sum(prof, "mixer_a2a_elems") / L.tp * tr.activation_bytes

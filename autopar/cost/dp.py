@@ -9,19 +9,48 @@ across the replicas.
     ZeRO-1/2: RS(grads) + AG(weights)           once per step (Megatron distributed optimizer)
     ZeRO-3:   per micro-batch AG(weights) for forward and again for backward, RS(grads) (FSDP2 default)
 
-Overlap (Megatron --overlap-grad-reduce / --overlap-param-gather; FSDP prefetch): the step's gradient
-reduction can hide behind the backward pass of the last micro-batch and the parameter gather behind the
-forward of the first; FSDP's per-micro-batch traffic hides behind that micro-batch's compute. What cannot
-be hidden is exposed:  exposed = max(0, T_comm − dp_overlap · T_hiding_compute).
+Overlap (``training.dp_comm_overlap``: Megatron --overlap-grad-reduce / --overlap-param-gather; FSDP2's
+prefetch). Exposed traffic is what does not fit in the compute that can hide it:
+
+  * ZeRO-0/1/2: gradients are reduced in buckets as the last micro-batch's backward produces them, and the updated
+    weights gathered bucket by bucket under the first micro-batch's forward. The last gradient bucket and the first
+    weight bucket cannot hide (nothing is left to compute after, or before, them); the rest hides behind that
+    backward (forward). Bucket: max(40M, 1M·dp·cp) parameters (Megatron-Core's default,
+    NVIDIA/Megatron-LM megatron/training/training.py ``ddp_config.bucket_size = max(40000000, 1000000 *
+    mpu.get_data_parallel_world_size(with_context_parallel=True))``), a share f = min(1, bucket / the
+    stage's parameters):
+
+        exposed = f·T + max(0, (1 − f)·T − W)        T: the reduction (gather), W: the backward (forward)
+
+  * ZeRO-3 / FSDP: every micro-batch gathers each layer's weights before its forward and again before its
+    backward, and reduce-scatters its gradients after; one layer's gather is prefetched under the previous layer's
+    compute. The first layer's gather and the last layer's reduce-scatter are exposed; the rest hides behind the
+    micro-batch's forward + backward (f = 1 / the stage's layers, FSDP2 wraps each transformer block):
+
+        exposed per micro-batch = f·(AG + RS) + max(0, (1 − f)·(2·AG + RS) − W_mb)
+
+  * Each layer's (bucket's) collective pays its own latency (Network's alpha term): ``units`` per micro-batch
+    under FSDP, one per bucket otherwise; this is what makes a large DP group cost more than its bytes.
+  * Bandwidth is shared: the window W is what is left of the compute after the same link's other traffic in that
+    time (TP collectives on NVLink, the EP all-to-all and CP ring on whichever link their groups span, forward and
+    backward): W = max(0, compute − busy(link)), link = the network when the group spans NVLink domains.
+
+Overlap off: everything is exposed. Approximations: the hiding compute of a micro-batch is the stage's kernels
+(recomputation not counted as hiding time), and the expert and dense buffers are bucketed
+    separately.
 """
 
 from __future__ import annotations
 
-from autopar.cost._select import where
+from autopar.cost._select import maximum, where
 from autopar.cost.collectives import Network
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout
 from autopar.specs.training import TrainingSpec
+
+# Megatron-Core's default gradient bucket: max(BUCKET_MIN, BUCKET_PER_RANK · dp·cp) parameters (docstring).
+BUCKET_MIN_PARAMS = 40_000_000
+BUCKET_PER_RANK_PARAMS = 1_000_000
 
 
 def _groups(L: Layout) -> list[tuple[str, int, int]]:
@@ -34,34 +63,63 @@ def _groups(L: Layout) -> list[tuple[str, int, int]]:
 
 
 def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, hw: HardwareSpec, net: Network,
-                     t_fwd_mb: float, t_bwd_mb: float) -> tuple[float, float]:
+                     t_fwd_mb: float, t_bwd_mb: float, units: int = 1,
+                     busy: dict[str, float] | None = None) -> tuple[float, float]:
     """(exposed seconds, total seconds) of data-parallel traffic per step for one GPU holding ``dense`` and
-    ``expert`` parameters (before sharding). ``L.zero_stage``, ``L.grad_accum`` and the compute times may be
+    ``expert`` parameters (before sharding) in ``units`` layers. ``busy``: seconds per micro-batch each link
+    ('nvlink', 'network') carries other traffic. ``L.zero_stage``, ``L.grad_accum`` and the compute times may be
     broadcastable numpy arrays (the search's tables): the result is then elementwise."""
-    ov = hw.efficiency.dp_overlap if tr.dp_comm_overlap else 0.0
     M = L.grad_accum
     z = L.zero_stage
+    on = tr.dp_comm_overlap
+    busy = busy or {}
+    units = max(1, units)
+    f_unit = 1.0 / units
     total = exposed = 0.0
     for (kind, n, stride), params in zip(_groups(L), (dense, expert)):
         if params == 0:
             continue
         g_bytes, w_bytes = params * tr.grad_bytes, params * tr.weight_bytes
         replicate = (L.dp * L.cp if kind == "dense" else L.edp) // n if L.hsdp_shard else 1
-        # ZeRO-3 / FSDP: per micro-batch gathers and reduce-scatter, hidden behind that micro-batch's compute
-        per_mb = 2 * net.time("all_gather", w_bytes, n, stride) + net.time("reduce_scatter", g_bytes, n, stride)
-        tot3, exp3 = M * per_mb, M * _exposed(per_mb, ov * (t_fwd_mb + t_bwd_mb))
+        load = busy.get("network" if net.placement(n, stride)[1] > 1 else "nvlink", 0.0)
+        w_fwd, w_bwd = maximum(t_fwd_mb - load / 3.0, 0.0), maximum(t_bwd_mb - 2.0 * load / 3.0, 0.0)
+        # ZeRO-3 / FSDP: per micro-batch, one gather (forward), one gather and one reduce-scatter (backward) per layer
+        ag, rs = _times(net, "all_gather", w_bytes, n, stride, units), _times(net, "reduce_scatter", g_bytes, n,
+                                                                               stride, units)
+        per_mb = 2 * ag + rs
+        tot3 = M * per_mb
+        exp3 = M * (f_unit * (ag + rs) + _exposed((1.0 - f_unit) * per_mb, w_fwd + w_bwd)) if on else tot3
+        # bucketed ZeRO-0/1/2 (and the HSDP replica all-reduce): one collective per bucket with overlap, one for
+        # everything without (Megatron-Core: bucket_size None when --overlap-grad-reduce is off)
+        f_b = min(1.0, max(BUCKET_MIN_PARAMS, BUCKET_PER_RANK_PARAMS * n) / params) if on else 1.0
+        buckets = -(-1.0 // f_b)   # ceil(1 / f_b)
         if replicate > 1:  # HSDP: all-reduce the gradient shards across replicas once per step
-            t = net.time("all_reduce", g_bytes / n, replicate, stride * n)
-            tot3, exp3 = tot3 + t, exp3 + _exposed(t, ov * t_bwd_mb)
+            t = _times(net, "all_reduce", g_bytes / n, replicate, stride * n, buckets)
+            tot3, exp3 = tot3 + t, exp3 + (_bucketed(t, f_b, w_bwd) if on else t)
         # ZeRO-0: all-reduce the gradients; ZeRO-1/2: reduce-scatter them and all-gather the updated weights
-        t_grad = where(z == 0, net.time("all_reduce", g_bytes, n, stride),
-                       net.time("reduce_scatter", g_bytes, n, stride))
-        t_param = where(z == 0, 0.0, net.time("all_gather", w_bytes, n, stride))
+        t_grad = where(z == 0, _times(net, "all_reduce", g_bytes, n, stride, buckets),
+                       _times(net, "reduce_scatter", g_bytes, n, stride, buckets))
+        t_param = where(z == 0, 0.0, _times(net, "all_gather", w_bytes, n, stride, buckets))
         tot12 = t_grad + t_param if n > 1 else 0.0
-        exp12 = _exposed(t_grad, ov * t_bwd_mb) + _exposed(t_param, ov * t_fwd_mb) if n > 1 else 0.0
+        if n > 1:
+            exp12 = _bucketed(t_grad, f_b, w_bwd) + _bucketed(t_param, f_b, w_fwd) if on else tot12
+        else:
+            exp12 = 0.0
         total = total + where(z >= 3, tot3, tot12)
         exposed = exposed + where(z >= 3, exp3, exp12)
     return exposed, total
+
+
+def _times(net: Network, op: str, nbytes, n: int, stride: int, count: float):
+    """``count`` collectives moving ``nbytes`` in all: the bandwidth term once, the latency term per collective
+    (each layer's or bucket's collective pays its own ring latency)."""
+    c, t0 = net.coefficients(op, n, stride)
+    return nbytes * c + count * t0
+
+
+def _bucketed(t, f, window):
+    """f·t + max(0, (1 − f)·t − window): the one bucket that cannot hide, and what the rest leaves over."""
+    return f * t + _exposed((1.0 - f) * t, window)
 
 
 def _exposed(comm, hiding):

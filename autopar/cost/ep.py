@@ -13,7 +13,25 @@ domain, hierarchical across domains (each token crosses the network once per des
 forwarded over NVLink, as DeepSeek-V3's dispatcher and DeepEP do).
 
 With ETP > 1 the routed tokens are also all-gathered and reduce-scattered in the ETP group (2 per pass).
-Exposed fraction: 1 − ep_overlap (Megatron's 1F1B A2A overlap hides part of it).
+
+Overlap (``training.ep_comm_overlap``; Megatron-Core --overlap-moe-expert-parallel-comm, the combined 1F1B
+schedule: the forward of one micro-batch runs interleaved with the backward of another, so each one's
+dispatch/combine hides behind the other's kernels; DeepSeek-V3, arXiv 2412.19437 sec. 3.2.1 on the same
+pairing). Megatron-Core allows that schedule only with EP > 1, without full recomputation or 'moe' in the
+recompute modules, with at most one MTP layer, and with virtual pipeline stages when PP > 1
+(NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py, ``TransformerConfig.__post_init__``,
+``if self.overlap_moe_expert_parallel_comm:``: "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size
+must be specified when pipeline_model_parallel_size > 1", "Disable full recomputation when enabling
+overlap_moe_expert_parallel_comm"; and not Megatron-FSDP on an interleaved pipeline, combined_1f1b.py): the rules
+with their pinned upstream lines are :data:`autopar.specs.launcher_rules.EP_OVERLAP_RULES`, asked by
+:func:`ep_overlap_blockers`. Where it runs, one micro-batch in M has no
+partner (the first forward and the last backward of the step); for the rest, the forward's all-to-alls (half of
+T_ep) hide behind the partner's backward kernels (2/3 of W, the stage's kernels of one micro-batch,
+:func:`autopar.cost.compute.hiding_windows`) and the backward's behind its forward (1/3 of W):
+
+    exposed = T_ep / M + max(0, R/2 − 2W/3) + max(0, R/2 − W/3),   R = T_ep · (1 − 1/M)      (else T_ep)
+
+An approximation: the pairing's own slowdown (the two micro-batches' kernels share the SMs) is not counted.
 """
 
 from __future__ import annotations
@@ -23,16 +41,35 @@ from autopar.cost.collectives import Network
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec
+from autopar.specs.launcher_rules import EP_OVERLAP_RULES, megatron_problems
 from autopar.specs.layout import Layout
+from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
 
-def ep_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
-                           net: Network) -> float:
+def ep_overlap_blockers(L: Layout, model: ModelSpec) -> list[str]:
+    """Why Megatron-Core refuses --overlap-moe-expert-parallel-comm for this layout, each with its upstream line; empty
+    when it allows it. The rules are Megatron's own, kept once in :mod:`autopar.specs.launcher_rules` (the Megatron
+    emitter checks its argv against the same ones): the layout is put as the settings Megatron would see."""
+    full = L.recompute == "full"
+    settings = {"overlap_moe_expert_parallel_comm": True, "expert_model_parallel_size": L.ep,
+                "pipeline_model_parallel_size": L.pp,
+                "num_virtual_stages_per_pipeline_rank": L.vpp if L.vpp > 1 else None,
+                "recompute_granularity": "full" if full else None, "recompute_method": "uniform" if full else None,
+                "recompute_modules": sorted(L.recompute_modules), "bf16": True,
+                "mtp_num_layers": model.mtp_layers, "use_megatron_fsdp": L.zero_stage == 3}
+    return megatron_problems(settings, EP_OVERLAP_RULES)
+
+
+def ep_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network,
+                    per_pass: int | None = None) -> float:
+    """T_ep: every dispatch/combine (and ETP gather/scatter) of one micro-batch on stage ``st``, none hidden, at the
+    mean load. ``per_pass`` overrides the passes (2: forward and backward, whatever the recompute policy)."""
     n_moe = st.sum(prof, "moe_layers")
     if not n_moe or (L.ep == 1 and L.etp == 1):
         return 0.0
-    per_pass = 3 if L.recompute == "full" else 2     # forward, backward (+ recomputed forward)
+    if per_pass is None:
+        per_pass = 3 if L.recompute == "full" else 2     # forward, backward (+ recomputed forward)
     # a routed token is h wide, or l under LatentMoE (autopar.blocks.moe)
     width = channel_block(prof.model, "moe").routed_width
     token_bytes = L.micro_batch * tr.seq_len / (L.cp * L.tp) * width * tr.activation_bytes
@@ -41,4 +78,16 @@ def ep_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     if L.etp > 1:
         t += per_pass * (net.time("all_gather", nbytes * L.etp, L.etp, 1)
                          + net.time("reduce_scatter", nbytes * L.etp, L.etp, 1))
-    return (1.0 - (hw.efficiency.ep_overlap if tr.ep_comm_overlap else 0.0)) * n_moe * t
+    return n_moe * t
+
+
+def ep_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
+                           net: Network, imbalance: float = 1.0, window: float = 0.0) -> float:
+    """Exposed EP seconds of one micro-batch: T_ep times ``imbalance`` (the busiest rank's load), less what the
+    partner micro-batch's kernels (``window``, W above) hide where the schedule overlaps at all."""
+    t = ep_comm_seconds(prof, st, L, tr, net) * imbalance
+    if not t or not tr.ep_comm_overlap or ep_overlap_blockers(L, prof.model):
+        return t
+    m = L.grad_accum
+    rest = t * (1.0 - 1.0 / m)
+    return t / m + max(0.0, rest / 2 - 2.0 * window / 3) + max(0.0, rest / 2 - window / 3)

@@ -21,9 +21,9 @@ from typing import NamedTuple
 from autopar.cost import compute as _compute
 from autopar.cost._select import where
 from autopar.cost.collectives import Network
-from autopar.cost.cp import cp_time_per_microbatch
+from autopar.cost.cp import cp_ring_seconds, cp_time_per_microbatch
 from autopar.cost.dp import dp_time_per_step
-from autopar.cost.ep import ep_time_per_microbatch
+from autopar.cost.ep import ep_comm_seconds, ep_time_per_microbatch
 from autopar.cost.kernels import Kernels
 from autopar.cost.memory import offloaded_activation_bytes, shard_groups, stage_memory, stage_params
 from autopar.cost.offload import offload_time_per_microbatch
@@ -32,7 +32,7 @@ from autopar.cost.pipeline import bubble_time, p2p_time
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.result import GIB, Estimate, MemoryBreakdown, TimeBreakdown
 from autopar.cost.stage import Stage, split_stages
-from autopar.cost.tp import tp_time_per_microbatch
+from autopar.cost.tp import tp_comm_seconds, tp_time_per_microbatch
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout, resolve_layout
 from autopar.specs.model import ModelSpec
@@ -120,10 +120,13 @@ class Estimator:
         prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
         t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
                                                 self.imbalance, self.moe_overhead_s)
+        gemm_w = kern_w = 0.0
+        if (L.tp > 1 and tr.tp_comm_overlap) or ((L.ep > 1 or L.etp > 1) and tr.ep_comm_overlap):
+            gemm_w, kern_w = _compute.hiding_windows(prof, st, L, tr, self.kernels, self.imbalance)
         return StageTimes(
-            compute=t_tot, tp=tp_time_per_microbatch(prof, st, L, tr, hw, net),
+            compute=t_tot, tp=tp_time_per_microbatch(prof, st, L, tr, hw, net, gemm_w),
             cp=cp_time_per_microbatch(prof, st, L, tr, hw, net, self.kernels),
-            ep=ep_time_per_microbatch(prof, st, L, tr, hw, net) * self.imbalance, forward=t_fwd,
+            ep=ep_time_per_microbatch(prof, st, L, tr, hw, net, self.imbalance, kern_w), forward=t_fwd,
             offload=offload_time_per_microbatch(prof, st, L, tr, hw, t_fwd, t_tot) if L.offload_activations else 0.0)
 
     def stage_overhead_s(self, st: Stage) -> float:
@@ -141,8 +144,10 @@ class Estimator:
     def stage_tail(self, L: Layout, st: Stage, t_fwd: float | None = None) -> tuple[float, float]:
         """(exposed DP/FSDP communication, optimizer) seconds per step of stage ``st``.
 
-        The communication hides behind the gradient math of a micro-batch (forward t_f, backward 2·t_f);
-        recomputation is not counted as hiding time (a conservative simplification). ``t_fwd`` (the
+        The communication hides behind the gradient math of a micro-batch (forward t_f, backward 2·t_f) less the
+        time the same link carries the stage's TP, CP and EP traffic of a micro-batch (forward and backward, the
+        same for every recompute policy; :func:`link_busy`); recomputation is not counted as hiding time (a
+        conservative simplification). ``t_fwd`` (the
         forward time, which does not depend on the recompute policy) may be passed when already known; with it,
         ``L.zero_stage``, ``L.micro_batch``, ``L.grad_accum`` and ``t_fwd`` may be broadcastable numpy arrays
         (the search's tables), and the result is elementwise."""
@@ -151,10 +156,24 @@ class Estimator:
         if t_fwd is None:
             t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
                                              self.imbalance, self.moe_overhead_s)[1]
-        dp_exposed, _ = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd)
+        dp_exposed, _ = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd,
+                                         max(1, st.n_layers), self.link_busy(L, st) if tr.dp_comm_overlap else None)
         sd, se = shard_groups(L)
         p_local = dense / where(L.zero_stage >= 1, sd, 1) + expert / where(L.zero_stage >= 1, se, 1)
         return dp_exposed, optimizer_time(p_local, tr, hw)
+
+    def link_busy(self, L: Layout, st: Stage) -> dict[str, float]:
+        """Seconds per micro-batch that NVLink and the network carry stage ``st``'s TP, CP and EP traffic (forward
+        and backward, none hidden, at the mean expert load): what DP/FSDP traffic on the same link shares the
+        bandwidth with. A group's traffic is put on the network when it spans NVLink domains."""
+        prof, tr, net = self.profile, self.training, self.net
+        busy = {"nvlink": 0.0, "network": 0.0}
+        for t, n, stride in ((tp_comm_seconds(prof, st, L, tr, net, 2), L.tp, 1),
+                             (cp_ring_seconds(prof, st, L, tr, net, 3), L.cp, L.tp),
+                             (ep_comm_seconds(prof, st, L, tr, net, 2), L.ep * L.etp, 1)):
+            if n > 1:   # t may be an array over the micro-batch (the search's tables)
+                busy["network" if net.placement(n, stride)[1] > 1 else "nvlink"] += t
+        return busy
 
     def compute_by_kernel(self, layout: Layout, *, resolved: bool = False) -> dict[str, float]:
         """Seconds per step of the slowest stage's compute by kernel class (dense GEMM, grouped GEMM, attention

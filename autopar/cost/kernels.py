@@ -15,6 +15,9 @@ Every kernel is priced by what the hardware does with it, not by one "efficiency
   to the forward's 2) at the backward efficiency.
 * **Memory-bound kernels**: bytes / (HBM peak · ``hbm``).
 
+GEMMs and attention run at the clock a long run sustains under the power limit: their short-run figures times
+``kernel_model.sustained_gemm`` / ``sustained_attention`` (measured pairs cited in each hardware file).
+
 B_hbm = hbm_tbps · 1e12 · kernel_model.hbm (B/s). P in FLOP/s.
 """
 
@@ -32,17 +35,21 @@ class Kernels:
 
     def __init__(self, hw: HardwareSpec, tr: TrainingSpec):
         km = hw.kernel_model
+        if tr.attention_impl == "sdpa_fa2":
+            # PyTorch SDPA's flash backend is FlashAttention-2: the file's measured 'fa2' figures
+            km = km.with_attention_kernel("fa2")
         self.km = km
         self.precision = tr.precision
         self.peak = hw.peak_tflops(tr.precision) * 1e12
-        self.gemm_max = km.gemm_max(tr.precision)
+        # Large-GEMM fraction at the clock a long run sustains under the power limit (KernelModel docstring).
+        self.gemm_max = km.gemm_max(tr.precision) * km.sustained_gemm
         if tr.precision == "fp8" and tr.fp8_recipe == "rowwise":
-            self.gemm_max *= hw.efficiency.fp8_rowwise_gemm   # rowwise-scaled kernel against the tensorwise figure
+            self.gemm_max *= km.fp8_rowwise_gemm   # rowwise-scaled kernel against the tensorwise figure (measured)
         # The LM head (and anything outside the transformer blocks) stays in BF16 under FP8 recipes
         # (Transformer Engine / Megatron keep the output layer in higher precision).
         hi = "fp16" if tr.precision == "fp16" else "bf16"
         self.peak_hi = hw.peak_tflops(hi) * 1e12
-        self.gemm_max_hi = km.gemm_max(hi)
+        self.gemm_max_hi = km.gemm_max(hi) * km.sustained_gemm
         if tr.fp8_attention and tr.precision in FP8_FAMILY:
             if km.attention_fp8 is None:
                 from autopar.errors import AutoparInputError
@@ -52,9 +59,6 @@ class Kernels:
         else:
             self.attn_peak = self.peak_hi
             self.attn_scale = 1.0
-        if tr.attention_impl != "best":
-            # another kernel than the file's (a stack's SDPA FlashAttention-2): the file's measured ratio to it
-            self.attn_scale *= km.attention_impl.get(tr.attention_impl, 1.0)
         self.hbm_bytes_per_s = hw.hbm_tbps * 1e12 * km.hbm
         self.fp8 = tr.precision in FP8_FAMILY
         self.half_m, self.half_nk = km.gemm_half_m, km.gemm_half_nk
@@ -63,7 +67,8 @@ class Kernels:
         self._attn: dict = {}
 
     def gemm_eff(self, m: float, n: float, k: float, hi: bool = False) -> float:
-        """eff_gemm(M, N, K) = gemm_max · M/(M + half_m) · N/(N + half_nk) · K/(K + half_nk)."""
+        """eff_gemm(M, N, K) = gemm_max · M/(M + half_m) · N/(N + half_nk) · K/(K + half_nk), with gemm_max the
+        large-GEMM figure at the sustained clock (``gemm · sustained_gemm``)."""
         top = self.gemm_max_hi if hi else self.gemm_max
         return top * m / (m + self.half_m) * n / (n + self.half_nk) * k / (k + self.half_nk)
 
@@ -85,7 +90,7 @@ class Kernels:
         hit = self._attn.get(key)
         if hit is None:
             km = self.km
-            top = km.attention_bwd if backward else km.attention_fwd
+            top = (km.attention_bwd if backward else km.attention_fwd) * km.sustained_attention
             hit = self._attn[key] = min(1.0, top * self.attn_scale * span / (span + km.attention_half_seq)
                                         * km.head_dim_factor(head_dim))
         return hit

@@ -8,15 +8,16 @@ MEMORY_LEGEND = {
     "grads": "gradient buffers (÷DP with ZeRO-2/3)",
     "optimizer": "fp32 master weights + Adam moments (÷DP with ZeRO>=1)",
     "activations": "stored activations of the in-flight micro-batches (+ logits on the last stage)",
-    "buffers": "communication / FSDP gather / FP8 weight-copy buffers",
+    "buffers": "communication / FSDP gather / FP8 weight-copy buffers (+ the optimizer step's fp32 gradient copy "
+               "where it outgrows the activations)",
     "reserve": "CUDA context, NCCL, allocator fragmentation",
 }
 TIME_LEGEND = {
     "compute": "GEMMs + attention of all micro-batches, recompute included",
-    "tp": "exposed tensor/sequence-parallel collectives",
+    "tp": "exposed tensor/sequence-parallel collectives (what the GEMMs do not hide)",
     "cp": "exposed context-parallel exchange (attention KV ring; linear/SSM layers: all-to-all or state pass)",
-    "ep": "exposed expert all-to-all (dispatch + combine)",
-    "dp": "exposed gradient reduce / ZeRO-FSDP gathers",
+    "ep": "exposed expert all-to-all (dispatch + combine; hidden only under Megatron's combined 1F1B)",
+    "dp": "exposed gradient reduce / ZeRO-FSDP gathers (first/last bucket or layer, what the window leaves)",
     "pp_bubble": "pipeline fill + drain: (PP-1)/(VPP*M+PP-1) of the step",
     "pp_p2p": "exposed pipeline send/recv",
     "optimizer": "Adam update (HBM-bandwidth bound)",

@@ -35,6 +35,25 @@ Buffers: the SP/TP all-gathered input of one linear (b·s/cp·h), EP dispatch/co
 ·k·h), FSDP's unsharded parameters of two layers (current + prefetch) and one layer's unsharded gradient,
 FP8 weight copies (1 B per local parameter, Transformer Engine) for FP8 recipes.
 
+FP8 weights (Transformer Engine): each weight is kept in FP8 twice, row-wise for the forward GEMM and column-wise
+(its transpose) for the backward's data-gradient GEMM, which FP8 tensor cores take only in the TN layout (Hopper)
+or with scales along the other dimension (MXFP8): 2 B per local parameter (TE ``Float8Tensor``'s cached
+transpose, ``quantizer.set_usage(rowwise=True, columnwise=True)`` for weights in training).
+
+The optimizer step (after the backward, when the activations are gone): Megatron-Core's optimizers hand the
+inner Adam an fp32 gradient, ``shard_main_param.grad = shard_model_grad.float()``
+(NVIDIA/Megatron-LM megatron/core/optimizer/distrib_optimizer.py ``_copy_model_grads_to_main_grads``; the same
+``.float()`` in optimizer.py's Float16OptimizerWithFloat16Params). With gradient buffers in bf16 that is a new
+4 B copy of every gradient the rank updates (its 1/dp·cp shard under the distributed optimizer); with fp32
+buffers ``.float()`` returns the buffer itself. So the step holds the model states plus that copy while the
+training peak holds the model states plus activations and buffers: the peak is the larger,
+
+    peak = states + max(activations + buffers, grad copy)       (:func:`step_grad_copy_bytes`)
+
+and the breakdown reports the excess of the copy, if any, under buffers. This is what param-heavy slices with
+little activation memory (a few layers of a 405B model on one node at DP 1) were under-predicted by. FSDP
+(ZeRO-3) reduce-scatters into fp32 shards directly: no copy is counted there.
+
 Reserve: ``hardware.reserve_gib`` (CUDA context, NCCL, allocator) plus ``hardware.fragmentation`` of the
 rest (caching-allocator fragmentation).
 """
@@ -234,9 +253,25 @@ def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> 
     dense, expert = stage_params(prof, st, L)
     per_layer = (dense + expert) / max(st.n_layers, 1)
     buf = buf + where(L.zero_stage >= 3, per_layer * (2 * tr.weight_bytes + tr.grad_bytes), 0.0)
-    if tr.precision in _FP8:
-        buf = buf + (dense + expert) / where(L.zero_stage >= 3, shard_groups(L)[0], 1)  # 1-byte FP8 weight copies
+    if tr.precision in _FP8:   # FP8 weight copies, row-wise and column-wise (docstring): 2 B per local parameter
+        buf = buf + FP8_WEIGHT_COPY_BYTES * (dense + expert) / where(L.zero_stage >= 3, shard_groups(L)[0], 1)
     return buf
+
+
+FP8_WEIGHT_COPY_BYTES = 2.0   # row-wise + column-wise FP8 copy of each weight (module docstring)
+
+
+def step_grad_copy_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
+    """Bytes of the fp32 gradient copy the optimizer step makes (module docstring): 4 B per parameter the rank
+    updates when the gradient buffers are narrower than fp32 and the optimizer keeps fp32 master weights; ZeRO-3
+    none. ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result)."""
+    if tr.grad_bytes >= 4 or tr.master_weights_dtype != "fp32":
+        return 0.0
+    dense, expert = stage_params(prof, st, L)
+    sd, se = shard_groups(L)
+    z = L.zero_stage
+    shard = dense / where(z >= 1, sd, 1) + expert / where(z >= 1, se, 1)
+    return where(z >= 3, 0.0, 4.0 * shard)
 
 
 def reserve_bytes(modeled: float, hw: HardwareSpec) -> float:
@@ -248,5 +283,6 @@ def stage_memory(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw:
     w, g, o = model_state_bytes(prof, st, L, tr)
     act = activation_bytes(prof, st, L, tr)
     buf = buffer_bytes(prof, st, L, tr)
+    buf += max(0.0, step_grad_copy_bytes(prof, st, L, tr) - act - buf)   # the optimizer step's peak, if higher
     reserve = reserve_bytes(w + g + o + act + buf, hw)
     return MemoryBreakdown(w / GIB, g / GIB, o / GIB, act / GIB, buf / GIB, reserve / GIB)

@@ -11,9 +11,19 @@ repeats the forward collectives (+1 per block). The last stage adds 1 for the LM
 Hybrid layers count the blocks they have (``LayerSums.tp_blocks``): a Mamba-only or MLP-only layer of
 Nemotron-H reduces once per pass, not twice.
 
-    T_tp = n_ar · AR(b·(s/cp)·h·e bytes, tp ranks, stride 1),   n_ar = (2 or 3) · Σ_layers tp_blocks (+1 last),
-    exposed fraction 1 − tp_overlap when the framework overlaps TP communication (training.tp_comm_overlap),
-    all of it otherwise.
+    T_tp = n_ar · AR(b·(s/cp)·h·e bytes, tp ranks, stride 1),   n_ar = (2 or 3) · Σ_layers tp_blocks (+1 last).
+
+Overlap (``training.tp_comm_overlap``; Megatron --tp-comm-overlap, Transformer Engine userbuffers: Wang et al.
+2022, "Overlap communication with dependent computation via decomposition", ASPLOS'23, sec. 3; NVIDIA
+TransformerEngine ``te.pytorch.module`` ``ub_overlap_ag``/``ub_overlap_rs``): each all-gather and reduce-scatter
+is split into tp chunks pipelined with the chunks of the GEMM it feeds or follows. One chunk of each collective
+cannot overlap (the first all-gather chunk before the GEMM can start, the last reduce-scatter chunk after it
+ends); the rest hides behind the layer's TP-split GEMMs G (:func:`autopar.cost.compute.hiding_windows`):
+
+    exposed = T_tp / tp + max(0, T_tp · (tp − 1)/tp − G)        (overlap on; T_tp otherwise)
+
+An approximation: summed over the stage's layers (equal where the layers are alike), and the GEMMs' slowdown
+from sharing the SMs and HBM with the communication kernels is not counted.
 
 FP8 tensorwise with torchao (``fp8_recipe: tensorwise``): torchtitan's Float8ColwiseParallel / Float8RowwiseParallel
 cast before the sequence-parallel all-gathers, so each all-gather moves 1-byte elements and each reduce-scatter
@@ -35,14 +45,25 @@ from autopar.specs.training import TrainingSpec
 FP8_TENSORWISE_TP_VOLUME = 0.75   # all-gather in FP8 (1/2), reduce-scatter in BF16 (1): (0.5 + 1) / 2
 
 
-def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
-                           net: Network) -> float:
+def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network,
+                    per_block: int | None = None) -> float:
+    """T_tp: every TP collective of one micro-batch on stage ``st``, none hidden. ``per_block`` overrides the
+    collectives per block (2: forward and backward, whatever the recompute policy)."""
     if L.tp == 1:
         return 0.0
-    per_block = 3 if L.recompute == "full" else 2
+    if per_block is None:
+        per_block = 3 if L.recompute == "full" else 2
     n_ar = per_block * st.sum(prof, "tp_blocks") + (1 if st.is_last else 0)
     nbytes = L.micro_batch * (tr.seq_len / L.cp) * prof.hidden * tr.activation_bytes
     if tr.precision == "fp8" and tr.fp8_recipe == "tensorwise":
         nbytes *= FP8_TENSORWISE_TP_VOLUME
-    exposed = 1.0 - hw.efficiency.tp_overlap if tr.tp_comm_overlap else 1.0
-    return exposed * n_ar * net.time("all_reduce", nbytes, L.tp, 1)
+    return n_ar * net.time("all_reduce", nbytes, L.tp, 1)
+
+
+def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
+                           net: Network, gemm_window: float = 0.0) -> float:
+    """Exposed TP seconds of one micro-batch; ``gemm_window``: the stage's TP-split GEMM seconds (G above)."""
+    t = tp_comm_seconds(prof, st, L, tr, net)
+    if not t or not tr.tp_comm_overlap:
+        return t
+    return t / L.tp + max(0.0, t * (L.tp - 1) / L.tp - gemm_window)

@@ -34,18 +34,18 @@ Layout field -> flags:
   fp8_block -> ``--fp8-recipe blockwise``; mxfp8 -> ``--fp8-recipe mxfp8``; nvfp4 -> ``--bf16 --fp4-format e2m1
   --fp4-recipe nvfp4``.
 
-Overlap (emitted where the hardware file's ``efficiency`` counts it, since the predicted step time hides that share):
+Overlap (emitted where ``TrainingSpec``'s switches say the run overlaps, since the prediction then hides what the
+compute window covers; autopar.cost.tp, dp, ep):
 
-- dp_overlap > 0, ``TrainingSpec.dp_comm_overlap`` (the stack knob) and DP or expert-DP > 1 ->
-  ``--overlap-grad-reduce``, plus ``--overlap-param-gather`` with the
+- ``dp_comm_overlap`` and DP or expert-DP > 1 -> ``--overlap-grad-reduce``, plus ``--overlap-param-gather`` with the
   distributed optimizer or Megatron-FSDP (Megatron requires both for the latter).
-- tp_overlap > 0, TP > 1 and ``TrainingSpec.tp_comm_overlap`` (the prediction hides TP communication only then) ->
-  ``--tp-comm-overlap`` (Transformer Engine userbuffers); Megatron allows it only with
-  sequence parallel, so a layout with SP off gets a note that its TP time is predicted too low.
-- ep_overlap > 0, ``TrainingSpec.ep_comm_overlap`` and EP > 1 -> ``--overlap-moe-expert-parallel-comm`` (1F1B
-  all-to-all overlap), which Megatron allows only with VPP > 1 when PP > 1, without full recompute or 'moe' in the recompute modules, with at most one MTP
+- ``tp_comm_overlap`` and TP > 1 -> ``--tp-comm-overlap`` (Transformer Engine userbuffers); Megatron allows it only
+  with sequence parallel, so a layout with SP off gets a note that its TP time is predicted too low.
+- ``ep_comm_overlap`` and EP > 1 -> ``--overlap-moe-expert-parallel-comm`` (combined 1F1B all-to-all overlap), which Megatron allows
+  only with VPP > 1 when PP > 1, without full recompute or 'moe' in the recompute modules, with at most one MTP
   layer, and (its combined 1F1B schedule asserts this at the first step) not with Megatron-FSDP on an interleaved
-  pipeline; otherwise a note says the EP time is predicted too low. The rules, with their upstream lines, are
+  pipeline; otherwise a note, and the prediction counts the all-to-all exposed (the cost model asks the same rules,
+  autopar.cost.ep.ep_overlap_blockers). The rules, with their upstream lines, are
   autopar/specs/launcher_rules.py; the finished argv is checked against all of them before it is printed.
 - ``CUDA_DEVICE_MAX_CONNECTIONS=1`` when TP or CP > 1 without FSDP or EP overlap (Megatron asserts it on Hopper).
 
@@ -66,7 +66,7 @@ from autopar.emit._common import require_resolved, virtual_chunks
 from autopar.emit.megatron_hybrid import (HYBRID_SCRIPT, HYBRID_SPEC, hybrid_layer_pattern, hybrid_mixer_args,
                                           hybrid_notes)
 from autopar.errors import AutoparInputError
-from autopar.specs.hardware import Efficiency, HardwareSpec
+from autopar.specs.hardware import HardwareSpec
 from autopar.specs.launcher_rules import EP_OVERLAP_RULES, megatron_problems, megatron_settings
 from autopar.specs.layout import Layout
 from autopar.specs.model import ModelSpec
@@ -184,12 +184,11 @@ def _offload_args(layout: Layout, model: ModelSpec) -> list[str]:
 
 def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, hardware: HardwareSpec | None = None,
                     *, fsdp_impl: str = "megatron") -> MegatronLaunch:
-    """Megatron-LM argv, environment and notes for a resolved layout. ``hardware`` decides which overlaps the
-    prediction counts (its ``efficiency``; without it, autopar's default efficiencies). Raises AutoparInputError for
-    a combination Megatron-Core 0.20 refuses."""
+    """Megatron-LM argv, environment and notes for a resolved layout. ``training``'s overlap switches decide which
+    overlaps are emitted (the prediction counts them); ``hardware`` is accepted for the callers' symmetry. Raises
+    AutoparInputError for a combination Megatron-Core 0.20 refuses."""
     require_resolved(layout, model)
     L = layout
-    eff = hardware.efficiency if hardware is not None else Efficiency()
     env: dict[str, str] = {}
     notes: list[str] = []
     torch_fsdp = (L.fsdp or L.zero_stage == 3) and fsdp_impl == "torch"
@@ -207,20 +206,20 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
     if model.is_moe:
         args += ["--expert-model-parallel-size", str(L.ep), "--expert-tensor-parallel-size", str(L.etp),
                  "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
-        if L.ep > 1 and eff.ep_overlap > 0 and training.ep_comm_overlap:
+        if L.ep > 1 and training.ep_comm_overlap:
             ep_overlap = True       # withheld below if a run-time rule of Megatron refuses it for this layout
             args.append("--overlap-moe-expert-parallel-comm")
     if L.sp:
         args.append("--sequence-parallel")
-    if L.tp > 1 and eff.tp_overlap > 0 and training.tp_comm_overlap:
+    if L.tp > 1 and training.tp_comm_overlap:
         if L.sp:
             args.append("--tp-comm-overlap")
         else:
-            notes.append(f"the prediction hides {eff.tp_overlap:.0%} of the TP communication, but Megatron overlaps "
-                         "it only with sequence parallel, which this layout turns off: expect a longer step")
+            notes.append("the prediction hides TP communication behind the GEMMs, but Megatron overlaps it only "
+                         "with sequence parallel, which this layout turns off: expect a longer step")
     args += _sharding_args(L, training, fsdp_impl)
     expert_dp = L.edp if model.is_moe else 1
-    if (L.dp > 1 or expert_dp > 1) and eff.dp_overlap > 0 and training.dp_comm_overlap and not torch_fsdp:
+    if (L.dp > 1 or expert_dp > 1) and training.dp_comm_overlap and not torch_fsdp:
         args.append("--overlap-grad-reduce")
         if megatron_fsdp or L.zero_stage in (1, 2):
             args.append("--overlap-param-gather")
@@ -244,8 +243,8 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
         if blockers:
             ep_overlap = False
             args.remove("--overlap-moe-expert-parallel-comm")
-            notes.append(f"the prediction hides {eff.ep_overlap:.0%} of the EP all-to-all, but Megatron cannot "
-                         f"overlap it here ({'; '.join(blockers)}): expect a longer step than predicted")
+            notes.append(f"no EP all-to-all overlap: Megatron cannot run it here ({'; '.join(blockers)}); the "
+                         "prediction counts the all-to-all exposed")
     if (L.tp > 1 or L.cp > 1) and not (torch_fsdp or megatron_fsdp or ep_overlap):
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     problems = megatron_problems(megatron_settings(args))

@@ -19,7 +19,7 @@ How autopar's layout maps onto torchtitan's:
   has no ZeRO-1/2: they map to FSDP2 with ``fsdp_reshard_after_forward = "never"`` (parameters stay gathered from
   forward to backward, the ZeRO-2-like trade-off) and a note says so.
 - TP: ``tensor_parallel_degree`` and ``enable_sequence_parallel``; where the prediction counts TP overlap
-  (``efficiency.tp_overlap`` > 0 and ``TrainingSpec.tp_comm_overlap``) async TP is switched on (``compile.enable_async_tensor_parallel``, which torchtitan
+  (``TrainingSpec.tp_comm_overlap``) async TP is switched on (``compile.enable_async_tensor_parallel``, which torchtitan
   allows only with ``compile.enable`` and "model" in ``compile.components``).
 - PP: ``pipeline_parallel_schedule`` "1F1B", or "Interleaved1F1B" when vpp > 1; the stage split is written out as
   ``module_fqns_per_model_part`` (one list per virtual stage, model order: tok_embeddings, layers.i, norm, output).
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from autopar.emit._common import require_resolved, virtual_chunks
 from autopar.errors import AutoparInputError
-from autopar.specs.hardware import Efficiency, HardwareSpec
+from autopar.specs.hardware import HardwareSpec
 from autopar.specs.launcher_rules import torchtitan_problems
 from autopar.specs.layout import Layout
 from autopar.specs.model import ModelSpec
@@ -175,7 +175,6 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
     if version != TORCHTITAN_VERSION:
         raise AutoparInputError(f"unknown torchtitan version '{version}' (choose {', '.join(TORCHTITAN_VERSIONS)})")
     L = layout
-    eff = hardware.efficiency if hardware is not None else Efficiency()
     replicate, shard, reshard, notes = _dp_axes(L)
     problems = _ep_problems(L, shard)
     if model.name not in TORCHTITAN_MODELS:
@@ -187,9 +186,9 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
     module, func = TORCHTITAN_MODELS[model.name]
     ac, ac_note = _ac(L)
     notes += [n for n in (ac_note,) if n] + _common_notes(L, training)
-    async_tp = L.tp > 1 and eff.tp_overlap > 0 and training.tp_comm_overlap
+    async_tp = L.tp > 1 and training.tp_comm_overlap
     if async_tp:
-        notes.append(f"async TP on (the prediction hides {eff.tp_overlap:.0%} of the TP communication); it needs "
+        notes.append("async TP on (the prediction hides TP communication behind the GEMMs); it needs "
                      "torch.compile of the model")
     # The stack knobs the prediction priced (autopar/specs/stack.py): torch.compile of the model when it priced
     # compiled elementwise kernels (or async TP, which needs it).

@@ -4,7 +4,7 @@ Used by ``autopar validate --fit`` (published runs, :mod:`autopar.measure.calibr
 ``autopar profile compare`` (layouts run on this machine, :func:`fit_efficiency`).
 
 What is fitted
-  Named constants of a hardware file's ``efficiency`` section (overlaps, per-layer overhead, dropless imbalance)
+  Named constants of a hardware file's ``efficiency`` section (pipeline-send overlap, per-layer overhead, dropless imbalance)
   or ``kernel_model`` section (kernel and link speeds); never anything per row. Which ones is data, not code: a
   list of :class:`Constant` (a field, a key for the per-precision ``gemm`` table, and optionally the chips it
   belongs to, so one constant can be per (chip, precision) and shared by sibling chips). Each is bounded by
@@ -49,7 +49,7 @@ Bound = FitBound   # lo, hi, why, fitted_by
 
 
 # The one bounds table, read from the hardware spec, where each calibrated constant is declared once: its field in
-# HardwareSpec.efficiency (what only training runs show: overlaps, the per-layer overheads, the dropless
+# HardwareSpec.efficiency (what only training runs show: the per-layer overheads, the dropless
 # imbalance) or HardwareSpec.kernel_model (kernel and link speeds, measured by microbenchmarks; `autopar profile
 # compare` can refit them to runs on the machine at hand) carries its valid range and its FitBound together. The
 # per-precision ``gemm`` table shares one entry.
@@ -464,7 +464,8 @@ def step_rows(hardware: HardwareSpec, rows: Sequence[Observation], estimator: Es
 
 def layout_constants(rows: Sequence[Observation]) -> list[Constant]:
     """What ``profile compare`` fits (:func:`fitted_by` ``"layouts"``: gemm, the link and HBM speeds, the
-    overlaps); a per-precision table (gemm) once per precision of the rows."""
+    pipeline-send overlap, the per-layer overhead); a per-precision table (gemm) once per precision of the
+    rows."""
     precisions = sorted({r.training.precision for r in rows})
     return [c for f in fitted_by("layouts")
             for c in ([Constant(f, p) for p in precisions] if _per_precision(f) else [Constant(f)])]

@@ -4,10 +4,9 @@ Kernel speeds (GEMM by shape, flash attention, grouped GEMM, memory-bound bandwi
 measured or published figures in ``hardware/*.yaml`` (``kernel_model``) and are NOT fitted. What is fitted is
 data, declared on each constant's hardware-file field (its ``FitBound`` in :mod:`autopar.specs.hardware`: bounds,
 why, and ``"runs"`` among the fits that move it), today shared by every chip and run (nothing per chip, precision
-or row):
+or row). How much TP/DP/EP/CP communication hides is not fitted: the cost model prices it from the
+schedule's compute window (autopar.cost.tp, dp, ep, cp).
 
-  * ``dp_overlap``, ``tp_overlap``, ``ep_overlap``, ``cp_overlap``: the share of each communication a framework
-    hides behind compute (Megatron-Core's overlap features; no single-kernel benchmark measures them);
   * ``layer_overhead_us``: time per layer and micro-batch that no kernel accounts for (launch gaps, host work);
   * ``moe_dropless_imbalance``: busiest expert rank / mean under dropless routing (a property of the trained
     router at that point of training, not of the hardware).
@@ -30,23 +29,20 @@ from autopar.cost import Estimator
 from autopar.measure.calibrate import (Constant, FitReport, FitRow, HeldOut, cross_validate, fitted_by,
                                       section_of, fit as fit_rows)
 from autopar.specs.hardware import Efficiency, HardwareSpec
+from autopar.specs.stack import STACK_CONSTANTS
 from autopar.measure.validation import Case
 
 PER_CHIP: tuple[str, ...] = ()
 SHARED: tuple[str, ...] = fitted_by("runs")   # the FitBounds of specs/hardware.py with "runs" in fitted_by
 TIES = {("gb300_nvl72", "mxfp8"): ("gb200_nvl72", "mxfp8")}
-# Per software stack (autopar/specs/stack.py), for every stack other than BASE_STACK that has rows: how much DP/FSDP,
-# TP (async TP) and CP (ring attention) communication the framework's own overlap hides, what it spends between
-# kernels (eager Python, FSDP2 hooks, launches), and the constants only a stack's runs see (fp8_rowwise_gemm). Fitted
-# to that stack's rows only; the result goes into the stack file's ``efficiency``.
+# Per software stack (autopar/specs/stack.py), for every stack other than BASE_STACK that has rows: only what no
+# measurement of a kernel or a link sees, the time per layer a framework spends between kernels (eager Python, FSDP2
+# hooks, launches; Efficiency.layer_overhead_us, bounded there). Fitted to that stack's rows only; the result goes
+# into the stack file's ``efficiency``. Overlap is priced from its window (the stack's knobs set the switches) and
+# kernel rates are the hardware files' measured figures: neither is fitted per stack.
 BASE_STACK = "megatron_core"
-# Chips whose sustained GEMM rate no source gives: torchtitan's Grand Teton H100 96 GB runs at a 500 W power limit
-# and its page says "the actual peak TFLOPs number is between SXM and NVL, and we don't know its exact value"; its
-# large-GEMM fraction of the SXM peak (kernel_model.gemm) is fitted per precision to its rows, within the fitter's
-# bounds, and reported (a stand-in for a measurement: `autopar profile hardware` on the machine replaces it).
-UNKNOWN_PEAK = ("h100_96gb_gt",)
-PER_STACK: tuple[str, ...] = ("dp_overlap", "tp_overlap", "cp_overlap", "layer_overhead_us", *fitted_by("stack_runs"))
-INHERIT = {"h200": "h100_sxm", "h100_96gb_gt": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72",
+PER_STACK: tuple[str, ...] = STACK_CONSTANTS
+INHERIT = {"h200": "h100_sxm", "h100_grand_teton": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72",
            "gb300_nvl72": "gb200_nvl72"}
 
 
@@ -74,10 +70,8 @@ def constants_for(cases: list[Case], per_chip: tuple[str, ...] = PER_CHIP,
         if own[0] not in chips:
             chips.append(own[0])
     stacks = sorted({c.stack for c in cases} - {BASE_STACK})
-    unknown_peak = sorted({(c.hardware.name, c.training.precision) for c in cases if c.hardware.name in UNKNOWN_PEAK})
     return ([Constant(f, prec, tuple(keys[chip, prec])) for f in per_chip for chip, prec in sorted(keys)]
             + [Constant(f) for f in shared]
-            + [Constant("gemm", prec, (chip,)) for chip, prec in unknown_peak]
             + [Constant(f, stack=st) for st in stacks for f in PER_STACK])
 
 

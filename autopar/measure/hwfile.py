@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autopar.errors import AutoparInputError
+from autopar.fileio import OutputFile
 from autopar.measure import ProfileError
 from autopar.measure.collectives import (OP_LABELS, OPS, TABLE_HEADER, _row, busbw_table, group_sizes,
                                          measured_collectives, run_collectives)
@@ -206,7 +207,7 @@ def _describe_machine(raw: dict, world: int, table: MeasuredCollectives | None, 
                                         "factors not measured: 1.0", gemm=gemm_eff, gemm_half_m=1e-6,
                                  gemm_half_nk=1e-6, grouped_gemm=1.0, attention_fwd=1.0, attention_bwd=1.0,
                                  attention_half_seq=1e-6, attention_head_dim={128: 1.0}, hbm=1.0, nvlink=1.0,
-                                 scaleout=1.0),
+                                 scaleout=1.0, sustained_gemm=1.0, sustained_attention=1.0),
         measured_busbw_gbps=table,
         kernels=raw.get("kernels"),
     )
@@ -255,12 +256,7 @@ def file_header(spec: HardwareSpec, raw: dict) -> str:
 def write_new_file(spec: HardwareSpec, path: Path, header: str, *, force: bool) -> None:
     """Write ``spec`` with dump_spec, refusing to replace an existing file unless ``force``."""
     from autopar.specs.loaders import dump_spec
-    if path.exists() and not force:
-        raise AutoparInputError(f"{path} exists; pass --force to overwrite it (or choose another --out)")
-    if path.is_dir():
-        raise AutoparInputError(f"{path} is a folder, not a file")
-    if not path.parent.exists():
-        raise AutoparInputError(f"folder {path.parent} does not exist")
+    OutputFile(path, "--out", overwrite=force)    # exists without force, a folder, no folder: one line each
     dump_spec(spec, path, header)
 
 

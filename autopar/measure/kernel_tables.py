@@ -341,6 +341,8 @@ def kernel_model_from_tables(tables: KernelTables, hardware: HardwareSpec) -> Ke
       f(128) = 1 (needs d = 128 among the rows, else the file's attention curve is kept).
     * grouped_gemm: geometric mean of measured / (dense curve at the same shape).
     * hbm: copy GB/s / datasheet HBM GB/s. nvlink, scaleout, host_link: kept (measured by the collectives).
+    * sustained_gemm, sustained_attention: kept. The tables are short microbenchmarks (best of a few timed
+      iterations), like the published figures the base file scales by its sustained-clock ratios.
     Figures not measured keep ``hardware.kernel_model``'s values."""
     import numpy as np
     from scipy.optimize import least_squares

@@ -36,7 +36,7 @@ from autopar.errors import AutoparInputError
 from autopar.measure.record import Comparison, PairOrder, max_abs_error, mean_abs_error, pair_order
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import RECOMPUTE_MODULES, Layout, balanced_stage_layers, resolve_layout
-from autopar.specs.bounds import bound_note, limit
+from autopar.specs.bounds import BOUNDS, bound_note, limit
 from autopar.specs.loaders import build_spec, load_hardware, load_model, load_stack, read_text_file, zoo_dir
 from autopar.specs.model import ModelSpec
 from autopar.specs.stack import parse_knobs
@@ -230,11 +230,18 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         kernels.update(attention_kernel="unfused", cross_entropy="unfused")
         notes.append("kernels (2021): unfused attention and cross entropy")
     tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
+    text = row.get("notes", "")
     if not row.get("stack"):
-        # TP communication overlap is a framework switch: on only where the source says the run used it.
-        kernels["tp_comm_overlap"] = "--tp-comm-overlap" in row.get("notes", "")
-        if not kernels["tp_comm_overlap"] and tp > 1:
-            notes.append("TP comm overlap n/f: off")
+        # Rows before stack files: TP communication overlap is a framework switch, on only where the source says the
+        # run used it; so is the MoE all-to-all overlap (Megatron's combined 1F1B, --overlap-moe-expert-parallel-comm).
+        # DP overlap (--overlap-grad-reduce, PyTorch DDP's bucketed all-reduce in 2021) and ring attention's KV
+        # overlap are the frameworks' defaults: on. Rows with a stack state their switches in the 'knobs' column.
+        kernels["tp_comm_overlap"] = "--tp-comm-overlap" in text
+        kernels["ep_comm_overlap"] = "1f1b overlap" in text or "--overlap-moe-expert-parallel-comm" in text
+    if not kernels["tp_comm_overlap"] and tp > 1:
+        notes.append("TP comm overlap n/f: off")
+    if model.is_moe and not kernels["ep_comm_overlap"] and _int(row, "ep", 1) > 1:
+        notes.append("EP comm overlap n/f: off")
     training = build_spec(TrainingSpec, dict(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half,
                                              grad_dtype=half, moe_routing=routing if model.is_moe else "balanced",
                                              **kernels), "training")
@@ -354,16 +361,23 @@ def load_cases(path: Path = DEFAULT_CSV, hardware_override: dict[str, HardwareSp
     path = Path(path)
     if not path.exists():
         raise AutoparInputError(f"validation file not found: {path}")
-    text = read_text_file(path)
+    text = read_text_file(path).removeprefix("\ufeff")     # a byte-order mark (Excel's "CSV UTF-8") is no column
     reader = csv.DictReader(io.StringIO(text, newline=""))
+    max_rows = limit("csv_rows")
     try:
         header = reader.fieldnames or []
         missing = [c for c in CSV_REQUIRED if c not in header]
         if missing:
             raise AutoparInputError(f"{path}: missing columns {', '.join(missing)}")
         cases, skipped = [], []
-        for row in reader:
-            rid = (row.get("id") or "").strip() or f"line {reader.line_num}"
+        rows = []
+        for row in reader:          # counted before any is estimated: a file over the bound costs no work
+            if len(rows) == max_rows:
+                raise AutoparInputError(f"{path}: more than {BOUNDS['csv_rows']} rows; autopar validates at most "
+                                        f"{BOUNDS['csv_rows']} ({BOUNDS['csv_rows'].why})")
+            rows.append((reader.line_num, row))
+        for line_num, row in rows:
+            rid = (row.get("id") or "").strip() or f"line {line_num}"
             if None in row:
                 skipped.append((rid, f"{len(header) + len(row[None])} cells, the header has {len(header)}"))
                 continue
@@ -395,5 +409,28 @@ def evaluate(cases: list[Case], hardware_override: dict[str, HardwareSpec] | Non
 
 
 def validate(path: Path = DEFAULT_CSV, hardware_override: dict[str, HardwareSpec] | None = None) -> Report:
+    """Every usable row of the runs CSV estimated and compared. AutoparInputError when no row is usable (a
+    header-only file, or every row skipped): there is no error to report then."""
     cases, skipped = load_cases(path, hardware_override)
+    if not cases:
+        raise AutoparInputError(f"{path}: no usable row to validate ({len(skipped)} skipped"
+                                + (f"; {summarize_skipped(skipped, 1)[0]}" if skipped else "") + ")")
     return Report(evaluate(cases, hardware_override), skipped)
+
+
+def summarize_skipped(skipped: list[tuple[str, str]], max_reasons: int = 20) -> list[str]:
+    """One line per distinct skip reason, most frequent first, with how many rows it took and the first ids; at
+    most ``max_reasons`` lines plus one that counts the rest (10^6 rows naming one unknown model are one line)."""
+    by_reason: dict[str, list[str]] = {}
+    for rid, why in skipped:
+        by_reason.setdefault(why, []).append(rid)
+    ranked = sorted(by_reason.items(), key=lambda kv: -len(kv[1]))
+    lines = []
+    for why, ids in ranked[:max_reasons]:
+        shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3:,} more" if len(ids) > 3 else "")
+        lines.append(f"skipped {shown}: {why}" if len(ids) == 1 else f"skipped {len(ids):,} rows ({shown}): {why}")
+    rest = ranked[max_reasons:]
+    if rest:
+        lines.append(f"... and {sum(len(ids) for _, ids in rest):,} more rows skipped for {len(rest):,} other "
+                     "reasons (--json lists every row)")
+    return lines

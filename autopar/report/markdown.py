@@ -175,13 +175,15 @@ def _hardware_section(hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:
         ("Memory reserve", f"{hw.reserve_gib:g} GiB (CUDA context, NCCL) + {hw.fragmentation:.0%} of the "
                            "modelled memory (allocator fragmentation)"),
         ("Kernel speeds used", f"large GEMMs {km.gemm_max(tr.precision):.0%} of peak ({tr.precision}), by shape; "
-                               f"flash attention {km.attention_fwd:.0%} fwd / {km.attention_bwd:.0%} bwd of the BF16 "
-                               f"peak at long sequences; bandwidth NVLink {km.nvlink:.0%}, scale-out "
+                               f"flash attention ({km.attention_kernel}) {km.attention_fwd:.0%} fwd / "
+                               f"{km.attention_bwd:.0%} bwd of the BF16 peak at long sequences; both at the clock a "
+                               f"long run sustains (x{km.sustained_gemm:g} GEMM, x{km.sustained_attention:g} "
+                               f"attention); bandwidth NVLink {km.nvlink:.0%}, scale-out "
                                f"{km.scaleout:.0%}, HBM {km.hbm:.0%} of peak ({km.source})"),
         ("Per-layer overhead", f"{eff.layer_overhead_us:,.0f} µs per layer and micro-batch, "
                                f"{eff.moe_layer_overhead_us:,.0f} µs more per MoE layer (calibrated)"),
-        ("Overlap used", f"DP {eff.dp_overlap:.0%}, TP {eff.tp_overlap:.0%}, CP {eff.cp_overlap:.0%}, "
-                         f"EP {eff.ep_overlap:.0%}, PP send/recv {eff.pp_overlap:.0%} hidden behind compute"),
+        ("Overlap used", f"{tr.overlaps()} (what the compute window covers is hidden), PP send/recv "
+                         f"{eff.pp_overlap:.0%} hidden"),
     ]
     meas = hw.measured_busbw_gbps
     if meas is not None:

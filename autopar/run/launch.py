@@ -23,6 +23,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from autopar.errors import AutoparInputError
 from autopar.run import lifetime
+from autopar.run._machine import check_cpu_world, runs_on_cpu
 from autopar.specs.layout import Layout, resolve_layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
@@ -76,8 +78,11 @@ def _last_error_line(log: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-def _worker_env() -> dict:
+def _worker_env(tmp: Path) -> dict:
+    """The workers' environment. TMPDIR is ``tmp``, inside the run's folder: torchrun's elastic agent makes a
+    ``torchelastic_*`` folder in the temp dir for every run and leaves it there; this way it goes with the run."""
     env = dict(os.environ)
+    env["TMPDIR"] = str(tmp)
     root = str(Path(__file__).resolve().parents[2])      # so the workers import this autopar
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -117,12 +122,14 @@ def run_layout(model: ModelSpec, layout: Layout, training: TrainingSpec, *, worl
     if lr is not None and not lr > 0:
         raise AutoparInputError(f"lr must be positive (got {lr})")
     resolved = resolve_layout(layout, model, training, world)
+    if runs_on_cpu(backend):
+        check_cpu_world(world, "world")
     reason = unsupported_reason(model, resolved)
     if reason:
         return RunResult(False, f"unsupported: {reason}", None, None, [], [], {}, time.monotonic() - t_start)
     keep = workdir is not None
     lifetime.sweep_stale_run_dirs()
-    work = Path(workdir) if workdir is not None else lifetime.make_run_dir()
+    work = Path(workdir).resolve() if workdir is not None else lifetime.make_run_dir()   # the workers run in it
     work.mkdir(parents=True, exist_ok=True)
     for stale in [*work.glob("rank*.json"), *work.glob("rank*.pid")]:
         stale.unlink()
@@ -131,13 +138,14 @@ def run_layout(model: ModelSpec, layout: Layout, training: TrainingSpec, *, worl
     spec_path = work / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     log_path = work / "torchrun.log"
+    tmp = Path(tempfile.mkdtemp(prefix=".torchrun-tmp-", dir=work))   # a new name: never a folder of the user's
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            "-m", "autopar.run.worker", "--spec", str(spec_path)]
     timed_out, finished = False, False
     oom_before = oom_kill_counts()
     with open(log_path, "wb") as log:
         proc = lifetime.popen_tied(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=_worker_env(), cwd=work)
+                                   env=_worker_env(tmp), cwd=work)
         reaper = lifetime.start_reaper(proc.pid, work, remove=not keep)
         deadline, seen = time.monotonic() + timeout_s, 0
         try:
@@ -159,6 +167,7 @@ def run_layout(model: ModelSpec, layout: Layout, training: TrainingSpec, *, worl
             # a finished run must not leave a worker behind either; an interrupted one (Ctrl-C) its folder
             lifetime.kill_run(proc.pid, work)
             proc.wait()
+            shutil.rmtree(tmp, ignore_errors=True)
             if not finished and not keep:
                 shutil.rmtree(work, ignore_errors=True)
             lifetime.stop_reaper(reaper)

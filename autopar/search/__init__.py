@@ -37,6 +37,7 @@ class SolveResult:
     heuristic_reasons: list[str] = field(default_factory=list)
     explanation: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    memory_margin: float = 0.0  # share of HBM the search kept free beyond the memory model
 
     def status_text(self) -> str:
         """The status as a person should read it: OPTIMAL with its gap; FEASIBLE (the time limit stopped CP-SAT or
@@ -49,6 +50,7 @@ class SolveResult:
 
     def to_dict(self) -> dict:
         return {"status": self.status, "gap": self.gap, "solve_s": self.solve_s, "space_size": self.space_size,
+                "memory_margin": self.memory_margin,
                 "meshes": self.meshes, "method": self.method, "plans": [p.to_dict() for p in self.plans],
                 "heuristic": self.heuristic.to_dict() if self.heuristic else None,
                 "heuristic_reasons": self.heuristic_reasons, "explanation": self.explanation, "notes": self.notes}
@@ -124,4 +126,4 @@ def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, tr
             blamed = res.blamed_groups if res else sorted(cands.first_problem)
             explanation = explain_infeasible(space, est, cands, blamed, deadline, solve=solve)
     return SolveResult(plans, status, gap, time.perf_counter() - t0, space.size, len(space.meshes), method,
-                       heur, reasons, explanation, notes)
+                       heur, reasons, explanation, notes, options.memory_margin)

@@ -216,9 +216,12 @@ def rank_advice(items: list[Advice]) -> list[Advice]:
     return sorted((a for a in items if a.category != "other"), key=key)
 
 
+RING = {True: "hides behind each block's attention where that is long enough", False: "is not overlapped"}
+
+
 def bottleneck_hint(est: Estimator, plan_estimate: Estimate, items: list[Advice] | None = None) -> str:
     """One sentence on the largest step-time term, with its seconds and share, and what usually helps."""
-    e, L, hw = plan_estimate, plan_estimate.layout, est.hardware
+    e, L, hw, tr = plan_estimate, plan_estimate.layout, est.hardware, est.training
     ts = e.time_s
     name = e.bottleneck
     secs = getattr(ts, name)
@@ -262,18 +265,19 @@ def bottleneck_hint(est: Estimator, plan_estimate: Estimate, items: list[Advice]
         text = f"exposed TP communication is {secs:.3f} s ({share:.0%} of the step) at TP={L.tp}"
         if L.tp > hw.nvlink_domain_size:
             text += f", which spans NVLink domains ({hw.nvlink_domain_size} GPUs)"
-        text += (f": a smaller TP (with PP or CP to keep the memory) or TP communication overlap "
-                 f"(efficiency.tp_overlap is {hw.efficiency.tp_overlap:.0%}) help")
+        text += (": a smaller TP (with PP or CP to keep the memory) or TP communication overlap "
+                 f"({'on: what the GEMMs cannot cover is left' if tr.tp_comm_overlap else 'off'}) help")
         return text
     if name == "cp":
         return (f"exposed context-parallel exchange is {secs:.3f} s ({share:.0%} of the step) at CP={L.cp}: "
-                f"{hw.efficiency.cp_overlap:.0%} of the attention KV ring is assumed hidden behind attention (a "
+                f"the attention KV ring {RING[tr.cp_comm_overlap]} (a "
                 "linear/SSM layer's all-to-all or state pass is not); a smaller CP (memory from recompute or PP "
                 "instead) helps")
     if name == "ep":
         return (f"exposed expert all-to-all is {secs:.3f} s ({share:.0%} of the step) at EP·ETP = {L.ep * L.etp} "
                 f"(NVLink domain {hw.nvlink_domain_size}): a smaller EP (fewer domains for each token to reach), "
-                f"or overlap dispatch/combine with compute (efficiency.ep_overlap is {hw.efficiency.ep_overlap:.0%})")
+                "or overlap dispatch/combine with another micro-batch's compute (Megatron's combined 1F1B: "
+                "no full recompute, VPP when PP > 1)")
     if name == "pp_bubble":
         frac = bubble_fraction(L.pp, L.vpp, L.grad_accum)
         return (f"the pipeline bubble is {secs:.3f} s ({share:.0%} of the step) = (PP−1)/(VPP·M+PP−1) = "

@@ -138,7 +138,8 @@ class Bounds:
                            self.t.est.net)
             self._p2p_bound[pos] = np.broadcast_to(p2p, (len(sp.mbs), len(sp.vpp)))
         lb = SimpleNamespace(grad_accum=self.t.M[pos, j], pp=self.t.pp[pos], vpp=self.t.vpp)
-        steps = step_seconds(lb, self.t.stage_max(pos, j, r)[0], self._p2p_bound[pos][j], 0.0)
+        t_mb = np.where(self.t.vpp > 1, self.t.stage_max(pos, j, r, True)[0], self.t.stage_max(pos, j, r)[0])
+        steps = step_seconds(lb, t_mb, self._p2p_bound[pos][j], 0.0)
         return float(np.min(np.where(self.t.inter_ok[pos, j], steps, np.inf)))   # over the valid interleavings
 
     def _layer_kernels(self, pos: int, r: int) -> np.ndarray:

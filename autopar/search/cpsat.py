@@ -9,7 +9,7 @@ groups, each behind an assumption literal so an infeasible model names the group
   recompute, topology, sharding .... candidates whose mesh breaks the group are off  (Σ x_i = 0)
   batch ........................... global batch = dp·mbs·GA
   interleaving .................... vpp > 1 needs pp > 1 and GA % pp == 0
-  hbm capacity .................... Σ mem_i·x_i <= (HBM − reserve)/(1 + fragmentation)
+  hbm capacity .................... Σ mem_i·x_i <= (HBM·(1 − margin) − reserve)/(1 + fragmentation)
 Built as the CP-SAT Primer's coding patterns build a model: ``_build_model`` -> ``_add_variables``,
 ``_add_constraints`` (one group at a time, :meth:`LayoutModel._add_group`), ``_add_objective``. Top-K: re-solve with
 the previous answers forbidden (no-good cuts). On infeasibility the blamed groups come from

@@ -27,7 +27,7 @@ def exhaustive_search(space: Space, est: Estimator, top_k: int) -> tuple[list[Es
             continue
         valid += 1
         e = est.estimate(L, resolved=True)
-        if e.fits:
+        if e.memory_gib.total <= space.usable_hbm_gib:   # within HBM less the memory margin, as the solver
             results.append(e)
     results.sort(key=lambda e: (e.step_time_s, e.layout.short()))
     return results[:top_k], valid

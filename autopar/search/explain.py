@@ -102,7 +102,8 @@ def explain_infeasible(space: Space, est: Estimator, cands: Candidates, blamed: 
             e = est.estimate(L, resolved=True)
             lines.append(f"at seq {training.seq_len} the smallest per-GPU memory reachable on {gpus} "
                          f"{hardware.name} is {e.memory_gib.total:.1f} GiB ({L.short()}), "
-                         f"HBM is {hardware.hbm_gib:.1f} GiB")
+                         f"HBM is {hardware.hbm_gib:.1f} GiB, of which {space.usable_hbm_gib:.1f} may be filled "
+                         f"(memory margin {space.options.memory_margin:.1%})")
     # Larger GPU counts to try: the next powers of two and doublings of the request, up to 64x and the GPU bound.
     top = min(64 * gpus, int(limit("gpus")))
     counts = sorted(n for n in {gpus * 2 ** i for i in range(1, 7)} | {2 ** k for k in range(1, 40)}

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autopar.defaults import (DEFAULT_MBS, DEFAULT_VPP, DEFAULT_ZERO, MAX_CP, MAX_ETP, MAX_TP_CROSS_DOMAIN,
-                              TP_DOMAINS)
+from autopar.defaults import (DEFAULT_MBS, DEFAULT_MEMORY_MARGIN, DEFAULT_VPP, DEFAULT_ZERO, MAX_CP, MAX_ETP,
+                              MAX_TP_CROSS_DOMAIN, TP_DOMAINS)
 from autopar.errors import AutoparInputError
 from autopar.specs.bounds import BOUNDS, limit
 from autopar.specs.hardware import HardwareSpec
@@ -25,6 +25,7 @@ from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
 
 AXES = ("tp", "cp", "pp", "ep", "etp")
+MAX_MEMORY_MARGIN = 0.5   # keeping more than half of HBM free is no longer a margin
 
 
 @dataclass
@@ -45,6 +46,7 @@ class SearchOptions:
     offload_activations: float = 0.0   # fraction of stored activations sent to host memory (pinned, not searched)
     allow_cross_domain: bool = False
     top_k: int = 5
+    memory_margin: float = DEFAULT_MEMORY_MARGIN   # share of HBM kept free beyond the memory model (defaults.py)
     time_limit_s: float = 20.0
     workers: int = 2
 
@@ -60,6 +62,9 @@ class SearchOptions:
             bad = [v for v in vals if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top]
             if bad or not vals:
                 raise AutoparInputError(f"--{k}: values must be whole numbers from 1 to {top:,}, got {vals}")
+        if not (isinstance(self.memory_margin, (int, float)) and 0.0 <= self.memory_margin <= MAX_MEMORY_MARGIN):
+            raise AutoparInputError(f"--memory-margin: a share of HBM from 0 to {MAX_MEMORY_MARGIN}, got "
+                                    f"{self.memory_margin}")
         if self.zero is not None and (not self.zero or any(z not in (0, 1, 2, 3) for z in self.zero)):
             raise AutoparInputError(f"--zero: ZeRO stages are 0, 1, 2 and 3, got {self.zero}")
         if self.recompute is not None:
@@ -105,6 +110,11 @@ class Space:
     vpp: list[int] = field(default_factory=list)
     zero: list[int] = field(default_factory=list)
     splits: dict[int, tuple[int, ...] | None] = field(default_factory=dict)
+
+    @property
+    def usable_hbm_gib(self) -> float:
+        """HBM a layout may fill: the capacity less ``options.memory_margin`` of it."""
+        return self.hardware.hbm_gib * (1.0 - self.options.memory_margin)
 
     @property
     def size(self) -> int:

@@ -3,8 +3,12 @@
 For every valid mesh m = (tp, cp, pp, ep, etp) the Estimator's own per-stage functions fill tables keyed by the
 few axes each term depends on (j = micro-batch, r = recompute, k = vpp, z = ZeRO):
   t_mb[m,j,r] (compute + tp + cp + ep + offload of the slowest stage, ``Estimator.stage_times``)
+  t_mb_v[m,j,r] the same with virtual stages (vpp > 1, not FSDP): it differs only where the EP all-to-all overlap
+     needs them (MoE, EP > 1, PP > 1: ``autopar.cost.ep.ep_overlap_blockers``), and is timed only there; FSDP on an
+     interleaved pipeline cannot overlap (the same rules), so it takes t_mb
   p2p[m,j,k] (``p2p_time``)      tail[m,z,j] = max over stages of ``Estimator.stage_tail`` (DP/FSDP + optimizer)
-  per distinct stage s: states[m,z,s] + activations[m,j,r,k,s] + buffers[m,z,j,s]   (memory)
+  per distinct stage s: states[m,z,s] + max(activations[m,j,r,k,s] + buffers[m,z,j,s], step copy[m,z,s])
+     (memory; the optimizer step's fp32 gradient copy, ``step_grad_copy_bytes``)
 The memory and tail terms are filled one mesh per call: the term functions (``model_state_bytes``,
 ``activation_bytes``, ``buffer_bytes``, ``stage_tail``, ``p2p_time``) take the knobs that vary inside a mesh as numpy
 arrays (``Space.layout_grid``). ``stage_times`` (compute) is called per (mesh, micro-batch, recompute).
@@ -27,7 +31,7 @@ import numpy as np
 from autopar.cost import Estimator
 from autopar.cost.estimator import microbatch_seconds, step_seconds
 from autopar.cost.memory import (activation_bytes, activation_elems_per_token, buffer_bytes, linear_input_scale,
-                                 model_state_bytes)
+                                 model_state_bytes, step_grad_copy_bytes)
 from autopar.cost.pipeline import p2p_time
 from autopar.cost.result import GIB
 from autopar.search.space import Space
@@ -92,9 +96,10 @@ def mesh_validity(space: Space, only_valid_meshes: bool = True) -> tuple[list[in
 
 
 def cap_mib(space: Space) -> int:
-    """The HBM a layout may fill, in MiB: (HBM − reserve) / (1 + fragmentation)."""
+    """The modelled bytes a layout may fill, in MiB: (HBM·(1 − memory margin) − reserve) / (1 + fragmentation), so
+    that its total stays within ``space.usable_hbm_gib``."""
     hw = space.hardware
-    return int((hw.hbm_gib - hw.reserve_gib) / (1 + hw.fragmentation) * SCALE_M)
+    return int((space.usable_hbm_gib - hw.reserve_gib) / (1 + hw.fragmentation) * SCALE_M)
 
 
 class Tables:
@@ -116,29 +121,35 @@ class Tables:
             grid = space.layout_grid([meshes[p] for p in group], (len(group), 1), "none", micro_batch=self.mbs[None, :])
             self.dp[group], self.M[group] = grid.dp[:, 0], grid.grad_accum
         self.t_mb = np.full((nm, J, R), UNREACHABLE_S)
+        self.t_mb_v = np.full((nm, J, R), UNREACHABLE_S)   # with vpp > 1 (== t_mb unless vpp_matters)
+        ep_on = est.model.is_moe and space.training.ep_comm_overlap and any(v > 1 for v in space.vpp)
+        self.vpp_matters = ep_on & (deg[:, 2] > 1) & (deg[:, 3] > 1)      # (nm,)
         self.p2p = np.zeros((nm, J, K))
         self.tail = np.zeros((nm, Z, J))
         self.states = np.zeros((slots, nm, Z))
         self.act = np.zeros((slots, nm, J, R, K))
         self.buf = np.zeros((slots, nm, Z, J))
+        self.copy = np.zeros((slots, nm, Z))    # the optimizer step's fp32 gradient copy
         self.batch_ok = np.zeros((nm, J), bool)
         self.inter_ok = np.zeros((nm, J, K), bool)
         self.done = np.zeros(nm, bool)      # time tables filled
         self.mem_done = np.zeros(nm, bool)
         self._elems_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._tails: dict[tuple[int, int], np.ndarray] = {}   # (pos, j) -> DP/optimizer tail per ZeRO stage
-        self._times: dict[tuple[int, int, int], tuple[float, dict[int, float]]] = {}   # (pos, j, r) -> t_mb, t_fwd
+        self._times: dict[tuple, tuple[float, dict[int, float]]] = {}   # (pos, j, r, vpp > 1) -> t_mb, t_fwd
 
     def _slot_stage(self, pos: int) -> list:
         stages = self.stages[pos]
         return [stages[min(s, len(stages) - 1)] for s in range(self.slots)]
 
-    def stage_max(self, pos: int, j: int, r: int) -> tuple[float, dict[int, float]]:
-        """(t_mb of the slowest stage, forward compute time per stage) at micro-batch j and recompute r."""
-        key = (pos, j, r)
+    def stage_max(self, pos: int, j: int, r: int, interleaved: bool = False) -> tuple[float, dict[int, float]]:
+        """(t_mb of the slowest stage, forward compute time per stage) at micro-batch j and recompute r, without
+        (or, ``interleaved``, with) virtual stages: only the EP overlap's blockers tell them apart."""
+        interleaved = bool(interleaved and self.vpp_matters[pos])
+        key = (pos, j, r, interleaved)
         if key not in self._times:
             sp = self.space
-            L = sp.layout(self.meshes[pos], sp.mbs[j], sp.recompute[r], 1, 1)
+            L = sp.layout(self.meshes[pos], sp.mbs[j], sp.recompute[r], 2 if interleaved else 1, 1)
             t_mb, t_fwd = 0.0, {}
             for st in self.stages[pos]:
                 times = self.est.stage_times(L, st)
@@ -193,6 +204,7 @@ class Tables:
             kept, working = (np.stack(x)[inv] for x in zip(*(self._elems(p, st) for p in rep.values())))  # (G, R, 1, 1)
             self.states[s, pos] = sum(model_state_bytes(prof, st, by_zero, tr))
             self.buf[s, pos] = buffer_bytes(prof, st, by_zero_mbs, tr)
+            self.copy[s, pos] = step_grad_copy_bytes(prof, st, by_zero, tr)
             act = np.broadcast_to(activation_bytes(prof, st, by_mbs_vpp, tr, (kept, working)), (G, R, J, K))
             self.act[s, pos] = np.swapaxes(act, 1, 2)
         # the layout rules' own 'batch' and 'interleaving' predicates, over (G, J) and (G, J, K)
@@ -237,6 +249,7 @@ class Tables:
         jr = np.ones((J, R), bool) if jr is None else jr
         for j, r in zip(*np.nonzero(jr)):
             self.t_mb[pos, j, r] = self.stage_max(pos, int(j), int(r))[0]
+            self.t_mb_v[pos, j, r] = self.stage_max(pos, int(j), int(r), True)[0]
             self.tail[pos, :, j] = self.tail_of(pos, int(j), int(r))
         self.p2p[pos] = p2p_time(sp.layout_grid([mi], None, "none", micro_batch=self.mbs[:, None],
                                                 vpp=self.vpp[None, :]), tr, prof.hidden, hw, est.net)
@@ -249,8 +262,9 @@ class Tables:
         n = len(rows)
         mem = None   # the fullest stage: max over slots of states + activations + buffers, one slot at a time
         for s in range(self.slots):
-            m = self.states[s, rows][:, None, None, None, :] + self.act[s, rows][:, :, :, :, None]
-            m += np.transpose(self.buf[s, rows], (0, 2, 1))[:, :, None, None, :]
+            m = self.act[s, rows][:, :, :, :, None] + np.transpose(self.buf[s, rows], (0, 2, 1))[:, :, None, None, :]
+            np.maximum(m, self.copy[s, rows][:, None, None, None, :], out=m)
+            m += self.states[s, rows][:, None, None, None, :]
             mem = m if mem is None else np.maximum(mem, m, out=mem)
         shape = mem.shape
         step_us = None
@@ -259,7 +273,11 @@ class Tables:
         if with_time:
             grid = SimpleNamespace(grad_accum=self.M[rows][:, :, None, None, None],
                                    pp=self.pp[rows][:, None, None, None, None], vpp=self.vpp[None, None, None, :, None])
-            step = step_seconds(grid, self.t_mb[rows][:, :, :, None, None], self.p2p[rows][:, :, None, :, None],
+            # vpp > 1 takes the interleaved table, except under FSDP, where Megatron refuses the combined 1F1B on an
+            # interleaved pipeline (launcher_rules' ep_overlap_fsdp_interleaved): exposed there, as without vpp
+            inter = (self.vpp[None, None, None, :, None] > 1) & (self.zero[None, None, None, None, :] != 3)
+            t_mb = np.where(inter, self.t_mb_v[rows][:, :, :, None, None], self.t_mb[rows][:, :, :, None, None])
+            step = step_seconds(grid, t_mb, self.p2p[rows][:, :, None, :, None],
                                 np.transpose(self.tail[rows], (0, 2, 1))[:, :, None, None, :])
             step = np.minimum(np.nan_to_num(np.broadcast_to(step, shape), nan=UNREACHABLE_S), UNREACHABLE_S)
             step_us = np.rint(step * SCALE_T).astype(np.int64).reshape(n, -1)

@@ -58,7 +58,19 @@ BOUNDS: dict[str, Bound] = {
     "trials": Bound(100_000, "real training runs of one tuning study"),
     "steps": Bound(1_000_000, "training steps of one measurement run"),
     "seed": Bound(2 ** 32 - 1, "random seeds of numpy, torch and Optuna's samplers are 32-bit"),
+    "hbm_gib": Bound(1_048_576, "2^20 GiB (1 PiB) of memory per GPU, 3,600x the most HBM on one GPU (B300: 288 GB); "
+                                "memory enters the solver's integer tables, and 1e30 GiB overflowed them"),
+    "hardware_rate": Bound(1_000_000_000, "TFLOP/s, TB/s and GB/s of one GPU or link: 200,000x the fastest chip "
+                                          "(GB300: 5,000 dense FP8 TFLOP/s); step times stay finite"),
+    "csv_rows": Bound(10_000, "rows of a runs CSV (autopar validate --csv): 200x the 50 published runs; each "
+                              "row is an estimate with its unstated knobs filled (about 15 ms), so the bound caps "
+                              "the work at a few minutes"),
 }
+
+#: The least value a hardware rate (peak TFLOP/s, HBM TB/s, link GB/s) may take: 0.001 of its unit, 10^5x below the
+#: slowest real figure in the zoo (25 GB/s scale-out). Below it (1e-300 GB/s) step times overflow to infinity and the
+#: solver's integer tables cannot hold them.
+RATE_FLOOR = 1e-3
 
 
 #: spec field -> the bound it is held to (used to explain a "less than or equal" error).
@@ -74,6 +86,10 @@ FIELD_BOUNDS: dict[str, str] = {
     "tp": "degree", "pp": "degree", "cp": "degree", "ep": "degree", "etp": "degree", "dp": "degree",
     "hsdp_shard": "degree", "grad_accum": "global_batch", "vpp": "vpp", "micro_batch": "micro_batch",
     "stage_layers": "layers", "gpus_per_node": "gpus_per_node", "nvlink_domain_size": "nvlink_domain",
+    "hbm_gib": "hbm_gib", "host_memory_gib": "hbm_gib", "reserve_gib": "hbm_gib",
+    "peak_tflops_bf16": "hardware_rate", "peak_tflops_fp16": "hardware_rate", "peak_tflops_fp8": "hardware_rate",
+    "peak_tflops_mxfp8": "hardware_rate", "peak_tflops_nvfp4": "hardware_rate", "hbm_tbps": "hardware_rate",
+    "nvlink_gbps": "hardware_rate", "scaleout_gbps": "hardware_rate", "host_link_gbps": "hardware_rate",
 }
 
 

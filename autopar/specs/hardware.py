@@ -13,7 +13,7 @@ from typing import Annotated, Literal, NamedTuple
 from pydantic import Field, field_validator, model_validator
 
 from autopar.specs._base import Spec
-from autopar.specs.bounds import limit
+from autopar.specs.bounds import RATE_FLOOR, limit
 
 Precision = Literal["bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8_block", "mxfp8", "nvfp4")
@@ -23,7 +23,6 @@ CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all
 # Which fits move a calibrated constant: "runs" = ``autopar validate --fit`` (the published runs),
 # "layouts" = ``autopar profile compare`` (layouts run on the machine at hand).
 RUNS, LAYOUTS, RUNS_AND_LAYOUTS = ("runs",), ("layouts",), ("runs", "layouts")
-STACK_RUNS = ("stack_runs",)   # fitted only per software stack, to that stack's published runs (stacks/*.yaml)
 
 
 class FitBound(NamedTuple):
@@ -113,6 +112,19 @@ class KernelTables(Spec):
         return table
 
 
+class AttentionFigures(Spec):
+    """One flash-attention implementation's measured figures on a chip, with the meaning of KernelModel's
+    ``attention_fwd``, ``attention_bwd`` and ``attention_half_seq`` (short-run, before ``sustained_attention``)."""
+
+    fwd: float = Field(gt=0, le=1, description="Causal forward achieved/BF16 peak, long span, d=128.")
+    bwd: float = Field(gt=0, le=1, description="Causal backward achieved/BF16 peak (2.5x forward FLOPs).")
+    half_seq: float = Field(gt=0, le=1_048_576, description="Key span at which the efficiency halves.")
+    source: str = Field(min_length=1, description="Benchmark, machine and date, or citation.")
+
+
+AttentionKernelName = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,32}$")]
+
+
 class KernelModel(Spec):
     """Achieved fractions of the datasheet peaks, by kernel class, from microbenchmarks (measured with
     ``autopar profile hardware``, or published: ``source`` names them). Nothing here is fitted to training runs.
@@ -131,7 +143,19 @@ class KernelModel(Spec):
     of the BF16 peak (attention runs in BF16 under FP8 linear-layer recipes unless the training spec asks for
     FP8 attention; then at ``attention_fp8`` of the FP8 peak), with s the keys one query block spans (the
     sequence, the window, or the CP block s/cp) and the head-dim factor interpolated in log2(d) between the
-    measured head dims (1.0 at d = 128). Memory-bound kernels stream at ``hbm`` of the HBM peak."""
+    measured head dims (1.0 at d = 128). Memory-bound kernels stream at ``hbm`` of the HBM peak.
+
+    **Sustained rates.** The figures above are short microbenchmarks: best-of-N iterations, or clocks locked
+    (FlashAttention-3's tables at 1830 MHz). A training run keeps every SM busy for hours under the chip's power
+    limit, and the SM clock settles lower (B200: 1965 -> ~1580 MHz after a few tens of milliseconds of
+    back-to-back kernels, flashinfer-ai/flashinfer PR #2899). Compute-bound kernels scale with that clock, so
+
+        GEMM and grouped GEMM:  gemm · sustained_gemm · shape factors
+        flash attention:        attention_{fwd|bwd} · sustained_attention · span and head-dim factors
+
+    ``sustained_*`` = throughput measured after a long warm-up at the power limit / the short-run figure above
+    (each hardware file cites the pair). Memory-bound kernels and links are not scaled: the power limit lowers
+    the SM clock, not the memory clock, which sets the rate of the memory-bound kernels ``hbm`` was measured on."""
 
     source: str = Field(default="defaults: the H100 SXM figures of hardware/h100_sxm.yaml, NOT measured for this "
                                 "hardware (run 'autopar profile hardware')",
@@ -162,10 +186,37 @@ class KernelModel(Spec):
         description="Attention throughput at head dim d relative to d = 128 (measured points).")
     attention_fp8: float | None = Field(default=None, gt=0, le=1,
                                         description="FP8 attention forward achieved/FP8 peak; None = not available.")
-    attention_impl: dict[Literal["sdpa_fa2"], Annotated[float, Field(gt=0, le=1.5)]] = Field(
+    grouped_gemm_kernel: AttentionKernelName = Field(
+        default="mixed",
+        description="The grouped-GEMM implementation 'grouped_gemm' was measured with (cutlass_sm90, "
+                    "torch_grouped_mm, cublas_loop, ...; 'mixed' when it averages several).")
+    grouped_gemm_kernels: dict[AttentionKernelName, Annotated[float, Field(gt=0, le=1)]
+                               | dict[str, Annotated[float, Field(gt=0, le=1)]]] = Field(
         default_factory=dict,
-        description="Throughput of other attention kernels relative to the attention figures above (a stack's "
-                    "TrainingSpec.attention_impl picks one; a kernel not listed runs at the figures above).")
+        description="Measured grouped-GEMM figures of named implementations on this chip (same meaning as "
+                    "grouped_gemm); a software stack selects one with with_grouped_gemm_kernel().")
+    attention_kernel: AttentionKernelName = Field(
+        default="fa3",
+        description="The attention implementation (fa2, fa3, fa4, cudnn, ...) that attention_fwd, attention_bwd and "
+                    "attention_half_seq were measured with.")
+    attention_kernels: dict[AttentionKernelName, AttentionFigures] = Field(
+        default_factory=dict,
+        description="Measured figures of other attention implementations on this chip, by name; a software stack "
+                    "that runs one of them selects it with with_attention_kernel().")
+    sustained_gemm: float = Field(
+        default=0.982, gt=0, le=1,
+        description="Dense and grouped GEMM throughput sustained under the power limit in a long run / the "
+                    "short-run 'gemm' figure (H100 default: cuBLASLt FP8 after 10,000 warm-up iterations, 1377.3 "
+                    "TFLOP/s, over the best-of-N 1402.6).")
+    sustained_attention: float = Field(
+        default=0.982, gt=0, le=1,
+        description="Flash-attention throughput sustained under the power limit / the short-run attention "
+                    "figures (H100 default: the GEMM ratio, assumed).")
+    fp8_rowwise_gemm: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Rowwise-scaled FP8 GEMM throughput (PyTorch's CUTLASS rowwise _scaled_mm, torchao's rowwise "
+                    "recipe) / tensorwise FP8 (cuBLAS) at the same shape, for fp8_recipe: rowwise; a measured "
+                    "kernel figure (cited in the hardware file), 1.0 where none is known.")
     nvlink: Annotated[float, FitBound(0.3, 1.0, "achieved / link bandwidth of NVLink collectives (nccl-tests "
                                                 "busbw reaches 0.7-0.9 of the link rate at large messages)",
                                       LAYOUTS)] = Field(
@@ -200,6 +251,41 @@ class KernelModel(Spec):
             raise AutoparInputError(f"kernel_model.grouped_gemm has no entry for '{precision}' and no 'bf16' entry")
         return g
 
+    def with_grouped_gemm_kernel(self, name: str) -> "KernelModel":
+        """This model with the grouped-GEMM figure of implementation ``name`` (itself when ``grouped_gemm`` is
+        that implementation's; its own figure is kept in ``grouped_gemm_kernels``). A name with no measured figure
+        is an input error listing the measured ones."""
+        if name == self.grouped_gemm_kernel:
+            return self
+        fig = self.grouped_gemm_kernels.get(name)
+        if fig is None:
+            from autopar.errors import AutoparInputError
+            known = ", ".join(sorted({self.grouped_gemm_kernel, *self.grouped_gemm_kernels}))
+            raise AutoparInputError(f"kernel_model has no measured figure for grouped-GEMM kernel '{name}' "
+                                    f"(measured on this hardware: {known})")
+        others = {k: v for k, v in self.grouped_gemm_kernels.items() if k != name}
+        return self.model_copy(update={"grouped_gemm": fig, "grouped_gemm_kernel": name,
+                                       "grouped_gemm_kernels": {**others, self.grouped_gemm_kernel: self.grouped_gemm}})
+
+    def with_attention_kernel(self, name: str) -> "KernelModel":
+        """This model with the attention figures of implementation ``name``: itself when its own figures are that
+        implementation's, else a copy taking the entry of ``attention_kernels`` (and keeping its own figures there
+        under their name). A name with no measured figures is an input error listing the measured ones."""
+        if name == self.attention_kernel:
+            return self
+        fig = self.attention_kernels.get(name)
+        if fig is None:
+            from autopar.errors import AutoparInputError
+            known = ", ".join(sorted({self.attention_kernel, *self.attention_kernels}))
+            raise AutoparInputError(f"kernel_model has no measured figures for attention kernel '{name}' "
+                                    f"(measured on this hardware: {known})")
+        own = AttentionFigures(fwd=self.attention_fwd, bwd=self.attention_bwd, half_seq=self.attention_half_seq,
+                               source=self.source)
+        others = {k: v for k, v in self.attention_kernels.items() if k != name}
+        return self.model_copy(update={"attention_fwd": fig.fwd, "attention_bwd": fig.bwd,
+                                       "attention_half_seq": fig.half_seq, "attention_kernel": name,
+                                       "attention_kernels": {**others, self.attention_kernel: own}})
+
     def head_dim_factor(self, d: float) -> float:
         """attention_head_dim interpolated in log2(d); the nearest point beyond the measured range."""
         import math
@@ -216,27 +302,19 @@ class KernelModel(Spec):
 
 
 class Efficiency(Spec):
-    """Constants no microbenchmark of a single kernel can see: how much communication a framework hides
-    (overlaps), what it spends between kernels (per-layer overhead), how unevenly dropless routing loads the
-    experts. These are fitted to training runs (``autopar validate --fit``, ``autopar profile compare``); each
-    field's :class:`FitBound` says within what bounds, why, and which fits move it."""
+    """Constants no microbenchmark of a single kernel can see: what a framework spends between kernels (per-layer
+    overhead), how unevenly dropless routing loads the experts, how much of the pipeline's sends hide. These are
+    fitted to training runs (``autopar validate --fit``, ``autopar profile compare``); each field's
+    :class:`FitBound` says within what bounds, why, and which fits move it. How much TP, DP, EP and CP
+    communication hides is not a constant: the cost model prices it from the compute window of the schedule
+    (autopar.cost.tp, dp, ep, cp), where ``TrainingSpec.*_comm_overlap`` says the framework overlaps at all."""
 
-    dp_overlap: Annotated[float, FitBound(0.0, 1.0, "a share of the gradient reduce-scatter / parameter all-gather",
-                                          RUNS_AND_LAYOUTS)] = Field(
-        default=0.8, ge=0, le=1, description="Fraction of DP/FSDP communication hidden behind compute.")
-    tp_overlap: Annotated[float, FitBound(0.0, 0.9, "a share; TP comm overlap cannot hide the first and last chunk "
-                                                    "of a layer", RUNS_AND_LAYOUTS)] = Field(
-        default=0.0, ge=0, le=1, description="Fraction of TP/SP communication hidden (TP comm-overlap).")
-    ep_overlap: Annotated[float, FitBound(0.0, 0.9, "a share; the dispatch before the first expert GEMM cannot be "
-                                                    "hidden", RUNS_AND_LAYOUTS)] = Field(
-        default=0.0, ge=0, le=1, description="Fraction of EP all-to-all hidden.")
-    cp_overlap: Annotated[float, FitBound(0.0, 1.0, "a share of the ring's KV exchange", RUNS_AND_LAYOUTS)] = Field(
-        default=0.5, ge=0, le=1, description="Fraction of ring-attention KV exchange hidden behind attention.")
     pp_overlap: Annotated[float, FitBound(0.0, 1.0, "a share of the pipeline send/recv", LAYOUTS)] = Field(
         default=0.0, ge=0, le=1, description="Fraction of pipeline send/recv hidden.")
     layer_overhead_us: Annotated[float, FitBound(0.0, 3000.0, "per layer and micro-batch; 3 ms is ~100 kernel "
                                                               "launches' worth of host time at 30 us each, far beyond "
-                                                              "a CUDA-graph-free layer's launches", RUNS)] = Field(
+                                                              "a CUDA-graph-free layer's launches",
+                                                 RUNS_AND_LAYOUTS)] = Field(
         default=0.0, ge=0, le=10_000,
         description="Time per transformer layer and micro-batch (forward + backward) that no kernel accounts for: "
                     "launch gaps, host-side framework work, synchronisation (calibrated), microseconds.")
@@ -252,13 +330,6 @@ class Efficiency(Spec):
         default=1.3, ge=1.0, le=4.0,
         description="Tokens on the busiest expert rank / the mean, under dropless routing (calibrated); the routed "
                     "expert math and the all-to-all wait for that rank.")
-    fp8_rowwise_gemm: Annotated[float, FitBound(0.3, 1.0, "rowwise-scaled FP8 GEMM / tensorwise FP8 GEMM of the "
-                                                          "same shape: 1 = as fast; 0.3 is slower than BF16",
-                                                STACK_RUNS)] = Field(
-        default=1.0, gt=0, le=1,
-        description="Throughput of rowwise-scaled FP8 GEMMs (torchao's CUTLASS rowwise kernel) relative to "
-                    "tensorwise ones (cuBLAS), for fp8_recipe: rowwise. No published GEMM benchmark was found; "
-                    "fitted per stack to its rowwise runs (stacks/*.yaml efficiency), 1.0 (no penalty) otherwise.")
 
 
 class HardwareSpec(Spec):
@@ -266,28 +337,37 @@ class HardwareSpec(Spec):
 
     name: str = Field(description="Short identifier, e.g. 'h100_sxm'.")
     source: str = Field(default="", description="Datasheet or paper the numbers come from.")
-    peak_tflops_bf16: float = Field(gt=0, description="Dense BF16 tensor-core peak, TFLOP/s (no sparsity).")
-    peak_tflops_fp16: float = Field(gt=0, description="Dense FP16 tensor-core peak, TFLOP/s.")
-    peak_tflops_fp8: float | None = Field(default=None, gt=0, description="Dense FP8 peak, TFLOP/s; None = none.")
-    peak_tflops_mxfp8: float | None = Field(default=None, gt=0, description="Dense MXFP8 peak; None = none.")
-    peak_tflops_nvfp4: float | None = Field(default=None, gt=0, description="Dense NVFP4 peak; None = none.")
-    hbm_gib: float = Field(gt=0, description="HBM capacity per GPU, GiB.")
-    hbm_tbps: float = Field(gt=0, description="HBM bandwidth per GPU, TB/s.")
+    peak_tflops_bf16: float = Field(ge=RATE_FLOOR, le=limit("hardware_rate"),
+                                    description="Dense BF16 tensor-core peak, TFLOP/s (no sparsity).")
+    peak_tflops_fp16: float = Field(ge=RATE_FLOOR, le=limit("hardware_rate"),
+                                    description="Dense FP16 tensor-core peak, TFLOP/s.")
+    peak_tflops_fp8: float | None = Field(default=None, ge=RATE_FLOOR, le=limit("hardware_rate"),
+                                          description="Dense FP8 peak, TFLOP/s; None = none.")
+    peak_tflops_mxfp8: float | None = Field(default=None, ge=RATE_FLOOR, le=limit("hardware_rate"),
+                                            description="Dense MXFP8 peak; None = none.")
+    peak_tflops_nvfp4: float | None = Field(default=None, ge=RATE_FLOOR, le=limit("hardware_rate"),
+                                            description="Dense NVFP4 peak; None = none.")
+    hbm_gib: float = Field(gt=0, le=limit("hbm_gib"), description="HBM capacity per GPU, GiB.")
+    hbm_tbps: float = Field(ge=RATE_FLOOR, le=limit("hardware_rate"), description="HBM bandwidth per GPU, TB/s.")
     gpus_per_node: int = Field(gt=0, le=limit("gpus_per_node"),
                                description="GPUs per server (scale-out NICs are counted per GPU).")
     nvlink_domain_size: int = Field(gt=0, le=limit("nvlink_domain"),
                                     description="GPUs in one NVLink/xGMI domain (8 on HGX, 72 on NVL72).")
-    nvlink_gbps: float = Field(gt=0, description="NVLink bandwidth per GPU per direction, GB/s.")
-    scaleout_gbps: float = Field(gt=0, description="Scale-out (InfiniBand/RoCE) bandwidth per GPU per direction, GB/s.")
+    nvlink_gbps: float = Field(ge=RATE_FLOOR, le=limit("hardware_rate"),
+                               description="NVLink bandwidth per GPU per direction, GB/s.")
+    scaleout_gbps: float = Field(ge=RATE_FLOOR, le=limit("hardware_rate"),
+                                 description="Scale-out (InfiniBand/RoCE) bandwidth per GPU per direction, GB/s.")
     host_link_gbps: float | None = Field(
-        default=None, gt=0, description="GPU<->host-memory bandwidth per GPU per direction, GB/s (PCIe or "
-                                        "NVLink-C2C); None = unknown, activation offloading is then unavailable.")
+        default=None, ge=RATE_FLOOR, le=limit("hardware_rate"),
+        description="GPU<->host-memory bandwidth per GPU per direction, GB/s (PCIe or "
+                    "NVLink-C2C); None = unknown, activation offloading is then unavailable.")
     host_memory_gib: float | None = Field(
-        default=None, gt=0, description="Host DRAM per GPU on the reference server (total / GPUs per node), GiB; "
-                                        "room for offloaded activations.")
+        default=None, gt=0, le=limit("hbm_gib"),
+        description="Host DRAM per GPU on the reference server (total / GPUs per node), GiB; "
+                    "room for offloaded activations.")
     nvlink_latency_us: float = Field(default=3.0, ge=0, description="Per-step latency (alpha) inside the domain, us.")
     scaleout_latency_us: float = Field(default=8.0, ge=0, description="Per-step latency across the network, us.")
-    reserve_gib: float = Field(default=3.0, ge=0,
+    reserve_gib: float = Field(default=3.0, ge=0, le=limit("hbm_gib"),
                                description="HBM the framework keeps (CUDA context, allocator fragmentation), GiB.")
     fragmentation: float = Field(default=0.02, ge=0, le=1,
                                  description="Extra HBM lost to caching-allocator fragmentation, as a fraction of "

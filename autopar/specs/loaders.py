@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel
 
 from autopar.errors import AutoparInputError
+from autopar.fileio import OutputFile, read_input, show_path
 from autopar.specs._base import build_spec, format_validation_error
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.model import ModelSpec
@@ -28,7 +29,6 @@ _PKG = Path(__file__).resolve().parents[1]
 # source checkout, in models/, hardware/ and data/ beside the package.
 _ZOO_DIRS = {kind: [_PKG / "_zoo" / kind, _PKG.parent / kind] for kind in ("models", "hardware", "data", "stacks")}
 
-MAX_INPUT_BYTES = 16 * 2 ** 20   # input files (specs, runs CSV, layout lists) are kB; this refuses a wrong file
 
 
 def installed_zoo_dir(kind: str) -> Path | None:
@@ -50,33 +50,17 @@ def zoo_names(kind: str) -> list[str]:
 
 
 def read_text_file(path: Path) -> str:
-    """The text of a small input file; a folder, a file too large for an input, or bytes that are not UTF-8
-    become AutoparInputError naming the path."""
-    try:
-        is_dir, size = path.is_dir(), path.stat().st_size
-    except OSError as err:
-        raise AutoparInputError(f"cannot read {_show(path)}: {err.strerror or err}") from None
-    except ValueError as err:   # a NUL byte in the name
-        raise AutoparInputError(f"cannot read {_show(path)!r}: {err}") from None
-    if is_dir:
-        raise AutoparInputError(f"cannot read {_show(path)}: a folder, not a file")
-    if size > MAX_INPUT_BYTES:
-        raise AutoparInputError(f"{_show(path)} holds {size:,} bytes; autopar reads input files of at most "
-                                f"{MAX_INPUT_BYTES:,} bytes (model, hardware and runs files are a few kB)")
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise AutoparInputError(f"cannot read {_show(path)}: {err.strerror or err}") from None
+    """The text of a small input file, read through autopar's one bounded reader (:func:`autopar.fileio.read_input`:
+    regular files, devices, pipes and FIFOs, standard input); a folder, a file too large for an input, a silent pipe
+    or bytes that are not UTF-8 become AutoparInputError naming the path."""
+    data = read_input(path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise AutoparInputError(f"{_show(path)}: not UTF-8 text (byte {err.start}: {err.reason})") from None
 
 
-def _show(path: Path | str, width: int = 80) -> str:
-    """A path as shown in a message: shortened in the middle when longer than ``width`` characters."""
-    text = str(path)
-    return text if len(text) <= width else f"{text[:width // 2 - 2]}...{text[-(width // 2 - 1):]}"
+_show = show_path
 
 
 def read_structured_file(path: Path) -> Any:
@@ -218,9 +202,8 @@ def load_stack(ref: "str | Path | StackSpec") -> "StackSpec":
 
 def dump_spec(spec: BaseModel, path: Path, header: str = "") -> None:
     """Write a spec as YAML (round-trips through load_model / load_hardware). Never overwrites silently:
-    callers decide; this writes to ``path`` via a temporary file so a crash leaves the old file intact."""
+    callers decide; this writes through :class:`autopar.fileio.OutputFile` (a temporary file renamed over
+    ``path``), so a crash or a full disk leaves the old file intact."""
     data = spec.model_dump(mode="json", exclude_defaults=False)
     text = (header + "\n" if header else "") + yaml.safe_dump(data, sort_keys=False)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    OutputFile(path, "output").write(text)

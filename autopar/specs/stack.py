@@ -9,12 +9,15 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
   one kernel, fp32 upcasts through HBM). Priced as bytes through HBM per op (:mod:`autopar.cost.compute`).
 * **attention kernel**: ``best`` (the chip file's flash-attention figures: FA3 / cuDNN on Hopper, cuDNN / FA4 on
   Blackwell) or ``sdpa_fa2`` (PyTorch SDPA's flash backend, FlashAttention-2), priced by the chip file's measured
-  ratio (``kernel_model.attention_impl``).
+  FA2 figures (``kernel_model.attention_kernels['fa2']``, :meth:`KernelModel.with_attention_kernel`).
 * **FP8 scaling recipe** for the ``fp8`` precision: ``te`` (Transformer Engine tensorwise, fused cast-transpose),
   ``tensorwise`` or ``rowwise`` (torchao Float8Linear): bytes of the quantisation kernels per GEMM operand.
 * **communication overlap**: TP (``none``, ``async_tp``: PyTorch's micro-pipelined TP, ``userbuffers``: Transformer
-  Engine's), and DP / EP / CP overlap on or off; the share hidden is the fitted ``efficiency`` constant, per
-  stack where the stack's rows allow it (this file's ``efficiency``), else the hardware file's.
+  Engine's), and DP / EP / CP overlap on or off: the switches of :class:`TrainingSpec`; what hides is priced
+  from the schedule's compute window (autopar.cost.tp, dp, ep, cp), never a fitted share.
+* **stack constants** (``efficiency``): only what no kernel or link measurement sees, :data:`STACK_CONSTANTS`
+  (the time per layer a framework spends between kernels), fitted to the stack's own runs within the bounds of
+  :class:`autopar.specs.hardware.Efficiency`.
 * **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``).
 * **recorded, not priced** (no measurement separates them from the fitted per-layer overheads yet; they are
   written by ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``,
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
                "cross_entropy", "selective_ac")
 KNOB_RECORDED = ("dispatcher", "cuda_graphs")
+STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
 
 class StackKnobs(Spec):
@@ -109,9 +113,12 @@ class StackSpec(Spec):
             if bad:
                 raise ValueError(f"{where}: unknown knob(s) {', '.join(bad)} (knobs: {', '.join(sorted(names))})")
         from autopar.specs.hardware import Efficiency
-        bad = [k for k in self.efficiency if k not in Efficiency.model_fields]
+        bad = [k for k in self.efficiency if k not in STACK_CONSTANTS]
         if bad:
-            raise ValueError(f"efficiency: unknown constant(s) {', '.join(bad)}")
+            raise ValueError(f"efficiency: {', '.join(bad)} not a stack constant (a stack carries only "
+                             f"{', '.join(STACK_CONSTANTS)}; overlap is set by the knobs, kernel rates by the "
+                             f"hardware file)")
+        Efficiency.model_validate(self.efficiency)   # within the hardware fields' bounds
         self.check_knobs(self.knobs)
         return self
 

@@ -10,6 +10,7 @@ from autopar.specs._base import Spec
 from autopar.specs.bounds import bound_note, limit
 from autopar.specs.hardware import Precision
 
+OVERLAPS = ("tp", "dp", "ep", "cp")   # the communication overlaps a run can switch on (``*_comm_overlap``)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
 
 
@@ -40,20 +41,21 @@ class TrainingSpec(Spec):
         default=True,
         description="Framework overlaps TP/SP communication with the GEMMs (Megatron --tp-comm-overlap, Transformer "
                     "Engine userbuffers; on in NVIDIA's dense performance recipes). Off: every TP collective is "
-                    "exposed; on: efficiency.tp_overlap of it is hidden.")
+                    "exposed; on: what the layer's TP-split GEMMs can cover is hidden (autopar.cost.tp).")
     dp_comm_overlap: bool = Field(
         default=True,
-        description="Framework overlaps DP/FSDP gradient reduce-scatter and parameter all-gather with compute "
-                    "(Megatron --overlap-grad-reduce/--overlap-param-gather, FSDP2 prefetch). Off: all exposed; on: "
-                    "efficiency.dp_overlap of it is hidden.")
+        description="Framework overlaps data-parallel traffic with compute (Megatron --overlap-grad-reduce / "
+                    "--overlap-param-gather, FSDP2 prefetch). Off: every gradient reduction and parameter gather "
+                    "is exposed; on: what the backward/forward window covers is hidden (autopar.cost.dp).")
     ep_comm_overlap: bool = Field(
         default=True,
-        description="Framework overlaps the EP all-to-all with expert compute (Megatron moe_a2a_overlap / DeepEP). "
-                    "Off: all exposed; on: efficiency.ep_overlap of it is hidden.")
+        description="Framework overlaps the MoE dispatch/combine all-to-alls with another micro-batch's compute "
+                    "(Megatron --overlap-moe-expert-parallel-comm, combined 1F1B). Counted only where Megatron-Core "
+                    "allows that schedule (no full recompute, no 'moe' recompute, VPP when PP > 1; autopar.cost.ep).")
     cp_comm_overlap: bool = Field(
         default=True,
-        description="Framework overlaps the CP ring exchange with attention. Off: all exposed; on: "
-                    "efficiency.cp_overlap of it is hidden.")
+        description="Ring attention overlaps each KV block transfer with the attention block it feeds (Megatron-Core "
+                    "p2p context parallelism). Off: the KV exchange is exposed (autopar.cost.cp).")
     elementwise: Literal["fused", "compiled", "eager"] = Field(
         default="fused",
         description="Elementwise kernels (norms, RoPE, SwiGLU): 'fused' (Transformer Engine / Megatron fusions), "
@@ -61,8 +63,9 @@ class TrainingSpec(Spec):
                     "priced as HBM bytes per op (autopar/cost/compute.py ELEMENTWISE_BYTES).")
     attention_impl: Literal["best", "sdpa_fa2"] = Field(
         default="best",
-        description="Attention kernel: 'best' (the hardware file's flash-attention figures) or 'sdpa_fa2' "
-                    "(PyTorch SDPA's FlashAttention-2 backend, at the file's kernel_model.attention_impl ratio).")
+        description="Attention kernel: 'best' (the hardware file's own flash-attention figures) or 'sdpa_fa2' "
+                    "(PyTorch SDPA's FlashAttention-2 backend: the file's kernel_model.attention_kernels['fa2'] "
+                    "figures, KernelModel.with_attention_kernel).")
     fp8_recipe: Literal["te", "tensorwise", "rowwise"] = Field(
         default="te",
         description="FP8 scaling recipe (precision fp8): 'te' (Transformer Engine, fused cast-transpose), "
@@ -101,6 +104,11 @@ class TrainingSpec(Spec):
             raise ValueError(f"seq_len x global_batch = {self.seq_len:,} x {self.global_batch:,} tokens per step, "
                              f"the bound is {bound_note('tokens_per_step')}")
         return self
+
+    def overlaps(self) -> str:
+        """The overlap switches that are on, as ``--overlap`` spells them ('tp,dp,ep,cp', 'none')."""
+        on = [k for k in OVERLAPS if getattr(self, f"{k}_comm_overlap")]
+        return ",".join(on) or "none"
 
     @property
     def tokens_per_step(self) -> int:

@@ -110,7 +110,8 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
          trials: int = 20, top_k: int = 8, storage: str | None = None, study: str | None = None, seed: int = 0,
          steps: int = 8, warmup: int = 2, timeout_s: float = 300.0, backend: str = "auto",
          scale: dict[str, int] | str | None = "auto", seeds: int | None = None, confirm: int | None = None,
-         progress: Callable[[str], None] | None = None, runner: Callable[..., Any] | None = None) -> TuneResult:
+         progress: Callable[[str], None] | None = None, runner: Callable[..., Any] | None = None,
+         heartbeat: tuple[int, int] | None = None) -> TuneResult:
     """Measure the solver's best layouts with short real runs and let Optuna find the fastest.
 
     ``gpus`` is the world size of every run (one node: torchrun ``--nproc-per-node``). Without GPUs the runs are
@@ -127,7 +128,8 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
     ``sqlite:///autopar-tune.db`` in the current folder) or ``journal:FILE``; ``study``: its name (default:
     derived from the problem, so the same call resumes the same study). ``steps``/``warmup``/``timeout_s``:
     per run. ``progress`` receives progress lines (default: stderr). ``runner`` replaces
-    :func:`autopar.run.launch.run_layout` (tests).
+    :func:`autopar.run.launch.run_layout` (tests). ``heartbeat``: (interval, grace period) in seconds after which a
+    running trial whose worker stopped beating is queued again (default: ``_storage.HEARTBEAT_S``, ``GRACE_S``).
 
     Raises AutoparInputError for bad input (unknown storage URL, unreachable database, a study that belongs to
     another problem) and TuneInterrupted on Ctrl-C, after the study has been left resumable."""
@@ -143,9 +145,6 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
     say = progress or (lambda m: print(m, file=sys.stderr, flush=True))
     target = parse_storage(storage)                       # unknown URL: fails before any work
     problem = resolve_problem(model, hardware, training, gpus, options, scale=scale, backend=backend)
-    for n in problem.notes:
-        say(f"note: {n}")
-    say(f"autopar tune: {problem.describe()}")
     try:
         import optuna
     except ImportError:
@@ -153,7 +152,13 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
     if runner is None:
         from autopar.run.launch import run_layout as runner
     from autopar.tune._storage import open_storage, storage_lock
-    from autopar.tune._study import Settings, StudyWorker
+    from autopar.tune._study import Settings, StudyWorker, retry_stale_trial
+    storage_notes: list[str] = []
+    with storage_lock(target):      # opened before anything is printed: a storage error is the only line
+        st = open_storage(target, retry_stale_trial, heartbeat, storage_notes)
+    for n in problem.notes + storage_notes:
+        say(f"note: {n}")
+    say(f"autopar tune: {problem.describe()}")
 
     problem.options = SearchOptions(**{**problem.options.__dict__, "top_k": top_k})   # part of the study's identity
     n_seeds = seeds if seeds is not None else max(1, min(top_k, trials // 2))
@@ -165,9 +170,9 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
     optuna.logging.set_verbosity(logging.WARNING)
     worker = None
     try:
-        with storage_lock(target):                 # two workers creating one SQLite file's tables race
-            st = open_storage(target)
         settings = Settings(trials, seed, steps, warmup, timeout_s, n_confirm)
+        if heartbeat is not None:
+            settings.heartbeat_s, settings.grace_s = heartbeat
         worker = StudyWorker(problem, target, st, name, settings, runner,
                              lambda: solve_space(problem, top_k, n_seeds, say), say)
         worker.open()
@@ -175,6 +180,10 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
             say(f"note: {n}")
         worker.run()
         return worker.result()
+    except _storage_errors() as err:       # the database or journal failed under the study (a disk, a server)
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise AutoparInputError(f"the study storage {target.display} failed: {type(err).__name__}: "
+                                f"{first[:300]}") from None
     except KeyboardInterrupt:
         where = f"study '{name}' in {target.display}"
         try:
@@ -185,6 +194,19 @@ def tune(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path,
         raise TuneInterrupted(f"{where}; run the same command to resume") from None
     finally:
         optuna.logging.set_verbosity(level)
+
+
+def _storage_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions a storage raises when its database or file fails mid-study (not autopar's bugs)."""
+    errors: list[type[BaseException]] = []
+    try:
+        import sqlalchemy.exc
+        errors.append(sqlalchemy.exc.SQLAlchemyError)
+    except ImportError:
+        pass
+    import json
+    errors.append(json.JSONDecodeError)   # a journal damaged while the study ran
+    return tuple(errors)
 
 
 class _CallableModule(types.ModuleType):

@@ -12,13 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autopar.errors import AutoparInputError
-from autopar.run import runner_training
+from autopar.run import check_cpu_world, local_gpus, runner_training
 from autopar.search.space import SearchOptions
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.loaders import load_hardware, load_model
@@ -31,19 +30,6 @@ CPU_SEQ_LEN = 128
 CPU_SEQS_PER_RANK = 4        # default global batch on CPU: 4 sequences per rank
 _MODEL_FIELD = {"layers": "num_layers", "hidden": "hidden_size", "ffn": "ffn_hidden_size",
                 "heads": "num_attention_heads", "kv_heads": "num_kv_heads", "vocab": "vocab_size"}
-
-
-def local_gpus() -> int:
-    """GPUs on this node, counted without importing torch: /dev/nvidia<N> (CUDA) or /dev/dri/renderD* with
-    /dev/kfd (ROCm). CUDA_VISIBLE_DEVICES narrows the count when set."""
-    dev = Path("/dev")
-    n = sum(1 for p in dev.glob("nvidia*") if re.fullmatch(r"nvidia\d+", p.name))
-    if n == 0 and (dev / "kfd").exists():
-        n = len(list(dev.glob("dri/renderD*")))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if n and visible is not None:
-        n = min(n, len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"]))
-    return n
 
 
 @dataclass
@@ -130,6 +116,7 @@ def resolve_problem(model: ModelSpec | str | Path, hardware: HardwareSpec | str 
             raise AutoparInputError(f"real runs use this node only: --gpus ({gpus}) is more than the GPUs here "
                                     f"({n_gpu}); tune with at most {n_gpu}")
     else:
+        check_cpu_world(gpus)
         cores = os.cpu_count() or 1
         notes.append(f"no GPU here: the runs are {gpus} gloo process(es) on the CPU ({cores} cores)")
         if gpus > cores:

@@ -15,6 +15,15 @@ trial; workers on one SQLite or journal file therefore serialise their study boo
 taking the next queued trial) with an ``flock`` on ``PATH.autopar-lock`` (not ``PATH.lock``: Optuna's journal
 lock takes that name). Database servers take the queued trial
 atomically themselves (``SELECT ... FOR UPDATE``).
+
+Faults the storage survives (tests/cli/test_faults.py):
+
+- a journal whose last record was cut (a full disk, a crash mid-write): the cut record is removed after the file
+  is copied to ``PATH.autopar-backup-<time>``; a journal damaged anywhere else is refused, never appended to;
+- a file that is not an SQLite database: refused before Optuna touches it;
+- a worker that dies mid-trial: RDB storages are opened with Optuna's heartbeat (``heartbeat_interval``
+  :data:`HEARTBEAT_S`, ``grace_period`` :data:`GRACE_S`) and a stale-trial callback that queues the trial again;
+  journals get the same from a heartbeat user attribute (autopar/tune/_study.py).
 """
 
 from __future__ import annotations
@@ -30,6 +39,10 @@ from typing import Any
 from autopar.errors import AutoparInputError
 
 DEFAULT_DB = "autopar-tune.db"
+HEARTBEAT_S = 10      # a running trial's worker records a heartbeat this often (seconds) ...
+GRACE_S = 120         # ... and its trial is taken as abandoned when none came for this long (a loaded node's
+                      # thread can be late by seconds, not minutes)
+_SQLITE_MAGIC = b"SQLite format 3\x00"    # the first 16 bytes of every SQLite 3 database (sqlite.org/fileformat.html)
 _RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
 _FORMS = ("sqlite:///FILE, postgresql://USER:PASS@HOST/DB, mysql://USER:PASS@HOST/DB, journal:FILE "
           "(a journal file on a shared filesystem) or redis://HOST:PORT")
@@ -92,16 +105,25 @@ def parse_storage(url: str | None) -> StorageTarget:
     return StorageTarget("rdb", text, mask_url(text), None)
 
 
-def open_storage(target: StorageTarget) -> Any:
-    """The Optuna storage object. AutoparInputError, naming the storage, when it cannot be opened or reached."""
+def open_storage(target: StorageTarget, stale_callback: Any = None, heartbeat: tuple[int, int] | None = None,
+                 notes: list[str] | None = None) -> Any:
+    """The Optuna storage object. AutoparInputError, naming the storage, when it cannot be opened or reached.
+
+    RDB storages get Optuna's heartbeat (``heartbeat``: interval and grace period in seconds, default
+    (:data:`HEARTBEAT_S`, :data:`GRACE_S`)) with ``stale_callback`` as the heartbeat-stale trial callback. A cut
+    journal is repaired first; what was done is appended to ``notes``."""
     import optuna
 
+    interval, grace = heartbeat or (HEARTBEAT_S, GRACE_S)
     try:
         if target.kind == "journal":
             from optuna.storages.journal import JournalFileBackend, JournalStorage
             path = Path(target.url)
             if not path.parent.is_dir():
                 raise AutoparInputError(f"storage '{target.display}': folder {path.parent} does not exist")
+            note = repair_journal(path, target.display)
+            if note and notes is not None:
+                notes.append(note)
             return JournalStorage(JournalFileBackend(str(path)))
         if target.kind == "redis":
             import warnings
@@ -113,12 +135,18 @@ def open_storage(target: StorageTarget) -> Any:
         scheme = target.url.split("://", 1)[0].split("+", 1)[0].lower()
         connect_args: dict[str, Any] = {}
         if scheme == "sqlite":
+            check_sqlite_file(Path(target.url.split(":///", 1)[1]), target.display)
             connect_args["timeout"] = 120       # workers wait for each other's short writes
         elif scheme in ("postgresql", "postgres", "mysql", "mariadb"):
             connect_args["connect_timeout"] = 15
         # get_storage wraps it in Optuna's trial cache; the study and the tuner must share that one object
-        return optuna.storages.get_storage(
-            optuna.storages.RDBStorage(target.url, engine_kwargs={"connect_args": connect_args}))
+        import warnings
+        with warnings.catch_warnings():   # heartbeat_interval is "experimental" in Optuna 5
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            rdb = optuna.storages.RDBStorage(target.url, engine_kwargs={"connect_args": connect_args},
+                                             heartbeat_interval=interval, grace_period=grace,
+                                             heartbeat_stale_trial_callback=stale_callback)
+        return optuna.storages.get_storage(rdb)
     except AutoparInputError:
         raise
     except (ImportError, ModuleNotFoundError) as err:
@@ -128,6 +156,75 @@ def open_storage(target: StorageTarget) -> Any:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise AutoparInputError(f"cannot reach the study storage {target.display}: {type(err).__name__}: "
                                 f"{mask_url(first)[:300]}") from None
+
+
+def check_sqlite_file(path: Path, display: str) -> None:
+    """Refuse a file that exists, is not empty and is not an SQLite 3 database (before SQLAlchemy opens it)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise AutoparInputError(f"cannot open the study storage {display}: {err.strerror or err}") from None
+    if head and head != _SQLITE_MAGIC:
+        raise AutoparInputError(f"study storage {display}: {path} is not an SQLite database (it does not start "
+                                "with the SQLite header); autopar leaves it as it is: choose another --storage")
+
+
+def repair_journal(path: Path, display: str) -> str | None:
+    """Check an Optuna journal file before it is opened: every record one JSON line.
+
+    A last record that is cut (no newline, or not JSON: a full disk or a crash stopped the write) is removed,
+    after the whole file is copied to ``PATH.autopar-backup-<UTC time>``; the note returned says so. Optuna would
+    otherwise append after the partial line and make the study unreadable for good. A record damaged anywhere
+    else cannot be repaired safely: AutoparInputError, and the file is left untouched. Held under Optuna's own
+    journal lock, so a worker writing at the same moment finishes its record first."""
+    import json
+    import shutil
+    import time
+
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    if not path.exists():
+        return None
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            raise AutoparInputError(f"cannot read the study storage {display}: {err.strerror or err}") from None
+        lines = data.split(b"\n")
+        tail = lines.pop()                 # the bytes after the last newline: empty in a whole journal
+        good = len(data) - len(tail)
+        for i, line in enumerate(lines, 1):
+            try:
+                json.loads(line)
+            except ValueError:
+                if i < len(lines) or tail:
+                    raise AutoparInputError(
+                        f"study storage {display}: record {i} of {len(lines) + bool(tail)} is damaged (not JSON) "
+                        "and is not the last one; autopar leaves the journal as it is (restore it from a copy, or "
+                        "choose another --storage)") from None
+                good -= len(line) + 1      # the last complete line is itself cut: drop it too
+                tail = line + b"\n"
+        if not tail:
+            return None
+        backup = Path(f"{path}.autopar-backup-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+        try:
+            shutil.copy2(path, backup)
+            with open(path, "r+b") as f:
+                f.truncate(good)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:
+            raise AutoparInputError(f"study storage {display}: its last record is cut and it cannot be repaired "
+                                    f"({err.strerror or err}); the journal is left as it is") from None
+        return (f"journal {display}: its last record was cut ({len(tail)} bytes, a crash or a full disk during a "
+                f"write); removed it. The file as it was is kept in {backup}")
+    finally:
+        lock.release()
 
 
 @contextlib.contextmanager

@@ -11,8 +11,10 @@ How a study is laid out (so that any number of workers, on any number of nodes, 
 - A trial that does not run (breaks a layout rule, is predicted not to fit, or repeats a layout already run)
   is recorded with its reason, and a fresh WAITING trial replaces it: only real runs count against the budget.
 - A trial whose worker stopped (Ctrl-C, SIGTERM, killed) is marked FAIL "interrupted" and its parameters are
-  queued again, by the worker itself on Ctrl-C, otherwise by the next worker that opens the study (its
-  process is gone on this host, or it has been running longer than its timeout allows).
+  queued again: by the worker itself on Ctrl-C; otherwise by any other worker, which looks before taking each
+  trial and while it waits for the others: the dead worker's process is gone on this host, or its heartbeat
+  stopped (Optuna's RDB heartbeat with :func:`retry_stale_trial` as the stale-trial callback; for journals the
+  same from the ``autopar:heartbeat`` user attribute), or it has run longer than its timeout allows.
 
 Each trial's sampler is a TPESampler seeded from (seed, trial number): a study run alone is reproducible up to
 the noise of the measurements, and workers running side by side never draw from the same random stream.
@@ -28,6 +30,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -42,7 +45,7 @@ from autopar.specs.layout import check_layout, resolve_layout
 from autopar.tune._problem import Problem
 from autopar.tune._result import FAILED, INTERRUPTED, MEASURED, RAN, REPEAT, SKIPPED, TrialRecord, TuneResult
 from autopar.tune._space import TuneSpace
-from autopar.tune._storage import StorageTarget, storage_lock
+from autopar.tune._storage import GRACE_S, HEARTBEAT_S, StorageTarget, storage_lock
 
 ATTR_PROBLEM = "autopar:problem"     # Problem.fingerprint()
 ATTR_SPACE = "autopar:space"         # TuneSpace.to_dict()
@@ -51,6 +54,7 @@ ATTR_BUDGET = "autopar:trials"       # trials (runs) the study asks for
 ATTR_READY = "autopar:ready"         # set once the queue is filled
 READY_WAIT_S = 180.0                 # how long a worker waits for another one to finish creating the study
 STALE_MARGIN_S = 600.0               # a trial running this long past its run timeout has lost its worker
+ATTR_HEARTBEAT = "autopar:heartbeat"  # journals: time.time() of the running trial's worker's last heartbeat
 
 
 @dataclass
@@ -62,6 +66,8 @@ class Settings:
     timeout_s: float = 300.0
     confirm: int = 0                 # last trials of the budget: re-measure the runner-up layouts
     max_not_run: int | None = None   # not-run proposals after which the study stops asking (default 10·trials, >= 50)
+    heartbeat_s: int = HEARTBEAT_S   # a running trial's heartbeat interval ...
+    grace_s: int = GRACE_S           # ... and the silence after which another worker queues it again
 
 
 @dataclass
@@ -74,7 +80,8 @@ class _Counts:
 
 
 def _worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid())}"
+    """"host:pid:start:token": the process (its start time tells a reused pid apart) and this StudyWorker in it."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_proc_start(os.getpid())}:{uuid.uuid4().hex[:8]}"
 
 
 def _proc_start(pid: int) -> str:
@@ -87,15 +94,56 @@ def _proc_start(pid: int) -> str:
 
 
 def _worker_gone(worker: str | None) -> bool:
-    """True when ``worker`` ("host:pid:start") ran on this host and that process no longer exists."""
+    """True when ``worker`` ("host:pid:start[:token]") ran on this host and that process no longer exists."""
     if not worker:
         return False
     host, _, rest = worker.partition(":")
     pid, _, start = rest.partition(":")
+    start = start.partition(":")[0]
     if host != socket.gethostname() or not pid.isdigit():
         return False
     now = _proc_start(int(pid))
     return now == "?" or now != start
+
+
+def retry_stale_trial(study: Any, trial: Any) -> None:
+    """Optuna's heartbeat-stale trial callback (RDB storages): ``trial``'s worker stopped beating and Optuna
+    failed it; queue its parameters again, as ``RetryFailedTrialCallback`` does, keeping only the attributes a
+    re-queued trial keeps (its seed rank, a re-measurement's target) and which trial it retries."""
+    attrs = dict(_seed_attr(trial.user_attrs) or {}, retry_of=trial.number)
+    study.enqueue_trial(dict(trial.params), user_attrs=attrs)
+
+
+@contextlib.contextmanager
+def _heartbeat(storage: Any, tid: int, interval: float) -> Iterator[None]:
+    """Beat for trial ``tid`` every ``interval`` seconds while the block runs: Optuna's ``record_heartbeat`` on an
+    RDB storage with a heartbeat, else the ``autopar:heartbeat`` user attribute (journals). The beats stop with
+    the block, or at the first failure (the trial finished, the storage went away)."""
+    native = callable(getattr(storage, "record_heartbeat", None)) and storage.get_heartbeat_interval() is not None
+
+    def beat() -> None:
+        if native:
+            storage.record_heartbeat(tid)
+        else:
+            storage.set_trial_user_attr(tid, ATTR_HEARTBEAT, time.time())
+
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                beat()
+            except Exception:   # the trial is finished or the storage is gone: nothing left to keep alive
+                return
+
+    beat()
+    thread = threading.Thread(target=loop, name=f"autopar-heartbeat-{tid}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 @contextlib.contextmanager
@@ -233,26 +281,54 @@ class StudyWorker:
                                 + "; ".join(diffs) + ". Choose another --study name, or the study's own model, "
                                 "hardware, --gpus and training flags")
 
-    def _requeue_stale(self) -> None:
-        """Trials left RUNNING by a worker that is gone: mark them interrupted and queue their parameters again."""
+    def _requeue_stale(self) -> int:
+        """Trials left RUNNING by a worker that is gone: mark them interrupted and queue their parameters again.
+        Returns how many were queued again."""
+        import optuna
         from optuna.trial import TrialState
-        now = datetime.now()
+        with warnings.catch_warnings():      # "experimental" in Optuna 5
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            before = len(self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.FAIL,)))
+            optuna.storages.fail_stale_trials(self.study)   # RDB heartbeat: FAIL + retry_stale_trial
+            requeued = len(self.storage.get_all_trials(self.study_id, deepcopy=False,
+                                                       states=(TrialState.FAIL,))) - before
+        if requeued:
+            self.say(f"{requeued} trial(s) whose worker's heartbeat stopped (over {self.s.grace_s} s): queued again")
         for t in self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            worker = t.user_attrs.get("worker")
-            limit = float(t.user_attrs.get("timeout_s", self.s.timeout_s)) + STALE_MARGIN_S
-            age = (now - t.datetime_start).total_seconds() if t.datetime_start else 0.0
-            if worker == self.worker or not (_worker_gone(worker) or age > limit):
+            why = self._stale(t)
+            if why is None:
                 continue
+            worker = t.user_attrs.get("worker")
             tid = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, t.number)
-            why = "its worker is gone" if _worker_gone(worker) else f"running {age:.0f} s, past its timeout"
             try:
                 self.storage.set_trial_user_attr(tid, "outcome", INTERRUPTED)
                 self.storage.set_trial_user_attr(tid, "reason", f"interrupted: {why} ({worker})")
                 self.study.enqueue_trial(dict(t.params), user_attrs=_seed_attr(t.user_attrs))
                 self.study.tell(t.number, state=TrialState.FAIL)
                 self.say(f"trial #{t.number} was left running ({why}); queued again")
+                requeued += 1
             except Exception:      # another worker got there first
                 continue
+        return requeued
+
+    def _stale(self, t: Any) -> str | None:
+        """Why the RUNNING trial ``t`` has lost its worker, or None while it may still be running. Called only
+        between this worker's own trials, so a trial under this worker's own id is one it abandoned (a storage
+        write that failed as it finished)."""
+        worker = t.user_attrs.get("worker")
+        if worker == self.worker:
+            return "abandoned by this worker"
+        if _worker_gone(worker):
+            return "its worker is gone"
+        beat = t.user_attrs.get(ATTR_HEARTBEAT)
+        silent = time.time() - float(beat) if isinstance(beat, (int, float)) else 0.0
+        if silent > self.s.grace_s:
+            return f"no heartbeat for {silent:.0f} s"
+        limit = float(t.user_attrs.get("timeout_s", self.s.timeout_s)) + STALE_MARGIN_S
+        age = (datetime.now() - t.datetime_start).total_seconds() if t.datetime_start else 0.0
+        if age > limit:
+            return f"running {age:.0f} s, past its timeout"
+        return None
 
     def _index_space(self) -> None:
         """Label every parameter set; keep those that are valid and predicted to fit (the runnable space)."""
@@ -335,9 +411,17 @@ class StudyWorker:
         self.storage.set_trial_user_attr(tid, "confirm_of", first.number)
 
     def run(self) -> None:
-        """Run trials until the queue is empty, the study has its budget, or the space is covered."""
+        """Run trials until the queue is empty, the study has its budget, or the space is covered; then wait for
+        the trials other workers run, taking over any whose worker dies meanwhile."""
+        while True:
+            self._run_queue()
+            if not self._wait_for_others():
+                return
+
+    def _run_queue(self) -> None:
         while True:
             with storage_lock(self.target), _no_sigint():
+                self._requeue_stale()
                 c = self._counts()
                 if c.ran >= self.s.trials:
                     break
@@ -355,23 +439,22 @@ class StudyWorker:
                                       "space is covered")
                 break
             self._trial(tid, c.ran + c.running + 1)
-        self._wait_for_others()
 
-    def _wait_for_others(self) -> None:
-        """Wait for the trials other workers are still running, so that every worker reports the whole study
-        (a trial whose worker is gone, or that runs past its timeout, is not waited for)."""
+    def _wait_for_others(self) -> bool:
+        """Wait for the trials other workers are still running, so that every worker reports the whole study.
+        True as soon as one of them is queued again (its worker died: this worker runs it), False when none is
+        left running."""
         from optuna.trial import TrialState
         told = False
         while True:
-            now = datetime.now()
-            live = []
-            for t in self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-                limit = float(t.user_attrs.get("timeout_s", self.s.timeout_s)) + STALE_MARGIN_S
-                age = (now - t.datetime_start).total_seconds() if t.datetime_start else 0.0
-                if not _worker_gone(t.user_attrs.get("worker")) and age <= limit:
-                    live.append(t.number)
+            with storage_lock(self.target), _no_sigint():
+                if self._requeue_stale() and self._counts().ran < self.s.trials:
+                    return True
+            live = [t.number for t in self.storage.get_all_trials(self.study_id, deepcopy=False,
+                                                                  states=(TrialState.RUNNING,))
+                    if self._stale(t) is None]
             if not live:
-                return
+                return False
             if not told:
                 numbers = ", ".join(f"#{n}" for n in live)
                 self.say(f"waiting for {len(live)} trial(s) running in other workers ({numbers})")
@@ -395,7 +478,8 @@ class StudyWorker:
             trial = optuna.trial.Trial(self.study, tid)
         self.current_trial = trial
         try:
-            self._evaluate(trial, number, i)
+            with _heartbeat(self.storage, tid, self.s.heartbeat_s):
+                self._evaluate(trial, number, i)
         except KeyboardInterrupt:
             with _no_sigint():
                 self._interrupt(trial, "interrupted (Ctrl-C / SIGTERM)")
@@ -546,14 +630,17 @@ class StudyWorker:
             if t.state == TrialState.WAITING:
                 continue
             ua = t.user_attrs
+            outcome, reason = ua.get("outcome"), ua.get("reason")
+            if outcome is None and t.state == TrialState.FAIL:   # failed by Optuna's heartbeat check
+                outcome, reason = INTERRUPTED, "interrupted: its worker's heartbeat stopped; queued again"
             records.append(TrialRecord(
-                number=t.number, state=t.state.name, outcome=ua.get("outcome"), params=dict(t.params),
+                number=t.number, state=t.state.name, outcome=outcome, params=dict(t.params),
                 layout=ua.get("layout"), seeded=ua.get("seed_rank"), predicted_step_s=ua.get("predicted_step_s"),
                 predicted_tokens_per_s=ua.get("predicted_tokens_per_s"), predicted_mem_gib=ua.get("predicted_mem_gib"),
                 measured_step_s=ua.get("measured_step_s") if ua.get("outcome") == MEASURED else None,
                 measured_tokens_per_s=ua.get("measured_tokens_per_s") if ua.get("outcome") == MEASURED else None,
                 measured_mem_gib=ua.get("measured_mem_gib") if ua.get("outcome") == MEASURED else None,
-                reason=ua.get("reason"), repeat_of=ua.get("repeat_of"), remeasure_of=ua.get("confirm_of"),
+                reason=reason, repeat_of=ua.get("repeat_of"), remeasure_of=ua.get("confirm_of"),
                 wall_s=ua.get("wall_s"),
                 worker=ua.get("worker")))
         measured = [r for r in records if r.outcome == MEASURED]

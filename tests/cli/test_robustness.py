@@ -16,6 +16,7 @@ import yaml
 
 from autopar.cli.main import build_parser
 from autopar.cli.common import search_options
+from autopar.specs.bounds import RATE_FLOOR
 from autopar.specs.bounds import BOUNDS
 from autopar.specs.loaders import zoo_dir
 
@@ -80,8 +81,13 @@ def test_tokens_per_step_bound():
 def test_a_gflops_chip_gives_finite_integer_tables(tmp_path):
     """Once: NaN/overflowing step times cast to int64 in the solver's tables (a RuntimeWarning, then no layout)."""
     hw = yaml.safe_load((zoo_dir("hardware") / "h100_sxm.yaml").read_text())
-    hw.update(peak_tflops_bf16=1e-9, hbm_tbps=1e-9, nvlink_gbps=1e-9, scaleout_gbps=1e-9)
     path = tmp_path / "slow.yaml"
+    hw.update(peak_tflops_bf16=1e-9)                      # below the floor: refused, naming the field
+    path.write_text(yaml.safe_dump(hw))
+    _fails(["solve", "--model", "llama3_8b", "--gpus", "8", "--hardware", str(path)], "peak_tflops_bf16",
+           "greater than or equal to 0.001")
+    # the slowest chip accepted (every rate at autopar's RATE_FLOOR) still gives finite tables
+    hw.update(peak_tflops_bf16=RATE_FLOOR, hbm_tbps=RATE_FLOOR, nvlink_gbps=RATE_FLOOR, scaleout_gbps=RATE_FLOOR)
     path.write_text(yaml.safe_dump(hw))
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)       # "invalid value encountered in cast" fails the run
@@ -223,6 +229,46 @@ def test_validate_skips_a_bad_row_with_its_reason_and_validates_the_rest(tmp_pat
     d = json.loads(o.out)
     assert o.rc == 0 and [r["id"] for r in d["rows"]] == ["mine-ok"]
     assert len(d["skipped"]) == 1 and d["skipped"][0][0] == row.split(",")[0] and reason in d["skipped"][0][1], d
+
+
+def test_validate_reads_a_csv_with_a_byte_order_mark(tmp_path):
+    path = _csv(tmp_path, GOOD)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())      # Excel's "CSV UTF-8"
+    o = run_cli(["validate", "--csv", str(path), "--json"])
+    check_promise(o)
+    assert o.rc == 0 and [r["id"] for r in json.loads(o.out)["rows"]] == ["mine-ok"], o.err
+
+
+def test_validate_refuses_a_file_with_no_usable_row_instead_of_printing_nan(tmp_path):
+    _fails(["validate", "--csv", str(_csv(tmp_path))], "no usable row to validate (0 skipped)")
+    bad = "mine-model,me,1,no_such_model,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,"
+    _fails(["validate", "--csv", str(_csv(tmp_path, bad))], "no usable row to validate (1 skipped",
+           "unknown model 'no_such_model'")
+
+
+def test_validate_has_a_row_bound_counted_before_any_work(tmp_path):
+    from autopar.specs.bounds import limit
+    rows = [GOOD.replace("mine-ok", f"r{i}") for i in range(limit("csv_rows") + 1)]
+    _fails(["validate", "--csv", str(_csv(tmp_path, *rows))], "more than 10,000 rows")
+
+
+def test_validate_says_a_repeated_skip_reason_once(tmp_path):
+    bad = [f"u{i},me,1,no_such_model,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,," for i in range(500)]
+    o = run_cli(["validate", "--csv", str(_csv(tmp_path, GOOD, *bad))])
+    check_promise(o)
+    skipped = [ln for ln in o.out.splitlines() if ln.startswith("skipped")]
+    assert o.rc == 0 and len(skipped) == 1, o.out
+    assert "skipped 500 rows (u0, u1, u2 and 497 more): unknown model 'no_such_model'" in skipped[0]
+
+
+def test_hardware_sizes_that_overflowed_the_solver_are_refused(tmp_path):
+    """Once exit 70: hbm_gib 1e30 overflowed the CP-SAT tables; a link at 1e-300 GB/s made step times infinite."""
+    hw = yaml.safe_load((zoo_dir("hardware") / "h100_sxm.yaml").read_text())
+    for field, value, needle in (("hbm_gib", 1e30, "less than or equal to 1048576"),
+                                 ("nvlink_gbps", 1e-300, "greater than or equal to 0.001")):
+        path = tmp_path / f"{field}.yaml"
+        path.write_text(yaml.safe_dump({**hw, field: value}))
+        _fails(["solve", "--model", "llama3_8b", "--gpus", "16", "--hardware", str(path)], field, needle)
 
 
 def test_validate_broken_files(tmp_path):

@@ -7,7 +7,7 @@ from autopar.specs.stack import parse_knobs
 from autopar.specs.training import TrainingSpec
 
 
-def step(knobs: str, precision: str = "bf16", layout: Layout | None = None, hw: str = "h100_96gb_gt",
+def step(knobs: str, precision: str = "bf16", layout: Layout | None = None, hw: str = "h100_grand_teton",
          stack: str = "torchtitan") -> float:
     st = load_stack(stack)
     k = st.with_knobs(parse_knobs(knobs))
@@ -46,7 +46,7 @@ def test_op_level_sac_sits_between_no_recompute_and_full():
     st = load_stack("torchtitan")
     tr = TrainingSpec(seq_len=8192, global_batch=16, **st.knobs.training_fields())
     mtr = tr.model_copy(update={"selective_ac": "modules"})
-    model, hw = load_model("llama3_8b"), st.on(load_hardware("h100_96gb_gt"))
+    model, hw = load_model("llama3_8b"), st.on(load_hardware("h100_grand_teton"))
     est = {k: Estimator(model, hw, t, 8) for k, t in (("op", tr), ("modules", mtr))}
 
     def run(which: str, rc: str):

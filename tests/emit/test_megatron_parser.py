@@ -10,7 +10,6 @@ import pytest
 from autopar.emit import emit
 from autopar.emit.megatron import MEGATRON_TARGET, megatron_args, megatron_launch
 from autopar.errors import AutoparInputError
-from autopar.specs.hardware import Efficiency
 from autopar.specs.layout import Layout, resolve_layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
@@ -19,8 +18,8 @@ from .conftest import DSV3, H100, LLAMA3_8B, LLAMA3_70B, NVL72, TRAIN
 from .megatron_parser import ParseError, load_fixture, parse
 
 # The hardware files' calibrated overlaps (hardware/h100_sxm.yaml): DP 100%, TP 90%, EP 48% hidden.
-H100_CAL = H100.model_copy(update={"efficiency": Efficiency(dp_overlap=1.0, tp_overlap=0.9, ep_overlap=0.48)})
-NVL72_CAL = NVL72.model_copy(update={"efficiency": H100_CAL.efficiency})
+H100_CAL = H100
+NVL72_CAL = NVL72
 QWEN3_30B = ModelSpec(name="qwen3_30b_a3b", num_layers=48, hidden_size=2048, ffn_hidden_size=6144,
                       num_attention_heads=32, num_kv_heads=4, head_dim=128, vocab_size=151936,
                       moe={"num_experts": 128, "top_k": 8, "expert_ffn_hidden_size": 768})
@@ -137,10 +136,10 @@ def test_emitted_argv_parses_with_megatrons_definitions(case):
         assert any("sequence parallel" in n for n in launch.notes)
 
 
-def test_overlaps_follow_the_hardware_file():
+def test_overlaps_follow_the_training_switches():
     layout = _resolved(LLAMA3_70B, 64, tp=8, pp=4, vpp=2)
-    no_overlap = H100.model_copy(update={"efficiency": Efficiency(dp_overlap=0, tp_overlap=0, ep_overlap=0)})
-    ns = parse(megatron_args(layout, LLAMA3_70B, TRAIN, no_overlap))
+    off = TRAIN.model_copy(update={"tp_comm_overlap": False, "dp_comm_overlap": False, "ep_comm_overlap": False})
+    ns = parse(megatron_args(layout, LLAMA3_70B, off, H100))
     assert not (ns.overlap_grad_reduce or ns.overlap_param_gather or ns.tp_comm_overlap)
     ns = parse(megatron_args(layout, LLAMA3_70B, TRAIN, H100_CAL))
     assert ns.overlap_grad_reduce and ns.overlap_param_gather and ns.tp_comm_overlap
@@ -150,7 +149,7 @@ def test_ep_overlap_needs_virtual_stages_with_pp():
     flat = _resolved(DSV3, 1024, tp=2, pp=16, ep=64, stage_layers=DSV3_STAGES)
     launch = megatron_launch(flat, DSV3, TRAIN, NVL72_CAL)
     assert not parse(launch.args).overlap_moe_expert_parallel_comm
-    assert any("virtual pipeline stages" in n and "48%" in n for n in launch.notes)
+    assert any("virtual pipeline stages" in n and "exposed" in n for n in launch.notes)
     inter = _resolved(DSV3, 1024, tp=2, pp=16, vpp=2, ep=64, stage_layers=DSV3_STAGES)
     ns = parse(megatron_args(inter, DSV3, TRAIN, NVL72_CAL))
     assert ns.overlap_moe_expert_parallel_comm and ns.pipeline_model_parallel_layout

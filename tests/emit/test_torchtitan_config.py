@@ -19,14 +19,13 @@ from autopar.emit import emit
 from autopar.emit.torchtitan import TORCHTITAN_MODELS, TORCHTITAN_VERSION, torchtitan_config
 from autopar.errors import AutoparInputError
 from autopar.search.heuristic import heuristic_layout
-from autopar.specs.hardware import Efficiency
 from autopar.specs.layout import Layout, resolve_layout
 from autopar.specs.model import ModelSpec
 
 from .conftest import DSV3, H100, LLAMA3_8B, LLAMA3_70B, NVL72, TRAIN
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / f"torchtitan_{TORCHTITAN_VERSION}_fields.json").read_text())
-H100_CAL = H100.model_copy(update={"efficiency": Efficiency(dp_overlap=1.0, tp_overlap=0.9, ep_overlap=0.48)})
+H100_CAL = H100
 MIXTRAL = ModelSpec(name="mixtral_8x7b", num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
                     num_kv_heads=8, vocab_size=32000, moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 14336})
 

@@ -22,10 +22,10 @@ GB200 = load_hardware("gb200_nvl72").model_copy(update={"efficiency": Efficiency
 
 def _predict(work: float, comm: float, precision: str):
     """tokens/s of a row: math at the chip's gemm[precision] efficiency plus communication at nvlink's, less the
-    share tp_overlap hides."""
+    share pp_overlap hides."""
     def predict(hw):
         km = hw.kernel_model
-        return 1.0 / (work / km.gemm[precision] + comm / km.nvlink * (1 - 0.5 * hw.efficiency.tp_overlap))
+        return 1.0 / (work / km.gemm[precision] + comm / km.nvlink * (1 - 0.5 * hw.efficiency.pp_overlap))
     return predict
 
 
@@ -70,8 +70,8 @@ def test_a_constant_outside_its_bounds_is_pinned_and_said():
 
 def test_unmoved_constants_are_not_fitted():
     truth = dict(zip(PER_CHIP, [0.55, 0.42, 0.7, 0.65]))
-    rep = fit(_rows(truth), PER_CHIP + [Constant("cp_overlap")])
-    assert "cp_overlap" in rep.not_identifiable and "cp_overlap" not in {c.name for c in rep.constants}
+    rep = fit(_rows(truth), PER_CHIP + [Constant("moe_dropless_imbalance")])
+    assert "moe_dropless_imbalance" in rep.not_identifiable and "moe_dropless_imbalance" not in {c.name for c in rep.constants}
 
 
 def test_leave_one_group_out_predicts_each_group_from_the_others():
@@ -112,20 +112,18 @@ def test_every_bound_is_inside_the_spec_and_explained():
 
 def test_each_fit_takes_the_constants_declared_for_it_in_field_order():
     """The FitBound on a hardware-file field is the one declaration: the fits' lists are read from it."""
-    assert fitted_by("runs") == ("dp_overlap", "tp_overlap", "ep_overlap", "cp_overlap", "layer_overhead_us",
-                                 "moe_layer_overhead_us", "moe_dropless_imbalance")
+    assert fitted_by("runs") == ("layer_overhead_us", "moe_layer_overhead_us", "moe_dropless_imbalance")
     rows = [SimpleNamespace(training=SimpleNamespace(precision=p)) for p in ("fp8", "bf16", "fp8")]
     assert [c.name for c in layout_constants(rows)] == [
-        "gemm[bf16]", "gemm[fp8]", "nvlink", "scaleout", "hbm", "dp_overlap", "tp_overlap", "ep_overlap",
-        "cp_overlap", "pp_overlap"]
+        "gemm[bf16]", "gemm[fp8]", "nvlink", "scaleout", "hbm", "pp_overlap", "layer_overhead_us"]
     assert "host_link" in BOUNDS and not BOUNDS["host_link"].fitted_by   # bounded, set only by hand
 
 
 def test_a_constant_whose_bounds_meet_is_held_and_reported_pinned(monkeypatch):
     truth = dict(zip(PER_CHIP, [0.55, 0.42, 0.7, 0.65]))
-    monkeypatch.setitem(BOUNDS, "tp_overlap", (0.25, 0.25, "pinned for the test"))
-    rep = fit(_rows(truth), PER_CHIP + [Constant("tp_overlap")])
-    assert rep.constant("tp_overlap").after == 0.25 and rep.constant("tp_overlap").pinned
+    monkeypatch.setitem(BOUNDS, "pp_overlap", (0.25, 0.25, "pinned for the test"))
+    rep = fit(_rows(truth), PER_CHIP + [Constant("pp_overlap")])
+    assert rep.constant("pp_overlap").after == 0.25 and rep.constant("pp_overlap").pinned
 
 
 def test_record_errors():
@@ -169,7 +167,7 @@ def test_validate_fit_prints_every_constant_with_its_bounds(tmp_path, capsys):
     assert "layer_overhead_us" in out and "bounds" in out and "[0, 3000]" in out
     assert "mean |error|" in out
     # every fitted constant's row shows its bounds; any pinned one is flagged with its reason
-    table = [ln for ln in out.splitlines() if ln.strip().startswith(("dp_overlap", "layer_overhead_us"))
+    table = [ln for ln in out.splitlines() if ln.strip().startswith(("moe_layer_overhead_us", "layer_overhead_us"))
              and "ended at" not in ln]
     assert len(table) == 2 and all("[" in ln and "]" in ln for ln in table), out
     for ln in table:

@@ -63,18 +63,18 @@ class Row:
 
 
 def standin(model, hardware, training, layout, gpus):
-    """A small cost function with the shape of the real one: compute / gemm, TP traffic / nvlink exposed
-    (1 - tp_overlap), stage-to-stage sends / nvlink, DP traffic hidden up to dp_overlap·compute, a pipeline
-    bubble, an hbm-bound optimizer step."""
+    """A small cost function with the shape of the real one: compute / gemm, TP traffic / nvlink, stage-to-stage
+    sends / nvlink exposed (1 - pp_overlap), a per-layer overhead on each stage's layers, a pipeline bubble, an
+    hbm-bound optimizer step."""
     e, km = hardware.efficiency, hardware.kernel_model
     shards = layout.tp * layout.pp
     compute = (1.0 + 0.3 * (layout.recompute == "full")) / shards / km.gemm["bf16"]
-    tp = 0.3 * (layout.tp - 1) / layout.tp / km.nvlink * (1 - e.tp_overlap)
-    p2p = 0.1 * (layout.pp - 1) / km.nvlink
-    dp = max(0.0, 1.2 / shards / km.nvlink - e.dp_overlap * compute)
+    tp = 0.3 * (layout.tp - 1) / layout.tp / km.nvlink
+    p2p = 0.1 * (layout.pp - 1) / km.nvlink * (1 - e.pp_overlap)
+    over = 4.0 / layout.pp * e.layer_overhead_us * 1e-4
     bubble = (layout.pp - 1) / (4 * layout.micro_batch) * compute
     opt = 0.05 / shards / km.hbm
-    return SimpleNamespace(step_time_s=compute + tp + p2p + dp + bubble + opt)
+    return SimpleNamespace(step_time_s=compute + tp + p2p + over + bubble + opt)
 
 
 LAYOUTS = [Layout(tp=1), Layout(tp=2), Layout(tp=4), Layout(pp=2), Layout(pp=2, micro_batch=2),
@@ -90,12 +90,12 @@ def _rows(cost, hw, truth):
 def test_fit_recovers_standin_constants():
     # start from the uncalibrated defaults (the zoo file carries constants fitted to published runs)
     hw = load_hardware("h100_sxm").model_copy(update={"efficiency": Efficiency(), "kernel_model": KernelModel()})
-    truth = {"gemm[bf16]": 0.37, "nvlink": 0.55, "tp_overlap": 0.25, "dp_overlap": 0.4, "hbm": 0.7}
+    truth = {"gemm[bf16]": 0.37, "nvlink": 0.55, "pp_overlap": 0.25, "layer_overhead_us": 400.0, "hbm": 0.7}
     fitted, rep = fit_efficiency(hw, _rows(standin, hw, truth), estimator=standin)
     for name, value in truth.items():
-        assert rep.constant(name).after == pytest.approx(value, abs=2e-3), name
-    # The stand-in ignores these: reported, left unchanged.
-    assert set(rep.not_identifiable) == {"scaleout", "ep_overlap", "cp_overlap", "pp_overlap"}
+        assert rep.constant(name).after == pytest.approx(value, rel=5e-3), name
+    # The stand-in ignores this: reported, left unchanged.
+    assert set(rep.not_identifiable) == {"scaleout"}
     assert fitted.kernel_model.scaleout == hw.kernel_model.scaleout
     assert fitted.kernel_model.gemm["bf16"] == pytest.approx(0.37, abs=2e-3)
     assert rep.rms_log_err_after < 1e-4 < rep.rms_log_err_before
@@ -104,28 +104,28 @@ def test_fit_recovers_standin_constants():
 
 
 def test_fit_reports_constants_it_cannot_separate():
-    # Only TP traffic / (nvlink / (1 - tp_overlap)) is observable: the fit must say the two trade off.
+    # Only the sends / (nvlink / (1 - pp_overlap)) are observable: the fit must say the two trade off.
     def confounded(model, hardware, training, layout, gpus):
         e, km = hardware.efficiency, hardware.kernel_model
-        tp = 0.3 * (layout.tp - 1) / layout.tp / km.nvlink * (1 - e.tp_overlap)
-        return SimpleNamespace(step_time_s=1 / (layout.tp * layout.pp) / km.gemm["bf16"] + tp)
+        p2p = 0.3 * (layout.pp - 1) / km.nvlink * (1 - e.pp_overlap)
+        return SimpleNamespace(step_time_s=1 / (layout.tp * layout.pp) / km.gemm["bf16"] + p2p)
 
     hw = load_hardware("h100_sxm")
-    fitted, rep = fit_efficiency(hw, _rows(confounded, hw, {"nvlink": 0.55, "tp_overlap": 0.25}),
+    fitted, rep = fit_efficiency(hw, _rows(confounded, hw, {"nvlink": 0.55, "pp_overlap": 0.25}),
                                  estimator=confounded)
-    assert any("nvlink, tp_overlap" in n for n in rep.notes), rep.notes
+    assert any("nvlink, pp_overlap" in n for n in rep.notes), rep.notes
     e, km = fitted.efficiency, fitted.kernel_model
-    assert km.nvlink / (1 - e.tp_overlap) == pytest.approx(0.55 / 0.75, rel=1e-3)  # the combination is right
+    assert km.nvlink / (1 - e.pp_overlap) == pytest.approx(0.55 / 0.75, rel=1e-3)  # the combination is right
 
 
 def test_fit_respects_bounds():
     # Measurements 3x faster than any constants in range allow: gemm must stop at its bound of 1.0.
     hw = load_hardware("h100_sxm")
-    rows = _rows(standin, hw, {"gemm[bf16]": 1.0, "nvlink": 1.0, "hbm": 1.0, "dp_overlap": 1.0})
+    rows = _rows(standin, hw, {"gemm[bf16]": 1.0, "nvlink": 1.0, "hbm": 1.0, "layer_overhead_us": 0.0})
     rows = [Row(r.model, r.training, r.layout, r.gpus, r.measured / 3) for r in rows]
     fitted, rep = fit_efficiency(hw, rows, estimator=standin)
     e, km = fitted.efficiency, fitted.kernel_model
-    assert km.gemm["bf16"] == pytest.approx(1.0) and 0 < km.nvlink <= 1 and 0 <= e.tp_overlap <= 1
+    assert km.gemm["bf16"] == pytest.approx(1.0) and 0 < km.nvlink <= 1 and 0 <= e.pp_overlap <= 1
     # ... and the report says so, with the bound and its reason.
     assert rep.constant("gemm[bf16]").pinned == "upper"
     text = rep.format()
@@ -142,7 +142,8 @@ def test_fit_needs_two_measured_rows():
 
 def test_leave_one_out_is_exact_on_noise_free_data():
     hw = load_hardware("h100_sxm").model_copy(update={"efficiency": Efficiency(), "kernel_model": KernelModel()})
-    rows = _rows(standin, hw, {"gemm[bf16]": 0.5, "nvlink": 0.6, "tp_overlap": 0.1, "dp_overlap": 0.5, "hbm": 0.6})
+    rows = _rows(standin, hw, {"gemm[bf16]": 0.5, "nvlink": 0.6, "pp_overlap": 0.1, "layer_overhead_us": 300.0,
+                               "hbm": 0.6})
     loo = leave_one_out(hw, rows, estimator=standin)
     assert rank_agreement(loo, [r.measured for r in rows]) == pytest.approx(1.0)
 
@@ -154,8 +155,7 @@ def test_fit_recovers_constants_from_the_real_cost_model():
                       num_kv_heads=4, vocab_size=32000)
     hw = load_hardware("h100_sxm")
     tr = TrainingSpec(seq_len=2048, global_batch=64)
-    truth = {"gemm[bf16]": 0.42, "nvlink": 0.55, "scaleout": 0.35, "hbm": 0.6, "dp_overlap": 0.3,
-             "tp_overlap": 0.2, "cp_overlap": 0.1}
+    truth = {"gemm[bf16]": 0.42, "nvlink": 0.55, "scaleout": 0.35, "hbm": 0.6, "layer_overhead_us": 300.0}
     hw_true = with_constants(hw, truth)
     layouts = [Layout(tp=1), Layout(tp=2), Layout(tp=4), Layout(tp=8), Layout(tp=2, pp=2),
                Layout(pp=4, micro_batch=2), Layout(tp=2, cp=2), Layout(tp=4, fsdp=True),
@@ -163,8 +163,8 @@ def test_fit_recovers_constants_from_the_real_cost_model():
     rows = [Row(model, tr, lay, 16, estimate(model, hw_true, tr, lay, 16).step_time_s) for lay in layouts]
     fitted, rep = fit_efficiency(hw, rows)
     for name, value in truth.items():
-        assert rep.constant(name).after == pytest.approx(value, abs=5e-3), (name, rep.format())
-    assert "ep_overlap" in rep.not_identifiable  # a dense model has no expert all-to-all
+        assert rep.constant(name).after == pytest.approx(value, rel=1e-2), (name, rep.format())
+    assert "pp_overlap" not in rep.not_identifiable  # two pipelined layouts send between stages
     assert rep.rms_log_err_after < 1e-4
 
 

@@ -25,14 +25,15 @@ FIRST_SOURCES = ("mlm21", "mcore08", "l3paper", "nemo2407", "moezoo")   # the 50
 
 
 def test_accuracy_of_the_committed_constants(report):
-    # Regression guard on the constants in hardware/*.yaml and stacks/*.yaml (README 'Accuracy': 8.00% on the first
-    # 50 rows, whose answers the stacks must not move; 9.96% over all 104). A change to the cost model that loses
-    # accuracy must show up here.
+    # Regression guard on the constants in hardware/*.yaml and stacks/*.yaml (fitted by `autopar validate --fit
+    # --write`; README 'Accuracy'). A change to the cost model that loses accuracy must show up here. Issue 20 raised
+    # the first 50 rows' guard from 8.00% to 9.5%: overlap priced from its window instead of four fitted fractions,
+    # sustained clocks, EP overlap only where the source ran it (the MoE rows carry the rise).
     first = [r for r in report.rows if r.case.row_id.split("-")[0] in FIRST_SOURCES]
     assert len(first) == 50
-    assert sum(abs(r.error) for r in first) / len(first) < 0.0801
-    assert report.mape < 0.105
-    assert report.max_abs_error < 0.8
+    assert sum(abs(r.error) for r in first) / len(first) < FIRST_50_GUARD
+    assert report.mape < ALL_ROWS_GUARD
+    assert report.max_abs_error < MAX_ROW_GUARD
 
 
 def test_torchtitan_knobs_order_the_runs_as_measured(report):
@@ -67,8 +68,7 @@ def test_the_fit_recovers_planted_constants():
     """Measurements made by the cost model itself with known constants: the fit must find them again."""
     cases, _ = load_cases()
     pick = [c for c in cases if c.row_id.startswith(("mcore08", "moezoo-q3-235b-h100-256-seq", "nemo2407-l3"))][:10]
-    truth = {"dp_overlap": 0.7, "tp_overlap": 0.5, "ep_overlap": 0.3, "cp_overlap": 0.2,
-             "layer_overhead_us": 400.0, "moe_dropless_imbalance": 1.4}
+    truth = {"layer_overhead_us": 400.0, "moe_layer_overhead_us": 250.0, "moe_dropless_imbalance": 1.4}
     planted = []
     for c, row in zip(pick, cal.rows_from_cases(pick)):
         predicted = row.predict(with_constants(c.hardware, truth))   # the measurement these constants explain
@@ -83,10 +83,10 @@ def test_the_fit_recovers_planted_constants():
 def test_fit_starts_inside_the_bounds_and_reports_constants_at_a_bound(monkeypatch):
     cases, _ = load_cases()
     pick = cases[:3]
-    monkeypatch.setitem(BOUNDS, "tp_overlap", (0.25, 0.25, "pinned for the test"))
+    monkeypatch.setitem(BOUNDS, "layer_overhead_us", (250.0, 250.0, "pinned for the test"))
     res = cal.fit(pick)
-    assert res.constant("tp_overlap").after == 0.25
-    assert "tp_overlap" in {c.name for c in res.pinned}
+    assert res.constant("layer_overhead_us").after == 250.0
+    assert "layer_overhead_us" in {c.name for c in res.pinned}
 
 
 def test_fit_write_refreshes_only_calibrated_files_with_four_significant_digits(tmp_path, capsys):

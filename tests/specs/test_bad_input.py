@@ -129,7 +129,8 @@ def test_zero_or_negative_model_sizes(tmp_path, field, value):
 def test_zero_or_negative_hardware_sizes(tmp_path, field, value):
     data = _hardware_data()
     data[field] = value
-    with pytest.raises(AutoparInputError, match=rf"field '{field}': Input should be greater than 0"):
+    # a size must be above 0; a rate (TFLOP/s, TB/s, GB/s) at least autopar's RATE_FLOOR (0.001)
+    with pytest.raises(AutoparInputError, match=rf"field '{field}': Input should be greater than (0|or equal to 0\.001)"):
         load_hardware(_write_yaml(tmp_path / "hw.yaml", data))
 
 

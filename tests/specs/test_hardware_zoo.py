@@ -18,7 +18,12 @@ EXPECTED_GB = {
     "gb200_nvl72": 186,
     "gb300_nvl72": 279,
     "mi300x": 192,
+    "h100_grand_teton": 96,
+    "h100_nvl": 94,
+    "h100_pcie": 80,
 }
+# PCIe cards whose NVLink bridge joins pairs inside an 8-GPU server: the only files whose domain is below a node.
+BRIDGED_PAIRS = ("h100_nvl", "h100_pcie")
 ZOO = sorted(zoo_names("hardware"))
 BLACKWELL = ("b200", "b300", "gb200_nvl72", "gb300_nvl72")
 
@@ -61,8 +66,11 @@ def test_peaks_are_ordered(hw):
 
 def test_bandwidths_and_topology_are_sensible(hw):
     assert hw.nvlink_gbps > hw.scaleout_gbps, "the scale-up domain must be faster than the network"
-    assert hw.nvlink_domain_size >= hw.gpus_per_node
-    assert hw.nvlink_domain_size % hw.gpus_per_node == 0
+    if hw.name in BRIDGED_PAIRS:
+        assert hw.nvlink_domain_size == 2 and hw.gpus_per_node % 2 == 0
+    else:
+        assert hw.nvlink_domain_size >= hw.gpus_per_node
+        assert hw.nvlink_domain_size % hw.gpus_per_node == 0
     assert 1.0 < hw.hbm_tbps < 20.0
     # efficiency is either the uncalibrated default or the block `autopar validate --fit --write` appends
     text = (zoo_dir("hardware") / f"{hw.name}.yaml").read_text()
@@ -96,6 +104,12 @@ def test_kernel_model_is_sourced_and_physical(hw):
     assert km.attention_bwd <= km.attention_fwd <= max(km.gemm.values())
     assert km.head_dim_factor(128) == pytest.approx(1.0)
     assert 0 < km.nvlink <= 1 and 0 < km.scaleout <= 1 and 0 < km.hbm <= 1
+    # the sustained-clock ratios are set in the file and cited there (a measurement, or ASSUMED/UNVERIFIED)
+    text = (zoo_dir("hardware") / f"{hw.name}.yaml").read_text()
+    for fld in ("sustained_gemm", "sustained_attention"):
+        assert f"\n  {fld}: " in text, f"{hw.name}: kernel_model.{fld} is not set"
+        assert any(line.lstrip().startswith("#") and fld in line for line in text.splitlines()), \
+            f"{hw.name}: no comment cites {fld}"
 
 
 @pytest.mark.parametrize("name,gb", sorted(EXPECTED_GB.items()))
@@ -128,13 +142,30 @@ def test_datasheet_spot_checks():
     assert h200.hbm_gib > h100.hbm_gib and h200.hbm_tbps > h100.hbm_tbps
 
 
+def test_h100_variants_carry_their_datasheet_columns():
+    """H100 datasheet: NVL 1,671 / PCIe 1,513 TFLOP/s BF16 with sparsity (halved here), 3.9 / 2.0 TB/s, NVLink
+    bridges of 600 GB/s both ways joining pairs; torchtitan's Grand Teton H100: 96 GB HBM2e at 2.4 TB/s, 400 Gb/s
+    per GPU, 8 GPUs on NVLink, peak between the SXM5 (989) and NVL (835.5) figures."""
+    nvl, pcie, gt = (load_hardware(n) for n in ("h100_nvl", "h100_pcie", "h100_grand_teton"))
+    sxm = load_hardware("h100_sxm")
+    assert (nvl.peak_tflops_bf16, nvl.peak_tflops_fp8, nvl.hbm_tbps) == (835.5, 1670.5, 3.9)
+    assert (pcie.peak_tflops_bf16, pcie.peak_tflops_fp8, pcie.hbm_tbps) == (756.5, 1513, 2.0)
+    for card in (nvl, pcie):
+        assert (card.nvlink_domain_size, card.nvlink_gbps, card.host_link_gbps) == (2, 300, 64)
+    assert nvl.peak_tflops_bf16 < gt.peak_tflops_bf16 < sxm.peak_tflops_bf16
+    assert gt.peak_tflops_bf16 == pytest.approx(835 + (989 - 835) * (500 - 400) / (700 - 400), abs=0.5)
+    assert (gt.hbm_tbps, gt.nvlink_domain_size, gt.scaleout_gbps) == (2.4, 8, 50)
+    for card in (nvl, pcie, gt):
+        assert "ASSUMED" in card.kernel_model.source     # H100 SXM fractions, not measured on this part
+
+
 @pytest.mark.parametrize("precision", ["fp8", "fp8_block", "mxfp8", "nvfp4"])
 def test_a100_has_no_fp8_tensor_cores(precision):
     with pytest.raises(AutoparInputError, match=rf"a100_80gb.*no {precision}"):
         load_hardware("a100_80gb").peak_tflops(precision)
 
 
-@pytest.mark.parametrize("name", ["h100_sxm", "h200", "mi300x"])
+@pytest.mark.parametrize("name", ["h100_sxm", "h200", "mi300x", "h100_nvl", "h100_pcie", "h100_grand_teton"])
 def test_no_block_scaled_formats_before_blackwell(name):
     h = load_hardware(name)
     assert h.peak_tflops("fp8") > 0
@@ -164,7 +195,7 @@ def test_round_trip_keeps_measured_collectives_and_efficiency(tmp_path):
     spec = base.model_copy(update={
         "measured_busbw_gbps": MeasuredCollectives(all_reduce={2: 23.1, 4: 46.3, 8: 80.1}, all_to_all={8: 41.5},
                                                    message_mib=128),
-        "efficiency": base.efficiency.model_copy(update={"tp_overlap": 0.62, "layer_overhead_us": 55.0}),
+        "efficiency": base.efficiency.model_copy(update={"moe_dropless_imbalance": 1.21, "layer_overhead_us": 55.0}),
         "kernel_model": base.kernel_model.model_copy(update={"gemm": {"bf16": 0.55}, "nvlink": 0.62}),
     })
     path = tmp_path / "calibrated.yaml"
