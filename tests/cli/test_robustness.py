@@ -241,7 +241,7 @@ def test_validate_reads_a_csv_with_a_byte_order_mark(tmp_path):
 
 def test_validate_refuses_a_file_with_no_usable_row_instead_of_printing_nan(tmp_path):
     _fails(["validate", "--csv", str(_csv(tmp_path))], "no usable row to validate (0 skipped)")
-    bad = "mine-model,me,1,no_such_model,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,"
+    bad = "mine-model,me,1,no_such_model,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,,,,"
     _fails(["validate", "--csv", str(_csv(tmp_path, bad))], "no usable row to validate (1 skipped",
            "unknown model 'no_such_model'")
 
@@ -253,7 +253,7 @@ def test_validate_has_a_row_bound_counted_before_any_work(tmp_path):
 
 
 def test_validate_says_a_repeated_skip_reason_once(tmp_path):
-    bad = [f"u{i},me,1,no_such_model,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,," for i in range(500)]
+    bad = [f"u{i},me,1,no_such_model,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,,,," for i in range(500)]
     o = run_cli(["validate", "--csv", str(_csv(tmp_path, GOOD, *bad))])
     check_promise(o)
     skipped = [ln for ln in o.out.splitlines() if ln.startswith("skipped")]
