@@ -236,7 +236,7 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
         lines.append(f"from torchtitan.distributed.activation_checkpoint import {ac.split('.')[0]}")
     lines += [f"from {module} import {func}", "from torchtitan.trainer import Trainer", "", "",
               "def autopar_config() -> Trainer.Config:",
-              f'    """{func}() with autopar\'s layout {L.short()}."""',
+              f'    """{func}() with autopar\'s layout', f'    {L.short()}."""',
               f"    base = {func}()", "    return replace(", "        base,", "        parallelism=replace(",
               "            base.parallelism,", *kwargs(par, "            "), "        ),",
               "        training=replace(", "            base.training,", *kwargs(train, "            "), "        ),",
