@@ -10,12 +10,12 @@ DEFAULT_SEQ_LEN = 4096
 DEFAULT_PRECISION = "bf16"
 
 # Share of HBM `solve` keeps free beyond the memory model (``--memory-margin``): the largest under-prediction of
-# peak memory measured against autopar's model, 8.4 % (issue 20: 43 Megatron-LM + Transformer Engine bf16 runs
+# peak memory measured against autopar's model, 8.4 % (43 Megatron-LM + Transformer Engine bf16 runs
 # of Llama 3 70B/405B and DeepSeek-V2/V3 slices on one 8 x B200 node, peak memory under-predicted on 29 of them,
 # by up to 8.4 % on the Llama 3 405B slices; mean error 2.7 %). The published runs that state their peak memory
 # (data/published_memory.csv) are checked not to be under-predicted at all (tests/measure/test_published_memory.py).
 DEFAULT_MEMORY_MARGIN = 0.084
-MEMORY_MARGIN_SOURCE = "the largest measured under-prediction of peak memory (8.4%, issue 20's B200 runs)"
+MEMORY_MARGIN_SOURCE = "the largest under-prediction of peak memory measured on 43 Megatron-LM + TE runs on 8 x B200 (8.4%)"
 
 # The search space on an axis the user did not pin (``autopar solve`` and ``autopar tune``; their --help states these).
 DEFAULT_MBS = (1, 2, 4)          # micro-batch sizes, sequences per DP rank

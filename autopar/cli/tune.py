@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         out.write(json.dumps(plan_document(result), indent=1))
     if args.json:
         d = result.to_dict()
-        if args.emit:   # the settings are part of the answer (issue 22 #7: --json used to drop them)
+        if args.emit:   # the settings are part of the answer: --json carries them too
             d["emit"] = {"target": args.emit, "text": emitted, "file": args.emit_out}
         print(dump_json(d))
         return 0 if result.best is not None else 1

@@ -362,9 +362,12 @@ def test_tune_killed_at_random_points_keeps_its_study(tmp_path):
         case = _start(argv, tmp_path)
         _kill_at(case, sig, delay)
         _check(case, tmp_path)
-        if case.killed == signal.SIGTERM:
-            assert _status(case) == 143, case.stderr
         after = _finished(url)
+        if case.killed == signal.SIGTERM:
+            # Stopped (143), or the signal landed after the run had finished its whole budget (0): which one depends
+            # on how fast this machine ran the trials, so both are right, and nothing else is.
+            done = sum(v[0] == "COMPLETE" for v in after.values())
+            assert _status(case) == 143 or (_status(case) == 0 and done == 2), (done, case.stderr)
         assert all(after.get(k) == v for k, v in before.items()), (sig, delay, before, after)
         assert sum(v[0] == "COMPLETE" for v in after.values()) >= case.stderr.count("    measured"), case.stderr
     case = _run([*TUNE, "--trials", "2", "--storage", url, "--json"], tmp_path)
