@@ -5,6 +5,7 @@ from __future__ import annotations
 from autopar.specs.model import ModelSpec
 
 DEFAULT_HARDWARE = "h100_sxm"
+DEFAULT_STACK = "megatron_core"   # stacks/megatron_core.yaml: the stack every prediction assumed before stacks
 DEFAULT_SEQ_LEN = 4096
 DEFAULT_PRECISION = "bf16"
 

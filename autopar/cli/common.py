@@ -7,12 +7,14 @@ import json
 import math
 
 from autopar.defaults import (DEFAULT_HARDWARE, DEFAULT_MBS, DEFAULT_MEMORY_MARGIN, DEFAULT_PRECISION,
-                              DEFAULT_SEQ_LEN, DEFAULT_VPP, DEFAULT_ZERO, MEMORY_MARGIN_SOURCE, default_global_batch)
+                              DEFAULT_SEQ_LEN, DEFAULT_STACK, DEFAULT_VPP, DEFAULT_ZERO, MEMORY_MARGIN_SOURCE,
+                              default_global_batch)
 from autopar.errors import AutoparInputError
 from autopar.specs.bounds import BOUNDS, limit
 from autopar.specs.hardware import PRECISIONS, HardwareSpec
-from autopar.specs.loaders import build_spec, load_hardware, load_model
+from autopar.specs.loaders import build_spec, load_hardware, load_model, load_stack
 from autopar.specs.model import ModelSpec
+from autopar.specs.stack import parse_knobs
 from autopar.specs.training import TrainingSpec
 
 
@@ -115,6 +117,12 @@ def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpu
     g.add_argument("--grad-dtype", choices=("bf16", "fp32"), default="bf16",
                    help="gradient buffer dtype (default: bf16 as Megatron-Core; fp32 = "
                         "--accumulate-allreduce-grads-in-fp32)")
+    g.add_argument("--stack", default=None,
+                   help=f"software stack: zoo name (see `autopar zoo stacks`) or YAML (default: the --emit target's, "
+                        f"else {DEFAULT_STACK}, Megatron-Core as NVIDIA's recipes run it)")
+    g.add_argument("--knobs", default="", metavar="K[,K=V...]",
+                   help="stack knobs over the stack file's, e.g. compile,async_tp,fp8_recipe=rowwise,dp_overlap=off "
+                        "(`autopar zoo stacks` lists them)")
     g.add_argument("--linear-cp", choices=("all_to_all", "state_pass"), default="all_to_all",
                    help="context parallelism of linear-attention / SSM layers (default: all_to_all, as Megatron-Core "
                         "runs it: heads split over tp·cp; state_pass: recurrent states passed between CP ranks, as "
@@ -146,6 +154,23 @@ def overlap_fields(args: argparse.Namespace) -> dict[str, bool]:
     return {} if on is None else {f"{k}_comm_overlap": k in on for k in OVERLAPS}
 
 
+# The stack each launcher runs: --emit NAME prices that framework, so the launcher and the prediction agree.
+EMIT_STACK = {"torchtitan": "torchtitan", "megatron": "megatron_core", "bridge": "megatron_core",
+              "megatron_hybrid": "megatron_core"}
+
+
+def stack_for(stack: str | None, emit: str | None) -> str:
+    """The stack to price: --stack, else the --emit target's, else the default; a --stack another framework's
+    launcher cannot run is an error."""
+    want = EMIT_STACK.get(emit or "")
+    if stack is None:
+        return want or DEFAULT_STACK
+    if want and stack in EMIT_STACK.values() and stack != want:
+        raise AutoparInputError(f"--stack {stack} with --emit {emit}: the {emit} launcher runs the {want} stack; "
+                                f"drop --stack or pick --stack {want}")
+    return stack
+
+
 def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, TrainingSpec, list[str]]:
     """Model, hardware and training from the parsed flags; notes on the defaults that were applied."""
     model = load_model(args.model)
@@ -166,11 +191,18 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
     if gb is None:
         gb, why = default_global_batch(model, args.seq_len)
         notes.append(why)
+    # The software stack: its knobs set the TrainingSpec switches (a flag here > the stack file > the built-in
+    # default) and its fitted efficiency constants replace the hardware file's.
+    stack = load_stack(stack_for(getattr(args, "stack", None), getattr(args, "emit", None)))
+    knobs = stack.with_knobs(parse_knobs(getattr(args, "knobs", "") or ""))
+    hw = stack.on(hw)
+    args.stack_spec, args.stack_knobs = stack, knobs
     training = build_spec(TrainingSpec, dict(
         seq_len=args.seq_len, global_batch=gb, precision=args.precision,
         grad_dtype="fp16" if args.precision == "fp16" and args.grad_dtype == "bf16" else args.grad_dtype,
         weight_dtype="fp16" if args.precision == "fp16" else "bf16",
-        linear_cp=getattr(args, "linear_cp", "all_to_all"), **overlap_fields(args)), "training flags")
+        linear_cp=getattr(args, "linear_cp", "all_to_all"),
+        **{**knobs.training_fields(), **overlap_fields(args)}), "training flags")   # --overlap over the stack's
     hw.peak_tflops(training.precision)  # fails early, naming the precision, if the chip lacks it
     return model, hw, training, notes
 
@@ -284,3 +316,41 @@ def add_emit_args(g, what: str) -> None:
                         "bridge (Megatron-Bridge 0.7 recipe overrides), torchtitan (0.3.0 Trainer.Config), env")
     g.add_argument("--torchtitan-version", choices=TORCHTITAN_VERSIONS, default=TORCHTITAN_VERSIONS[0],
                    help="torchtitan release to emit for (default: %(default)s; 0.2.2 = the old TOML job file)")
+
+
+def prediction_intervals(model: ModelSpec, hw: HardwareSpec, stack: str, est) -> dict:
+    """The 80% intervals (autopar/measure/intervals.py, data/error_bars.yaml) of a prediction's throughput and
+    memory, as a JSON-ready dict ({} when the file is missing or has no entry)."""
+    from autopar.measure.intervals import memory_interval, regime_of, throughput_interval
+    reg = regime_of(model, hw, stack)
+    try:
+        t = throughput_interval(est.tokens_per_s_per_gpu, reg)
+        m = memory_interval(est.memory_gib.total, reg)
+    except AutoparInputError:
+        return {}
+    out = {}
+    if t:
+        out["tokens_per_s_per_gpu"] = t.to_dict()
+        step = est.step_time_s
+        # the step time moves inversely with the throughput
+        out["step_time_s"] = {**t.to_dict(), "low": step * t.predicted / t.high, "high": step * t.predicted / t.low}
+    if m:
+        out["memory_gib"] = m.to_dict()
+    return out
+
+
+def interval_line(iv: dict) -> str:
+    """One line for the text output: the throughput and memory intervals with the regime they come from."""
+    if not iv:
+        return "interval: none (data/error_bars.yaml missing; autopar validate --fit --cv --write-intervals)"
+    parts = []
+    t = iv.get("tokens_per_s_per_gpu")
+    if t:
+        parts.append(f"{t['low']:,.0f}-{t['high']:,.0f} tokens/s/GPU ({t['rows']} held-out runs: {t['regime']})")
+    m = iv.get("memory_gib")
+    if m:
+        parts.append(f"memory {m['low']:.1f}-{m['high']:.1f} GiB ({m['rows']} runs: {m['regime']})")
+    else:
+        parts.append("no memory interval (no published run of this stack prints its peak memory)")
+    share = (t or m)["share"]
+    return f"{share:.0%} interval (published runs like this one erred so): " + "; ".join(parts)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from autopar.cli.common import (SCHEMA_VERSION, add_problem_args, count, dump_json, fraction, load_problem,
-                                parse_int_list)
+from autopar.cli.common import (SCHEMA_VERSION, add_problem_args, count, dump_json, fraction, interval_line,
+                                load_problem, parse_int_list, prediction_intervals)
 from autopar.cli.render import console, print_estimate
 from autopar.cost import Estimator
 from autopar.specs.layout import Layout
@@ -50,8 +50,11 @@ def run(args: argparse.Namespace) -> int:
     estimator = Estimator(model, hw, training, args.gpus)
     est = estimator.estimate(layout)
     by_kernel = estimator.compute_by_kernel(est.layout, resolved=True)
+    iv = prediction_intervals(model, hw, args.stack_spec.name, est)
     if args.json:
         d = {"schema_version": SCHEMA_VERSION, **est.to_dict()}
+        d["interval"] = iv or None
+        d["stack"] = {"name": args.stack_spec.name, **args.stack_knobs.model_dump()}
         d["notes"] = notes + d["notes"]
         d["compute_by_kernel_s"] = by_kernel
         print(dump_json(d))
@@ -60,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     for n in notes:
         out.print(f"note: {n}")
     print_estimate(est, model, hw, training, out)
+    out.print(interval_line(iv))
+    out.print(f"stack: {args.stack_spec.name} (" + ", ".join(
+        f"{k}={v}" for k, v in args.stack_knobs.model_dump().items()) + ")")
     total = sum(v for k, v in by_kernel.items() if k != "recomputation")
     out.print("compute by kernel class (s/step, slowest stage): " + ", ".join(
         f"{k} {v:.3g} ({v / total:.0%})" for k, v in sorted(by_kernel.items(), key=lambda kv: -kv[1])

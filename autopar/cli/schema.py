@@ -62,6 +62,10 @@ class EstimateJson(EstimateOut):
     schema_version: Literal[SCHEMA_VERSION]
     compute_by_kernel_s: dict[str, float] | None = Field(
         default=None, description="Compute seconds per step by kernel class (dense GEMM, attention core, ...).")
+    interval: dict | None = Field(
+        default=None, description="80% intervals of tokens_per_s_per_gpu, step_time_s and memory_gib from held-out "
+                                  "errors by regime (data/error_bars.yaml; autopar/measure/intervals.py).")
+    stack: dict | None = Field(default=None, description="The software stack and its knobs the prediction prices.")
 
 
 class BudgetOut(_Out):
@@ -119,6 +123,10 @@ class SolveJson(_Out):
     batch_warning: str | None
     emit: EmitOut | None = Field(None, description="With --emit: the launcher settings of the best plan it runs.")
     gpu_sweep: list[SweepOut] | None = None
+    interval: dict | None = Field(
+        default=None, description="80% intervals of the best plan's throughput, step time and memory (held-out "
+                                  "errors by regime, data/error_bars.yaml).")
+    stack: dict | None = Field(default=None, description="The software stack and its knobs the plans price.")
 
 
 SCHEMAS = {"solve": SolveJson, "estimate": EstimateJson}

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from autopar.cli.common import (SCHEMA_VERSION, add_emit_args, add_problem_args, add_search_args, count, dump_json,
-                                fraction, load_problem, search_options)
+                                fraction, interval_line, load_problem, prediction_intervals, search_options)
 from autopar.cost.legend import APPROX_NOTE
 from autopar.defaults import MEMORY_MARGIN_SOURCE
 from autopar.errors import AutoparInputError
@@ -51,6 +51,29 @@ def _search(args, model, hw, training, opts, err):
     key = (lambda r: r[2].seconds) if args.objective == "time" else (lambda r: r[2].gpu_hours)
     best = min(fitting, key=key)
     return best[0], best[1], rows
+
+
+def _search_knobs(args, model, hw, training, opts, err):
+    """:func:`_search` for each setting of the stack's free knobs (``free`` in the stack file, less the ones --knobs
+    fixes), keeping the setting whose best plan the objective prefers; the chosen knobs go to args.stack_knobs (what
+    the output and --emit report)."""
+    from autopar.specs.stack import parse_knobs
+    choices = args.stack_spec.knob_choices(parse_knobs(args.knobs or ""))
+    if len(choices) <= 1:
+        return _search(args, model, hw, training, opts, err)
+    best = None
+    for knobs in choices:
+        if err is not None:
+            err.print("[dim]… stack knobs " + ", ".join(f"{k}={getattr(knobs, k)}" for k in args.stack_spec.free)
+                      + "[/dim]")
+        tr = training.model_copy(update=knobs.training_fields())
+        found = _search(args, model, hw, tr, opts, err)
+        plans = found[1].plans
+        key = plans[0].estimate.step_time_s if plans else float("inf")
+        if best is None or key < best[0]:
+            best = (key, knobs, tr, found)
+    args.stack_knobs = best[1]
+    return best[3] + (best[2],)
 
 
 def _reasons(refused: dict[str, list[str]]) -> str:
@@ -116,7 +139,12 @@ def run(args: argparse.Namespace) -> int:
             if f.exists():
                 raise AutoparInputError(f"{f} already exists; not overwriting it (pass --overwrite)")
     err = None if args.json else _console(stderr=True)
-    gpus, res, sweep = _search(args, model, hw, training, opts, err)
+    found = _search_knobs(args, model, hw, training, opts, err)
+    gpus, res, sweep = found[:3]
+    if len(found) == 4:
+        training = found[3]        # the free knobs' chosen setting
+        res.notes.append("stack knobs chosen with the layout: " + ", ".join(
+            f"{k}={getattr(args.stack_knobs, k)}" for k in args.stack_spec.free))
     res.notes = notes + res.notes
     best = res.plans[0] if res.plans else None
     if best:   # what the cost model approximates for this model or layout, said without --explain too
@@ -134,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         d = {"schema_version": SCHEMA_VERSION, "gpus": gpus, **res.to_dict()}
         d["advice"] = advice
         d["batch_warning"] = batch.message(training.seq_len, gpus) if batch else None
+        d["interval"] = (prediction_intervals(model, hw, args.stack_spec.name, best.estimate) or None) if best else None
+        d["stack"] = {"name": args.stack_spec.name, **args.stack_knobs.model_dump()}
         if tokens:
             for p in d["plans"]:
                 p["budget"] = budgets[p["rank"]].to_dict()
@@ -172,13 +202,20 @@ def run(args: argparse.Namespace) -> int:
                           for n, r, b in sweep)
         out.print(f"  GPU count {gpus} chosen for the lowest {'time' if args.objective == 'time' else 'cost'} "
                   f"to train among {cells}")
+    iv = prediction_intervals(model, hw, args.stack_spec.name, e)
+    out.print("  " + interval_line(iv))
     used = e.memory_gib.total / e.hbm_gib
-    if used > 0.95:
+    # The memory margin: the upper end of the memory interval (how far under published runs' measured peaks the
+    # memory model has fallen) must stay inside HBM; without an interval, 5% headroom.
+    mem_hi = iv.get("memory_gib", {}).get("high")
+    if (mem_hi is not None and mem_hi > e.hbm_gib) or (mem_hi is None and used > 0.95):
         roomy = next((p for p in res.plans if p.estimate.memory_gib.total / p.estimate.hbm_gib <= 0.9), None)
         alt = (f"#{roomy.rank} leaves {1 - roomy.estimate.memory_gib.total / roomy.estimate.hbm_gib:.0%} free at "
                f"{roomy.estimate.step_time_s / e.step_time_s - 1:+.1%} step time" if roomy else
                "no listed layout leaves 10% free; see 'What to try next' for memory savings")
-        out.print(f"[yellow]note: #1 uses {used:.0%} of HBM; the memory model is approximate "
+        out.print(f"[yellow]note: #1 uses {used:.0%} of HBM"
+                  + (f" and the upper end of its memory interval, {mem_hi:.1f} GiB, is beyond it" if mem_hi else "")
+                  + "; the memory model is approximate "
                   f"(autopar validate), so check it with a short run (autopar profile run) or pick more headroom: "
                   f"{alt}[/yellow]")
     if batch:

@@ -17,7 +17,8 @@ def run_fit(args: argparse.Namespace) -> int:
     from datetime import date
 
     from autopar.measure.calibration import (cross_validate_sources, efficiency_for, fit, has_calibrated_block,
-                                     rows_from_cases, write_efficiency)
+                                             rows_from_cases, source_of, stack_efficiency, write_efficiency,
+                                             write_stack_efficiency)
     from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
     from autopar.measure.validation import load_cases
     err = console(stderr=True)
@@ -36,14 +37,26 @@ def run_fit(args: argparse.Namespace) -> int:
     if rep.pinned:
         out.print("[yellow]constants at a bound (see README 'Accuracy'):[/yellow] "
                   + ", ".join(c.name for c in rep.pinned))
+    for st in sorted({c.stack for c in cases}):
+        own = stack_efficiency(rep, st)
+        if own:
+            out.print(f"stack {st}: its own constants " + ", ".join(f"{k} {v:g}" for k, v in own.items()))
     if args.cv:
+        from autopar.measure.record import Comparison, pair_order
         held = cross_validate_sources(cases, loss=args.loss, progress=lambda m: err.print(f"[dim]… {m}[/dim]"))
         cv = held.by_group(rows_from_cases(cases))
         mean = sum(cv.values()) / len(cv)
         out.print("held-out source (fit on the others) mean absolute error: "
                   + ", ".join(f"{k} {v:.1%}" for k, v in cv.items()) + f"; mean over sources {mean:.1%}")
+        kept = [c for c in cases if c.row_id in held.predicted]
+        rk = pair_order([Comparison(label=c.row_id, predicted=held.predicted[c.row_id], measured=c.measured_tokens)
+                         for c in kept], [source_of(c) for c in kept])
+        out.print(f"held-out within-source ranking: {rk.share:.1%} ({rk.right} of {rk.pairs} pairs ordered as "
+                  f"measured, {rk.ties} predicted ties counted wrong)")
         for rid, why in held.skipped.items():
             out.print(f"  not predictable out of sample: {rid} ({why})")
+        if args.write_intervals:
+            _write_intervals(args, cases, held, out)
     if args.write:
         import shutil
         from autopar.specs.loaders import installed_zoo_dir
@@ -66,7 +79,35 @@ def run_fit(args: argparse.Namespace) -> int:
                 shutil.copyfile(zoo_dir("hardware") / f"{name}.yaml", target)
             write_efficiency(target, efficiency_for(rep, hw), note)
             out.print(f"wrote the calibrated constants of {name} to {target}")
+        for st in sorted({c.stack for c in cases}):
+            own = stack_efficiency(rep, st)
+            if own and not installed_zoo_dir("stacks"):
+                write_stack_efficiency(zoo_dir("stacks") / f"{st}.yaml", own, note)
+                out.print(f"wrote stack {st}'s own constants to {zoo_dir('stacks') / f'{st}.yaml'}")
     return 0
+
+
+def _write_intervals(args: argparse.Namespace, cases, held, out) -> None:
+    """data/error_bars.yaml from the held-out errors (throughput) and the memory errors of the runs whose source
+    prints peak memory (no fitted constant moves memory, so those are out of sample as they are)."""
+    from autopar.cost import Estimator
+    from autopar.measure.intervals import regime_of, write
+    from autopar.specs.loaders import installed_zoo_dir, zoo_dir
+    if installed_zoo_dir("data"):
+        raise AutoparInputError("--write-intervals writes data/error_bars.yaml of a source checkout; this autopar is "
+                                "installed from a wheel")
+    thr, mem = [], []
+    for c in cases:
+        reg = regime_of(c.model, c.hardware, c.stack)
+        if c.row_id in held.predicted:
+            thr.append((reg, held.predicted[c.row_id] / c.measured_tokens - 1))
+        if c.measured_mem_gib:
+            e = Estimator(c.model, c.hardware, c.training, c.gpus).estimate(c.layout, resolved=True)
+            mem.append((reg, e.memory_gib.total / c.measured_mem_gib - 1))
+    path = zoo_dir("data") / "error_bars.yaml"
+    write(path, thr, mem, f"held-out (leave-one-source-out) errors of {len(thr)} runs of {Path(args.csv).name}; "
+                          f"memory: {len(mem)} runs that print peak memory")
+    out.print(f"wrote {path} ({len(thr)} held-out throughput errors, {len(mem)} memory errors)")
 
 
 def _csv_path(args: argparse.Namespace) -> Path:
@@ -84,7 +125,12 @@ def run(args: argparse.Namespace) -> int:
         return run_memory(args)
     rep = validate(_csv_path(args))
     if args.json:
-        print(dump_json({"mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
+        rk = rep.ranking
+        cov = _coverage(rep)
+        print(dump_json({"interval_coverage": {"inside": cov[0], "runs": cov[1]} if cov else None,
+                         "mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
+                         "ranking": {"share": rk.share, "right": rk.right, "pairs": rk.pairs, "ties": rk.ties,
+                                     "skipped_measured_ties": rk.skipped},
                          "rows": [{"id": r.case.row_id, "measured_tokens_per_s_per_gpu": r.case.measured_tokens,
                                    "measured_from": r.case.measured_from, "predicted": r.predicted_tokens,
                                    "error": r.error, "fits": r.fits, "memory_gib": r.memory_gib,
@@ -111,9 +157,42 @@ def run(args: argparse.Namespace) -> int:
                                 [[name, str(n), f"{mae:.1%}", f"{bias:+.1%}"]
                                  for name, (n, mae, bias) in groups.items()],
                                 left=(grouping,)))
+    _print_coverage(rep, out)
+    rk = rep.ranking
     out.print(f"[bold]{len(rep.rows)} rows: mean absolute error {rep.mape:.2%}, max {rep.max_abs_error:.1%}; "
-              f"predicted OOM for {len(rep.predicted_oom)} layouts that ran[/bold]")
+              f"within-source ranking {rk.share:.1%} ({rk.right} of {rk.pairs} pairs ordered as measured, "
+              f"{rk.ties} predicted ties counted wrong); predicted OOM for {len(rep.predicted_oom)} layouts that "
+              f"ran[/bold]")
+    out.print(f"[dim]ranking: pairs of runs of one source whose measurements differ by 1% or more "
+              f"({rk.skipped} closer pairs left out); a pair predicted equal counts as wrong[/dim]")
     return 0
+
+
+def _coverage(rep) -> tuple[int, int] | None:
+    """(inside, total): measured runs inside the stored 80% interval of their prediction; None without the file."""
+    from autopar.measure.intervals import coverage, regime_of
+    try:
+        return coverage([(regime_of(r.case.model, r.case.hardware, r.case.stack), r.predicted, r.measured)
+                         for r in rep.rows])
+    except AutoparInputError:
+        return None
+
+
+def _print_coverage(rep, out) -> None:
+    """How many measured runs fall inside the stored 80% interval of their prediction (data/error_bars.yaml)."""
+    from autopar.measure.intervals import SHARE
+    cov = _coverage(rep)
+    if cov is None:
+        out.print("interval coverage: no data/error_bars.yaml (autopar validate --fit --cv --write-intervals)")
+        return
+    inside, total = cov
+    if total:
+        share = inside / total
+        ok = abs(share - SHARE) <= 0.05
+        style = "" if ok else "[yellow]"
+        out.print(f"{style}interval coverage: {inside} of {total} measured runs ({share:.0%}) inside their "
+                  f"{SHARE:.0%} interval (data/error_bars.yaml; within 5 points of {SHARE:.0%}: "
+                  f"{'yes' if ok else 'no'}){'' if ok else '[/yellow]'}")
 
 
 def run_memory(args: argparse.Namespace) -> int:
@@ -152,6 +231,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cv", action="store_true", help="with --fit: cross-validate by holding out each source")
     p.add_argument("--loss", choices=("mae", "log"), default="mae",
                    help="with --fit: mean |relative error| (default) or squared log error (autopar/measure/calibrate.py)")
+    p.add_argument("--write-intervals", action="store_true",
+                   help="with --fit --cv: write the held-out errors' 80%% bands by regime to data/error_bars.yaml "
+                        "(the interval estimate and solve print; autopar/measure/intervals.py)")
     p.add_argument("--write", action="store_true",
                    help="with --fit: write hardware YAML files with the fitted constants into --out")
     p.add_argument("--out", default=None, metavar="DIR",

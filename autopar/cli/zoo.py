@@ -1,5 +1,5 @@
-"""`autopar zoo`: the models and hardware shipped with autopar (names accepted by --model and --hardware), and the
-block kinds a model's layers may be made of (the catalogue of :mod:`autopar.blocks`)."""
+"""`autopar zoo`: the models, hardware and software stacks shipped with autopar (names accepted by --model,
+--hardware and --stack), and the block kinds a model's layers may be made of (the catalogue of :mod:`autopar.blocks`)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ from rich.markup import escape
 from autopar.blocks import CHANNELS, MIXERS
 from autopar.cli.common import dump_json
 from autopar.cli.render import console, fitted_table
-from autopar.specs.loaders import load_hardware, load_model, zoo_dir, zoo_names
+from autopar.specs.loaders import load_hardware, load_model, load_stack, zoo_dir, zoo_names
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("zoo", help="list the zoo models and hardware (names for --model / --hardware)",
-                       description="List the models in models/ and the hardware in hardware/ with their key figures; "
-                                   "'blocks' lists the layer kinds a model file may use.")
-    p.add_argument("kind", nargs="?", choices=("models", "hardware", "blocks", "all"), default="all",
-                   help="what to list (default: all = models and hardware)")
+                       description="List the models in models/, the hardware in hardware/ and the software stacks "
+                                   "in stacks/ with their key figures; 'blocks' lists the layer kinds a model file "
+                                   "may use.")
+    p.add_argument("kind", nargs="?", choices=("models", "hardware", "stacks", "blocks", "all"), default="all",
+                   help="what to list (default: all = models, hardware and stacks)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     p.set_defaults(func=run)
 
@@ -72,12 +73,27 @@ def _hardware() -> list[dict]:
     return rows
 
 
+def _stacks() -> list[dict]:
+    from autopar.specs.stack import KNOB_RECORDED, StackKnobs
+    rows = []
+    for name in zoo_names("stacks"):
+        st = load_stack(name)
+        knobs = [{"knob": k, "value": getattr(st.knobs, k), "priced": k not in KNOB_RECORDED,
+                  "offered": st.allowed.get(k), "free": k in st.free, "source": st.knob_sources.get(k, "")}
+                 for k in StackKnobs.model_fields]
+        rows.append({"name": name, "framework": st.framework, "release": st.release, "source": st.source,
+                     "knobs": knobs, "efficiency": st.efficiency, "efficiency_source": st.efficiency_source})
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     out = {}
     if args.kind in ("models", "all"):
         out["models"] = _models()
     if args.kind in ("hardware", "all"):
         out["hardware"] = _hardware()
+    if args.kind in ("stacks", "all"):
+        out["stacks"] = _stacks()
     if args.kind == "blocks":
         out["blocks"] = _blocks()
     if args.json:
@@ -109,4 +125,13 @@ def run(args: argparse.Namespace) -> int:
         c.print(*fitted_table(c.width, "Hardware (--hardware NAME): dense TFLOP/s, HBM GiB, GB/s per direction",
                              ["name", "BF16", "FP8", "FP4", "HBM", "HBM TB/s", "NVLink GPUs", "NVLink", "scale-out"],
                              rows, left=("name",), optional=("FP4", "HBM TB/s", "scale-out")))
+    for st in out.get("stacks", []):
+        rows = [[k["knob"], str(k["value"]).lower() if isinstance(k["value"], bool) else str(k["value"]),
+                 ("priced" if k["priced"] else "recorded, not priced") + (", solver picks" if k["free"] else ""),
+                 ", ".join(k["offered"]) if k["offered"] else "any", k["source"]] for k in st["knobs"]]
+        c.print(*fitted_table(c.width, f"Stack {st['name']} (--stack {st['name']}): {st['framework']}; {st['release']}",
+                             ["knob", "default", "how", "offered", "source"], rows,
+                             left=("knob", "default", "how", "offered", "source"), optional=("offered",)))
+        eff = ", ".join(f"{k} {v:g}" for k, v in st["efficiency"].items()) or "the hardware files' (none of its own)"
+        c.print(f"  fitted constants: {eff}" + (f" ({st['efficiency_source']})" if st["efficiency_source"] else ""))
     return 0

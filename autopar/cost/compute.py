@@ -31,6 +31,42 @@ from autopar.specs.training import TrainingSpec
 # sum (4 + 4), softmax (4 + 4); backward softmax − one-hot (4 + 4) and the bf16 gradient (4 + 2) = 44 B).
 CROSS_ENTROPY_BYTES = {"fused": 8.0, "unfused": 44.0}
 
+# Elementwise kernels by stack (TrainingSpec.elementwise): HBM bytes of each memory-bound op relative to the fused
+# counts of autopar.cost.shapes (one kernel per op: forward reads its inputs and writes its output once), as
+# (forward, backward) factors. Counted op by op, in 2-byte units per element, from what each PyTorch kernel reads and
+# writes (one pass each, fp32 = 2 units):
+#  - norm, eager (torchtitan@9dec370 torchtitan/models/norms.py RMSNorm: self._norm(x.float()).type_as(x) * w, _norm
+#    = x * rsqrt(x.pow(2).mean(-1) + eps)): float 1+2, pow 2+2, mean 2, mul 2+2, type_as 2+1, * w 1+1 = 18 units
+#    against the fused 2 -> 9x; backward through the same chain (autograd of mul, type_as, mul, mean/pow, float:
+#    ~24 units against 3) -> 8x;
+#  - rope, eager (models/llama/model.py apply_rotary_emb: x.float() as complex, * freqs_cis, view_as_real, type_as):
+#    1+2, 2+2, 2+1 = 10 units against 2 -> 5x, and the same backward;
+#  - gated activation, eager (silu(w1 x) * w3 x: silu 1+1, mul 2+1 = 5 against 3; backward: mul reads dy, a, b and
+#    writes da, db, silu reads x, da and writes dx = 8 against 5) -> 5/3, 8/5;
+#  - residual adds and MoE permutation are one kernel either way (1x);
+#  - compiled (torch.compile / Inductor, torchtitan --training.compile per block): each op chain above becomes one
+#    fused pointwise or reduction kernel reading its inputs and writing its outputs once, as the fused counts (1x;
+#    an approximation: Inductor may split a chain or save an extra fp32 statistic).
+ELEMENTWISE_BYTES = {
+    "fused": {},
+    "compiled": {},
+    "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "mlp_act": (5 / 3, 1.6), "moe_act": (5 / 3, 1.6),
+              "shared_act": (5 / 3, 1.6)},
+}
+
+# FP8 quantisation bytes per element of each GEMM operand cast (forward: the input activation; backward: the output
+# gradient), by recipe (TrainingSpec.fp8_recipe) and elementwise mode:
+#  - te: Transformer Engine cast_transpose with the amax fused in: read 2 B, write the FP8 copy and its transpose
+#    1 + 1 B = 4 B;
+#  - tensorwise (torchao Float8Linear, dynamic scaling): an amax pass (read 2 B), then the cast and the transposed
+#    cast: compiled, Inductor fuses both into one kernel (read 2, write 1 + 1) = 6 B; eager, two casts (2 + 1 each)
+#    = 8 B;
+#  - rowwise (torchao rowwise scaling): per-row scales along each GEMM's contraction dim, so the operand and its
+#    transpose need their own amax and cast: 2 x (read 2 amax + read 2, write 1) = 10 B (compiled or eager).
+FP8_CAST_BYTES = {("te", "fused"): 4.0, ("te", "compiled"): 4.0, ("te", "eager"): 4.0,
+                  ("tensorwise", "compiled"): 6.0, ("tensorwise", "eager"): 8.0, ("tensorwise", "fused"): 6.0,
+                  ("rowwise", "compiled"): 10.0, ("rowwise", "eager"): 10.0, ("rowwise", "fused"): 10.0}
+
 # Forward kernels re-run by each Megatron-Core recompute module (``--recompute-modules``).
 RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"), "moe": ("moe", "moe_act", "permute"),
                    "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
@@ -69,6 +105,7 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
     else:
         add("core_attn", kern.attention(kind.attn_flops * tokens / tp, span, kind.head_dim))
     e = tr.activation_bytes
+    ew = ELEMENTWISE_BYTES[tr.elementwise]
     for name, (fwd, bwd) in kind.membound.items():
         split = TP_SPLIT[name]
         if split == "sp":
@@ -78,16 +115,43 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
         else:
             n_tok = tokens / tp
         scale = imbalance if split == "routed" else 1.0
-        add(name, (kern.stream(fwd * e * n_tok), kern.stream(bwd * e * n_tok)), scale)
+        fx, bx = ew.get(name, (1.0, 1.0))
+        add(name, (kern.stream(fx * fwd * e * n_tok), kern.stream(bx * bwd * e * n_tok)), scale)
     if kern.fp8:
         # Transformer Engine cast_transpose: 4 B per element of each GEMM input (forward) and output gradient
         # (backward) — see autopar.cost.shapes.
-        half = 0.5 * kind.fp8_cast_width * 4.0 * tokens / tp
+        cast_b = FP8_CAST_BYTES[tr.fp8_recipe, tr.elementwise] if tr.precision == "fp8" else 4.0
+        half = 0.5 * kind.fp8_cast_width * cast_b * tokens / tp
         add("fp8_cast", (kern.stream(half), kern.stream(half)))
         if kind.is_moe:
-            half_e = 0.5 * kind.fp8_cast_width_expert * 4.0 * tokens * kind.top_k / tp
+            half_e = 0.5 * kind.fp8_cast_width_expert * cast_b * tokens * kind.top_k / tp
             add("moe", (kern.stream(half_e), kern.stream(half_e)), imbalance)
     return {k: (v[0], v[1]) for k, v in parts.items()}
+
+
+# torchtitan's op-level selective activation checkpointing (TrainingSpec.selective_ac == "op", the "selective"
+# policy under the torchtitan stack; pytorch/torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py
+# _save_list and _custom_policy): inside each checkpointed block it saves the outputs of SDPA and of every matmul
+# except every second one, and recomputes everything else. Share of each part's forward re-run:
+#  - attention projections q, k, v, o in that order: k and o are the 2nd and 4th matmuls -> (|Wk| + |Wo|) / (|Wq| +
+#    |Wk| + |Wv| + |Wo|) = 1/2 for any GQA ratio (|Wk| = |Wv|, |Wq| = |Wo|);
+#  - gated MLP w1, w3, w2 (5th-7th matmuls): w3 -> 1/3; other GEMM modules (experts, router, MLA, shared experts):
+#    every second matmul -> 1/2;
+#  - the attention core (SDPA, saved): 0; every memory-bound op (norms, RoPE, activation, residual, casts): 1.
+# The stored activations are counted as Megatron's selective policy (core_attn) counts them: an upper bound, since
+# op-SAC also drops the elementwise outputs and half the matmul outputs.
+OP_SAC_SHARE = {"attn": 0.5, "mlp": 1 / 3, "core_attn": 0.0}
+OP_SAC_GEMM_DEFAULT = 0.5
+
+
+def recompute_shares(L: Layout, tr: TrainingSpec, parts: dict) -> dict[str, float]:
+    """The share of each part's forward kernels the layout's recompute policy re-runs (``parts``' order): 1 for the
+    parts of the modules it names (:func:`recomputed_parts`), or op-SAC's shares (:data:`OP_SAC_SHARE`) for the
+    selective policy under ``TrainingSpec.selective_ac == "op"``."""
+    if tr.selective_ac == "op" and L.recompute not in ("none", "full") and L.recompute_modules == {"core_attn"}:
+        return {p: OP_SAC_SHARE.get(p, 1.0 if KERNEL_CLASS.get(p) == "memory-bound" else OP_SAC_GEMM_DEFAULT)
+                for p in parts}
+    return {p: 1.0 for p in recomputed_parts(L, parts)}
 
 
 def recomputed_parts(L: Layout, parts: dict) -> tuple[str, ...]:
@@ -116,7 +180,7 @@ def _layer_times(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: Train
             parts = kern.cache[key] = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
         fwd = sum(v[0] for v in parts.values())
         bwd = sum(v[1] for v in parts.values())
-        rc = sum(parts[p][0] for p in recomputed_parts(L, parts))
+        rc = sum(parts[p][0] * w for p, w in recompute_shares(L, tr, parts).items())
         hit = kern.cache[key + (L.recompute, L.recompute_modules)] = (fwd, bwd, rc)
     return hit
 
@@ -242,10 +306,10 @@ def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         kinds.append((prof.kind_of[-1], prof.mtp_layers))
     for j, count in kinds:
         parts = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
-        rc_names = recomputed_parts(L, parts)
+        shares = recompute_shares(L, tr, parts)
         for name, (f, b) in parts.items():
             cls = KERNEL_CLASS[name]
-            rc = f if name in rc_names else 0.0
+            rc = f * shares.get(name, 0.0)
             out[cls] = out.get(cls, 0.0) + count * (f + b + rc)
             if rc:
                 out["recomputation"] = out.get("recomputation", 0.0) + count * rc

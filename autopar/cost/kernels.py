@@ -35,11 +35,16 @@ class Kernels:
 
     def __init__(self, hw: HardwareSpec, tr: TrainingSpec):
         km = hw.kernel_model
+        if tr.attention_impl == "sdpa_fa2":
+            # PyTorch SDPA's flash backend is FlashAttention-2: the file's measured 'fa2' figures
+            km = km.with_attention_kernel("fa2")
         self.km = km
         self.precision = tr.precision
         self.peak = hw.peak_tflops(tr.precision) * 1e12
         # Large-GEMM fraction at the clock a long run sustains under the power limit (KernelModel docstring).
         self.gemm_max = km.gemm_max(tr.precision) * km.sustained_gemm
+        if tr.precision == "fp8" and tr.fp8_recipe == "rowwise":
+            self.gemm_max *= km.fp8_rowwise_gemm   # rowwise-scaled kernel against the tensorwise figure (measured)
         # The LM head (and anything outside the transformer blocks) stays in BF16 under FP8 recipes
         # (Transformer Engine / Megatron keep the output layer in higher precision).
         hi = "fp16" if tr.precision == "fp16" else "bf16"

@@ -38,7 +38,11 @@ FP8 weight copies (1 B per local parameter, Transformer Engine) for FP8 recipes.
 FP8 weights (Transformer Engine): each weight is kept in FP8 twice, row-wise for the forward GEMM and column-wise
 (its transpose) for the backward's data-gradient GEMM, which FP8 tensor cores take only in the TN layout (Hopper)
 or with scales along the other dimension (MXFP8): 2 B per local parameter (TE ``Float8Tensor``'s cached
-transpose, ``quantizer.set_usage(rowwise=True, columnwise=True)`` for weights in training).
+transpose, ``quantizer.set_usage(rowwise=True, columnwise=True)`` for weights in training). torchao's Float8Linear
+(``fp8_recipe`` tensorwise / rowwise, torchtitan) keeps no FP8 copy: it casts each weight and input when its GEMM
+runs and saves the high-precision tensors for the backward (pytorch/ao torchao/float8/float8_linear.py,
+``matmul_with_hp_or_float8_args.forward``: ``ctx.save_for_backward(input_hp, weight_hp_t)``), so only the layer
+being computed holds FP8 casts (2 B per parameter of one layer), and stored GEMM inputs stay in bf16.
 
 The optimizer step (after the backward, when the activations are gone): Megatron-Core's optimizers hand the
 inner Adam an fp32 gradient, ``shard_main_param.grad = shard_model_grad.float()``
@@ -114,6 +118,8 @@ def inflight_layer_microbatches(st: Stage, L: Layout) -> float:
 def linear_input_scale(tr: TrainingSpec) -> float:
     """Stored size of a GEMM input relative to the activation dtype. FP8 recipes (Transformer Engine) keep the
     FP8 cast of each linear layer's input for the weight-gradient GEMM instead of the bf16 tensor: 1 byte, not 2."""
+    if tr.precision in _FP8 and tr.fp8_recipe in TORCHAO_RECIPES:
+        return 1.0        # torchao saves input_hp (module docstring)
     return 1.0 / tr.activation_bytes if tr.precision in _FP8 else 1.0
 
 
@@ -149,6 +155,18 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
         # Only each layer's input (h per token) is kept; one layer is rebuilt at a time in backward.
         return n * prof.hidden / sp_div, working
     mods = L.recompute_modules
+    if prof.training.selective_ac == "op" and mods == {"core_attn"}:
+        # torchtitan's op-level SAC (autopar/cost/compute.py OP_SAC_SHARE) keeps, per layer: the block input (one of
+        # its two norm inputs), the saved matmul outputs (Q and V of Q, K, V; the first of a gated MLP's three
+        # internals, or of a plain MLP's two; the down projection's output before its reduce-scatter, h per token
+        # on every TP rank) and SDPA's output; it drops the norm outputs, K, the activation and the out-projection
+        # output. Routed experts keep what Megatron's selective policy keeps. An approximation for pre-norm
+        # attention + MLP blocks (torchtitan's Llama), stated in the stack file.
+        m = prof.model
+        a, g = m.num_attention_heads, m.kv_heads
+        kept = (norm_in / 2) / sp_div + (qkv * (a + g) / (a + 2 * g) + attn_out + mlp / (3 if m.gated_mlp else 2)
+                                         + shared + moe) / tp_div + n * prof.hidden / L.cp
+        return kept, where(full_layers > kept, full_layers - kept, 0.0) / max(n, 1)
     if "core_attn" in mods:
         attn_out = 0.0
     if "layernorm" in mods:
@@ -241,12 +259,15 @@ def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> 
     dense, expert = stage_params(prof, st, L)
     per_layer = (dense + expert) / max(st.n_layers, 1)
     buf = buf + where(L.zero_stage >= 3, per_layer * (2 * tr.weight_bytes + tr.grad_bytes), 0.0)
-    if tr.precision in _FP8:   # FP8 weight copies, row-wise and column-wise (docstring): 2 B per local parameter
+    if tr.precision in _FP8 and tr.fp8_recipe in TORCHAO_RECIPES:   # one layer's transient casts (docstring)
+        buf = buf + FP8_WEIGHT_COPY_BYTES * per_layer
+    elif tr.precision in _FP8:   # FP8 weight copies, row-wise and column-wise (docstring): 2 B per local parameter
         buf = buf + FP8_WEIGHT_COPY_BYTES * (dense + expert) / where(L.zero_stage >= 3, shard_groups(L)[0], 1)
     return buf
 
 
 FP8_WEIGHT_COPY_BYTES = 2.0   # row-wise + column-wise FP8 copy of each weight (module docstring)
+TORCHAO_RECIPES = ("tensorwise", "rowwise")   # TrainingSpec.fp8_recipe values run by torchao's Float8Linear
 
 
 def step_grad_copy_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:

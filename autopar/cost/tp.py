@@ -24,6 +24,12 @@ ends); the rest hides behind the layer's TP-split GEMMs G (:func:`autopar.cost.c
 
 An approximation: summed over the stage's layers (equal where the layers are alike), and the GEMMs' slowdown
 from sharing the SMs and HBM with the communication kernels is not counted.
+
+FP8 tensorwise with torchao (``fp8_recipe: tensorwise``): torchtitan's Float8ColwiseParallel / Float8RowwiseParallel
+cast before the sequence-parallel all-gathers, so each all-gather moves 1-byte elements and each reduce-scatter
+stays in BF16: 3/4 of the BF16 volume ("float8 all-gather with TP is only supported for tensorwise float8 scaling
+recipes. For rowwise recipes, we use regular TP and all-gather happens in high precision": pytorch/torchtitan
+torchtitan/models/llama3/infra/parallelize.py, ``enable_float8_tensorwise_tp``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ from autopar.specs.layout import Layout
 from autopar.specs.training import TrainingSpec
 
 
+FP8_TENSORWISE_TP_VOLUME = 0.75   # all-gather in FP8 (1/2), reduce-scatter in BF16 (1): (0.5 + 1) / 2
+
+
 def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network,
                     per_block: int | None = None) -> float:
     """T_tp: every TP collective of one micro-batch on stage ``st``, none hidden. ``per_block`` overrides the
@@ -46,6 +55,8 @@ def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
         per_block = 3 if L.recompute == "full" else 2
     n_ar = per_block * st.sum(prof, "tp_blocks") + (1 if st.is_last else 0)
     nbytes = L.micro_batch * (tr.seq_len / L.cp) * prof.hidden * tr.activation_bytes
+    if tr.precision == "fp8" and tr.fp8_recipe == "tensorwise":
+        nbytes *= FP8_TENSORWISE_TP_VOLUME
     return n_ar * net.time("all_reduce", nbytes, L.tp, 1)
 
 

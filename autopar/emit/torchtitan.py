@@ -190,6 +190,15 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
     if async_tp:
         notes.append("async TP on (the prediction hides TP communication behind the GEMMs); it needs "
                      "torch.compile of the model")
+    # The stack knobs the prediction priced (autopar/specs/stack.py): torch.compile of the model when it priced
+    # compiled elementwise kernels (or async TP, which needs it).
+    compile_model = async_tp or training.elementwise == "compiled"
+    if training.elementwise != "fused":
+        notes.append(f"priced as torchtitan runs: elementwise kernels {training.elementwise}, attention "
+                     f"{training.attention_impl}" + (f", Float8 {training.fp8_recipe} (add the float8 model converter "
+                                                     f"with recipe_name='{training.fp8_recipe}')"
+                                                     if training.precision == "fp8" else "")
+                     + (", async TP" if async_tp else ""))
     par: list[tuple[str, object]] = [("data_parallel_replicate_degree", replicate),
                                      ("data_parallel_shard_degree", shard)]
     if reshard is not None:
@@ -227,14 +236,14 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
         lines.append(f"from torchtitan.distributed.activation_checkpoint import {ac.split('.')[0]}")
     lines += [f"from {module} import {func}", "from torchtitan.trainer import Trainer", "", "",
               "def autopar_config() -> Trainer.Config:",
-              f'    """{func}() with autopar\'s layout {L.short()}."""',
+              f'    """{func}() with autopar\'s layout', f'    {L.short()}."""',
               f"    base = {func}()", "    return replace(", "        base,", "        parallelism=replace(",
               "            base.parallelism,", *kwargs(par, "            "), "        ),",
               "        training=replace(", "            base.training,", *kwargs(train, "            "), "        ),",
               f"        activation_checkpoint={ac},"]
-    if async_tp:
+    if compile_model:
         lines += ["        compile=replace(", "            base.compile,", "            enable=True,",
-                  "            enable_async_tensor_parallel=True,",
+                  *(["            enable_async_tensor_parallel=True,"] if async_tp else []),
                   '            components=sorted({*base.compile.components, "model"}),', "        ),"]
     lines.append("    )")
     return "\n".join(lines) + "\n"

@@ -80,18 +80,20 @@ class Constant:
     field: str
     key: str | None = None
     chips: tuple[str, ...] = ()
+    stack: str = ""         # only rows run on this software stack (autopar/specs/stack.py); "" = every stack
 
     @property
     def name(self) -> str:
         base = f"{self.field}[{self.key}]" if self.key else self.field
-        return f"{self.chips[0]}:{base}" if self.chips else base
+        base = f"{self.chips[0]}:{base}" if self.chips else base
+        return f"{self.stack}/{base}" if self.stack else base
 
     @property
     def bound(self) -> Bound:
         return Bound(*BOUNDS[self.field])
 
-    def applies_to(self, hardware: HardwareSpec) -> bool:
-        return not self.chips or hardware.name in self.chips
+    def applies_to(self, hardware: HardwareSpec, stack: str = "") -> bool:
+        return (not self.chips or hardware.name in self.chips) and (not self.stack or self.stack == stack)
 
     def get(self, hardware: HardwareSpec) -> float:
         sec = getattr(hardware, section_of(self.field))
@@ -109,11 +111,12 @@ def parse_constant(name: str) -> Constant:
     return Constant(fld, key, (chip,) if chip else ())
 
 
-def with_values(hardware: HardwareSpec, values: dict[Constant, float]) -> HardwareSpec:
-    """A copy of ``hardware`` with the constants that apply to it set to ``values``."""
+def with_values(hardware: HardwareSpec, values: dict[Constant, float], stack: str = "") -> HardwareSpec:
+    """A copy of ``hardware`` with the constants that apply to it (on ``stack``) set to ``values``; a per-stack
+    constant is set after the shared one of the same field, so it wins."""
     sections = {name: getattr(hardware, name).model_dump() for name in ("efficiency", "kernel_model")}
-    for c, v in values.items():
-        if not c.applies_to(hardware):
+    for c, v in sorted(values.items(), key=lambda cv: bool(cv[0].stack)):
+        if not c.applies_to(hardware, stack):
             continue
         sec = sections[section_of(c.field)]
         if c.key is not None:
@@ -138,6 +141,7 @@ class FitRow:
     measured: float
     predict: Callable[[HardwareSpec], float]
     group: str = ""         # rows of one group are held out together by cross_validate (a source, a layout)
+    stack: str = ""         # the software stack the row ran (per-stack constants apply only to its rows)
 
 
 @dataclass
@@ -247,7 +251,7 @@ class _Problem:
     def __init__(self, rows: Sequence[FitRow], constants: Sequence[Constant], loss: str):
         self.rows, self.constants, self.loss = list(rows), list(constants), loss
         self.meas = np.array([r.measured for r in self.rows], dtype=float)
-        self.applies = [[c for c in self.constants if c.applies_to(r.hardware)] for r in self.rows]
+        self.applies = [[c for c in self.constants if c.applies_to(r.hardware, r.stack)] for r in self.rows]
         self.calls = 0
 
     def predict(self, theta: np.ndarray) -> np.ndarray:
@@ -255,7 +259,7 @@ class _Problem:
         out = np.empty(len(self.rows))
         for i, r in enumerate(self.rows):
             self.calls += 1
-            out[i] = r.predict(with_values(r.hardware, {c: values[c] for c in self.applies[i]}))
+            out[i] = r.predict(with_values(r.hardware, {c: values[c] for c in self.applies[i]}, r.stack))
         return out
 
     def residuals_of(self, pred: np.ndarray) -> np.ndarray:
@@ -305,7 +309,7 @@ def fit(rows: Sequence[FitRow], constants: Sequence[Constant], *, loss: str = "m
     hi = np.array([c.bound.hi for c in constants])
 
     def start_of(c: Constant) -> float:
-        r = next((r for r in rows if c.applies_to(r.hardware)), rows[0])
+        r = next((r for r in rows if c.applies_to(r.hardware, r.stack)), rows[0])
         return c.get(r.hardware)
 
     start = np.clip([start_of(c) for c in constants], lo, hi)
@@ -411,11 +415,11 @@ def cross_validate(rows: Sequence[FitRow], constants: Sequence[Constant], *, los
         rep = fit(train, constants, loss=loss, starts=starts)
         for r in test:
             unseen = [c.name for c in constants
-                      if c.applies_to(r.hardware) and not any(c.applies_to(t.hardware) for t in train)]
+                      if c.applies_to(r.hardware, r.stack) and not any(c.applies_to(t.hardware, t.stack) for t in train)]
             if unseen:
                 skipped[r.label] = f"{', '.join(unseen)} only in this group"
                 continue
-            pred[r.label] = r.predict(with_values(r.hardware, rep.values))
+            pred[r.label] = r.predict(with_values(r.hardware, rep.values, r.stack))
         if progress:
             errs = [abs(pred[r.label] / r.measured - 1) for r in test if r.label in pred]
             progress(f"held out {g}: " + (f"{sum(errs) / len(errs):.1%}" if errs else "nothing predictable"))

@@ -29,12 +29,21 @@ from autopar.cost import Estimator
 from autopar.measure.calibrate import (Constant, FitReport, FitRow, HeldOut, cross_validate, fitted_by,
                                       section_of, fit as fit_rows)
 from autopar.specs.hardware import Efficiency, HardwareSpec
+from autopar.specs.stack import STACK_CONSTANTS
 from autopar.measure.validation import Case
 
 PER_CHIP: tuple[str, ...] = ()
 SHARED: tuple[str, ...] = fitted_by("runs")   # the FitBounds of specs/hardware.py with "runs" in fitted_by
 TIES = {("gb300_nvl72", "mxfp8"): ("gb200_nvl72", "mxfp8")}
-INHERIT = {"h200": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72", "gb300_nvl72": "gb200_nvl72"}
+# Per software stack (autopar/specs/stack.py), for every stack other than BASE_STACK that has rows: only what no
+# measurement of a kernel or a link sees, the time per layer a framework spends between kernels (eager Python, FSDP2
+# hooks, launches; Efficiency.layer_overhead_us, bounded there). Fitted to that stack's rows only; the result goes
+# into the stack file's ``efficiency``. Overlap is priced from its window (the stack's knobs set the switches) and
+# kernel rates are the hardware files' measured figures: neither is fitted per stack.
+BASE_STACK = "megatron_core"
+PER_STACK: tuple[str, ...] = STACK_CONSTANTS
+INHERIT = {"h200": "h100_sxm", "h100_grand_teton": "h100_sxm", "b200": "gb200_nvl72", "b300": "gb200_nvl72",
+           "gb300_nvl72": "gb200_nvl72"}
 
 
 def rows_from_cases(cases: list[Case]) -> list[FitRow]:
@@ -44,7 +53,7 @@ def rows_from_cases(cases: list[Case]) -> list[FitRow]:
     for c in cases:
         est = Estimator(c.model, c.hardware, c.training, c.gpus)
         rows.append(FitRow(label=c.row_id, hardware=c.hardware, measured=c.measured_tokens,
-                           group=source_of(c),
+                           group=source_of(c), stack=c.stack,
                            predict=lambda hw, est=est, c=c: est.with_hardware(hw).estimate(
                                c.layout, resolved=True).tokens_per_s_per_gpu))
     return rows
@@ -60,8 +69,10 @@ def constants_for(cases: list[Case], per_chip: tuple[str, ...] = PER_CHIP,
         chips = keys.setdefault(TIES.get(own, own), [TIES.get(own, own)[0]])
         if own[0] not in chips:
             chips.append(own[0])
+    stacks = sorted({c.stack for c in cases} - {BASE_STACK})
     return ([Constant(f, prec, tuple(keys[chip, prec])) for f in per_chip for chip, prec in sorted(keys)]
-            + [Constant(f) for f in shared])
+            + [Constant(f) for f in shared]
+            + [Constant(f, stack=st) for st in stacks for f in PER_STACK])
 
 
 def fit(cases: list[Case], loss: str = "mae", progress: Callable[[str], None] | None = None) -> FitReport:
@@ -89,11 +100,19 @@ def efficiency_for(report: FitReport, hw: HardwareSpec) -> Efficiency:
     eff = hw.efficiency.model_dump()
     own = {(c.field, c.key) for c in fitted if c.chips and hw.name in c.chips}
     for c, v in fitted.items():
+        if c.stack:             # a stack's own constant lives in its stack file (stack_efficiency)
+            continue
         mine = not c.chips or hw.name in c.chips
         inherited = c.chips and INHERIT.get(hw.name) in c.chips and (c.field, c.key) not in own
         if mine or inherited:
             eff[c.field] = v if c.key is None else {**eff[c.field], c.key: v}
     return Efficiency.model_validate(eff)
+
+
+def stack_efficiency(report: FitReport, stack: str) -> dict[str, float]:
+    """The constants fitted to one stack's rows (empty for the base stack: its constants are the hardware files')."""
+    return {c.field: float(f"{v:.4g}") for c, v in report.values.items()
+            if c.stack == stack and c.name in {fc.name for fc in report.constants}}
 
 
 _BEGIN = "# --- calibrated efficiency (autopar validate --fit --write) ---"
@@ -118,4 +137,21 @@ def write_efficiency(path: Path, eff: Efficiency, note: str) -> None:
     block = yaml.safe_dump({"efficiency": values}, sort_keys=False)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(f"{text}\n{_BEGIN}\n# {note}\n{block}")
+    tmp.replace(path)
+
+
+_STACK_BEGIN = "# --- fitted stack constants (autopar validate --fit --write) ---"
+
+
+def write_stack_efficiency(path: Path, values: dict[str, float], note: str) -> None:
+    """Replace (or append) the fitted ``efficiency:`` block of a stack YAML, keeping everything above it."""
+    import yaml
+    text = path.read_text()
+    if _STACK_BEGIN in text:
+        text = text[:text.index(_STACK_BEGIN)].rstrip() + "\n"
+    elif "\nefficiency:" in text:
+        raise ValueError(f"{path}: has a hand-written efficiency section; not overwriting it")
+    block = yaml.safe_dump({"efficiency": values, "efficiency_source": note}, sort_keys=False, width=1000)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{text}\n{_STACK_BEGIN}\n{block}")
     tmp.replace(path)

@@ -73,3 +73,50 @@ def rank_agreement(predicted: Sequence[float], measured: Sequence[float]) -> flo
         return math.nan
     from scipy.stats import kendalltau
     return float(kendalltau(predicted, measured).statistic)
+
+
+# Two measurements closer than this (relative) are not ordered: published throughputs are read at one iteration or
+# averaged over a few, and run-to-run spread of 1% is common (torchtitan's benchmarks read one iteration).
+MEASURED_TIE = 0.01
+
+
+@dataclass(frozen=True)
+class PairOrder:
+    """Within-group pairs of records ordered as measured: ``right`` of ``pairs``; ``ties`` of the wrong ones are
+    pairs the prediction cannot tell apart (equal predictions: a knob the model does not see, or one it prices at
+    nothing); ``skipped`` pairs whose measurements differ by less than :data:`MEASURED_TIE`."""
+
+    right: int
+    pairs: int
+    ties: int
+    skipped: int
+
+    @property
+    def share(self) -> float:
+        return self.right / self.pairs if self.pairs else math.nan
+
+
+def pair_order(records: Sequence[Comparison], group: Sequence[str]) -> PairOrder:
+    """The share of within-group pairs of records whose predictions are ordered as their measurements. A pair
+    counts as right only when the prediction puts the faster run (larger ``measured`` for tokens/s, smaller for
+    step times: the sign of predicted − predicted equals that of measured − measured either way) strictly ahead;
+    an exact predicted tie counts as wrong. Pairs whose measurements differ by less than :data:`MEASURED_TIE` are
+    left out."""
+    if len(records) != len(group):
+        raise ValueError("pair_order needs one group per record")
+    right = pairs = ties = skipped = 0
+    for i in range(len(records)):
+        for j in range(i + 1, len(records)):
+            a, b = records[i], records[j]
+            if group[i] != group[j] or None in (a.predicted, a.measured, b.predicted, b.measured):
+                continue
+            if abs(a.measured - b.measured) < MEASURED_TIE * max(a.measured, b.measured):
+                skipped += 1
+                continue
+            pairs += 1
+            dp = a.predicted - b.predicted
+            if dp == 0.0 or abs(dp) < 1e-9 * max(abs(a.predicted), abs(b.predicted)):
+                ties += 1
+            elif (dp > 0) == (a.measured > b.measured):
+                right += 1
+    return PairOrder(right, pairs, ties, skipped)

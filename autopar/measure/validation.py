@@ -13,6 +13,10 @@ tokens/s/GPU, taken from the row in this order:
        Megatron-Core r0.8 (the ``mcore08-`` rows, 2024); c = 1/2 for the 2025 Megatron-MoE ModelZoo runs
        (``moezoo-``), whose Megatron-LM counts causal self-attention at half (``causal_self_attn``);
      - anything else (Llama 3 405B): autopar's own model FLOPs (an approximation, flagged in the output).
+Each row names the software stack it ran (column ``stack``, a ``stacks/`` file; blank: ``megatron_core``, as every
+source before stacks existed) and the knobs the source states (column ``knobs``, :func:`autopar.specs.stack.
+parse_knobs`): their TrainingSpec switches and the stack's own fitted constants price the row. Blank-stack rows keep
+TP communication overlap off unless the notes say ``--tp-comm-overlap``.
 Row fields the source leaves empty are filled with stated defaults (micro-batch 1, no recompute,
 non-interleaved pipeline, SP on when TP > 1 except in 2021 Megatron-LM which predates SP, ZeRO-1 except
 Megatron-LM 2021's plain DDP) and each filled field is listed with the row.
@@ -29,12 +33,13 @@ from pathlib import Path
 
 from autopar.cost import Estimator
 from autopar.errors import AutoparInputError
-from autopar.measure.record import Comparison, max_abs_error, mean_abs_error
+from autopar.measure.record import Comparison, PairOrder, max_abs_error, mean_abs_error, pair_order
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import RECOMPUTE_MODULES, Layout, balanced_stage_layers, resolve_layout
 from autopar.specs.bounds import BOUNDS, bound_note, limit
-from autopar.specs.loaders import build_spec, load_hardware, load_model, read_text_file, zoo_dir
+from autopar.specs.loaders import build_spec, load_hardware, load_model, load_stack, read_text_file, zoo_dir
 from autopar.specs.model import ModelSpec
+from autopar.specs.stack import parse_knobs
 from autopar.specs.training import TrainingSpec
 
 try:
@@ -56,6 +61,8 @@ class Case:
     measured_tokens: float
     measured_from: str
     assumptions: list[str] = field(default_factory=list)
+    stack: str = "megatron_core"
+    measured_mem_gib: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -90,6 +97,12 @@ class Report:
         return max_abs_error(self.rows)
 
     @property
+    def ranking(self) -> PairOrder:
+        """Within-source pairs of runs ordered as measured (:func:`autopar.measure.record.pair_order`): a pair the
+        model predicts equal counts as wrong."""
+        return pair_order(self.rows, [GROUPINGS["source"](r.case) for r in self.rows])
+
+    @property
     def predicted_oom(self) -> list[str]:
         return [r.case.row_id for r in self.rows if not r.fits]
 
@@ -116,6 +129,7 @@ GROUPINGS = {
     "dense/MoE": lambda c: "MoE" if c.model.is_moe else "dense",
     "precision": lambda c: c.training.precision,
     "system": lambda c: c.hardware.name,
+    "stack": lambda c: c.stack,
     "context": _context_bucket,
 }
 
@@ -203,22 +217,29 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         notes.append("precision n/f: bf16")
     half = "fp16" if prec == "fp16" else "bf16"
     routing = "dropless" if "dropless" in rid else "balanced"
-    kernels = {}
+    # The stack the run used (column 'stack', blank: Megatron-Core, as every source before stacks existed) with the
+    # knobs the source states (column 'knobs', autopar.specs.stack.parse_knobs syntax): its TrainingSpec switches
+    # and its fitted efficiency constants.
+    stack = load_stack(row.get("stack") or "megatron_core")
+    knobs = stack.with_knobs(parse_knobs(row.get("knobs", "")))
+    kernels = knobs.training_fields()
+    hw = stack.on(hw)
     if src == "mlm21":
         # Megatron-LM 2021 predates FlashAttention (2022) and the fused cross entropy: attention was batched GEMMs
         # around a fused scale-mask-softmax kernel, with attention dropout, and the loss plain vocab-parallel.
-        kernels = {"attention_kernel": "unfused", "cross_entropy": "unfused"}
+        kernels.update(attention_kernel="unfused", cross_entropy="unfused")
         notes.append("kernels (2021): unfused attention and cross entropy")
-    # TP communication overlap is a framework switch: on only where the source says the run used it.
-    kernels["tp_comm_overlap"] = "--tp-comm-overlap" in row.get("notes", "")
     tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
+    text = row.get("notes", "")
+    if not row.get("stack"):
+        # Rows before stack files: TP communication overlap is a framework switch, on only where the source says the
+        # run used it; so is the MoE all-to-all overlap (Megatron's combined 1F1B, --overlap-moe-expert-parallel-comm).
+        # DP overlap (--overlap-grad-reduce, PyTorch DDP's bucketed all-reduce in 2021) and ring attention's KV
+        # overlap are the frameworks' defaults: on. Rows with a stack state their switches in the 'knobs' column.
+        kernels["tp_comm_overlap"] = "--tp-comm-overlap" in text
+        kernels["ep_comm_overlap"] = "1f1b overlap" in text or "--overlap-moe-expert-parallel-comm" in text
     if not kernels["tp_comm_overlap"] and tp > 1:
         notes.append("TP comm overlap n/f: off")
-    # So is the MoE all-to-all overlap (Megatron's combined 1F1B, --overlap-moe-expert-parallel-comm): on only where
-    # the source says so. DP overlap (--overlap-grad-reduce, PyTorch DDP's bucketed all-reduce in 2021) and ring
-    # attention's KV overlap are the frameworks' defaults: on.
-    text = row.get("notes", "")
-    kernels["ep_comm_overlap"] = "1f1b overlap" in text or "--overlap-moe-expert-parallel-comm" in text
     if model.is_moe and not kernels["ep_comm_overlap"] and _int(row, "ep", 1) > 1:
         notes.append("EP comm overlap n/f: off")
     training = build_spec(TrainingSpec, dict(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half,
@@ -321,12 +342,13 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         tokens = tflops * 1e12 / f
     else:
         raise AutoparInputError(f"{rid}: no measured throughput (tokens/s, step time or TFLOP/s)")
-    return Case(rid, model, hw, training, layout, gpus, tokens, how, [n for n in notes if n])
+    return Case(rid, model, hw, training, layout, gpus, tokens, how, [n for n in notes if n], stack=stack.name,
+                measured_mem_gib=_float(row, "memory_gib"))
 
 
 CSV_REQUIRED = ("id", "model", "system", "gpus", "seq_len", "global_batch", "tp", "pp")
 CSV_OPTIONAL = ("precision", "vpp", "cp", "ep", "etp", "micro_batch", "fsdp", "sequence_parallel", "recompute",
-                "tokens_per_s_per_gpu", "model_tflops_per_gpu", "step_time_s", "notes")
+                "tokens_per_s_per_gpu", "model_tflops_per_gpu", "step_time_s", "notes", "stack", "knobs", "memory_gib")
 
 
 def load_cases(path: Path = DEFAULT_CSV, hardware_override: dict[str, HardwareSpec] | None = None
@@ -381,6 +403,7 @@ def evaluate(cases: list[Case], hardware_override: dict[str, HardwareSpec] | Non
         est = Estimator(c.model, hw, c.training, c.gpus).estimate(c.layout, resolved=True)
         out.append(RowResult(label=c.row_id, case=c, predicted=est.tokens_per_s_per_gpu, measured=c.measured_tokens,
                              fits=est.fits, predicted_mem_gib=est.memory_gib.total, hbm_gib=est.hbm_gib,
+                             measured_mem_gib=c.measured_mem_gib,
                              bottleneck=est.bottleneck))
     return out
 

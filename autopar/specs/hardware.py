@@ -212,6 +212,11 @@ class KernelModel(Spec):
         default=0.982, gt=0, le=1,
         description="Flash-attention throughput sustained under the power limit / the short-run attention "
                     "figures (H100 default: the GEMM ratio, assumed).")
+    fp8_rowwise_gemm: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Rowwise-scaled FP8 GEMM throughput (PyTorch's CUTLASS rowwise _scaled_mm, torchao's rowwise "
+                    "recipe) / tensorwise FP8 (cuBLAS) at the same shape, for fp8_recipe: rowwise; a measured "
+                    "kernel figure (cited in the hardware file), 1.0 where none is known.")
     nvlink: Annotated[float, FitBound(0.3, 1.0, "achieved / link bandwidth of NVLink collectives (nccl-tests "
                                                 "busbw reaches 0.7-0.9 of the link rate at large messages)",
                                       LAYOUTS)] = Field(

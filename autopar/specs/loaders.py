@@ -21,13 +21,13 @@ from autopar.specs._base import build_spec, format_validation_error
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.model import ModelSpec
 
-__all__ = ["build_spec", "dump_spec", "format_validation_error", "load_hardware", "load_model",
+__all__ = ["build_spec", "dump_spec", "format_validation_error", "load_hardware", "load_model", "load_stack",
            "read_structured_file", "zoo_dir", "zoo_names"]
 
 _PKG = Path(__file__).resolve().parents[1]
 # Installed from a wheel, the zoo and the validation data live in autopar/_zoo/ (pyproject.toml force-include); in a
 # source checkout, in models/, hardware/ and data/ beside the package.
-_ZOO_DIRS = {kind: [_PKG / "_zoo" / kind, _PKG.parent / kind] for kind in ("models", "hardware", "data")}
+_ZOO_DIRS = {kind: [_PKG / "_zoo" / kind, _PKG.parent / kind] for kind in ("models", "hardware", "data", "stacks")}
 
 
 
@@ -99,7 +99,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_LABEL = {"models": "model", "hardware": "hardware"}
+_LABEL = {"models": "model", "hardware": "hardware", "stacks": "stack"}
 
 
 def _exists(path: Path) -> bool:
@@ -189,6 +189,15 @@ def load_hardware(ref: str | Path | HardwareSpec) -> HardwareSpec:
         return ref
     path = _resolve(ref, "hardware")
     return build_spec(HardwareSpec, read_structured_file(path), str(path))
+
+
+def load_stack(ref: "str | Path | StackSpec") -> "StackSpec":
+    """A StackSpec from a zoo name (``stacks/``) or a YAML file."""
+    from autopar.specs.stack import StackSpec
+    if isinstance(ref, StackSpec):
+        return ref
+    path = _resolve(ref, "stacks")
+    return build_spec(StackSpec, read_structured_file(path), str(path))
 
 
 def dump_spec(spec: BaseModel, path: Path, header: str = "") -> None:

@@ -56,6 +56,25 @@ class TrainingSpec(Spec):
         default=True,
         description="Ring attention overlaps each KV block transfer with the attention block it feeds (Megatron-Core "
                     "p2p context parallelism). Off: the KV exchange is exposed (autopar.cost.cp).")
+    elementwise: Literal["fused", "compiled", "eager"] = Field(
+        default="fused",
+        description="Elementwise kernels (norms, RoPE, SwiGLU): 'fused' (Transformer Engine / Megatron fusions), "
+                    "'compiled' (torch.compile) or 'eager' (one PyTorch kernel per op, fp32 upcasts through HBM); "
+                    "priced as HBM bytes per op (autopar/cost/compute.py ELEMENTWISE_BYTES).")
+    attention_impl: Literal["best", "sdpa_fa2"] = Field(
+        default="best",
+        description="Attention kernel: 'best' (the hardware file's own flash-attention figures) or 'sdpa_fa2' "
+                    "(PyTorch SDPA's FlashAttention-2 backend: the file's kernel_model.attention_kernels['fa2'] "
+                    "figures, KernelModel.with_attention_kernel).")
+    fp8_recipe: Literal["te", "tensorwise", "rowwise"] = Field(
+        default="te",
+        description="FP8 scaling recipe (precision fp8): 'te' (Transformer Engine, fused cast-transpose), "
+                    "'tensorwise' or 'rowwise' (torchao Float8Linear); sets the quantisation kernels' HBM bytes.")
+    selective_ac: Literal["modules", "op"] = Field(
+        default="modules",
+        description="What the 'selective' recompute policy re-runs: 'modules' (Megatron-Core: the attention core) "
+                    "or 'op' (torchtitan's op-level SAC: every second matmul and every elementwise op; "
+                    "autopar/cost/compute.py OP_SAC_SHARE).")
     fp8_attention: bool = Field(
         default=False,
         description="Run the attention core (flash attention) in FP8 too. Off by default: FP8 recipes (Transformer "

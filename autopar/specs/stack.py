@@ -1,0 +1,193 @@
+"""StackSpec: the software stack a run uses, as a file like a hardware file (``stacks/*.yaml``).
+
+A prediction is for a framework as well as for a chip: the same layout of the same model runs up to 2x apart
+between torchtitan eager, torchtitan with ``torch.compile`` and Megatron-Core's tuned recipes. A stack file says
+what the framework does, as the :class:`StackKnobs` it runs by default:
+
+* **elementwise kernels** (norms, RoPE, SwiGLU): ``fused`` (Transformer Engine / Megatron fusions, one kernel per
+  op), ``compiled`` (``torch.compile``/Inductor fuses each op chain into one kernel) or ``eager`` (each PyTorch op
+  one kernel, fp32 upcasts through HBM). Priced as bytes through HBM per op (:mod:`autopar.cost.compute`).
+* **attention kernel**: ``best`` (the chip file's flash-attention figures: FA3 / cuDNN on Hopper, cuDNN / FA4 on
+  Blackwell) or ``sdpa_fa2`` (PyTorch SDPA's flash backend, FlashAttention-2), priced by the chip file's measured
+  FA2 figures (``kernel_model.attention_kernels['fa2']``, :meth:`KernelModel.with_attention_kernel`).
+* **FP8 scaling recipe** for the ``fp8`` precision: ``te`` (Transformer Engine tensorwise, fused cast-transpose),
+  ``tensorwise`` or ``rowwise`` (torchao Float8Linear): bytes of the quantisation kernels per GEMM operand.
+* **communication overlap**: TP (``none``, ``async_tp``: PyTorch's micro-pipelined TP, ``userbuffers``: Transformer
+  Engine's), and DP / EP / CP overlap on or off: the switches of :class:`TrainingSpec`; what hides is priced
+  from the schedule's compute window (autopar.cost.tp, dp, ep, cp), never a fitted share.
+* **stack constants** (``efficiency``): only what no kernel or link measurement sees, :data:`STACK_CONSTANTS`
+  (the time per layer a framework spends between kernels), fitted to the stack's own runs within the bounds of
+  :class:`autopar.specs.hardware.Efficiency`.
+* **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``).
+* **recorded, not priced** (no measurement separates them from the fitted per-layer overheads yet; they are
+  written by ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``,
+  ``all_gather``, ``deepep``, ``hybridep``), CUDA graphs (``none``, ``partial``, ``full_iteration``).
+
+Precedence: a flag on the command line > the stack file > TrainingSpec's built-in default.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, model_validator
+
+from autopar.errors import AutoparInputError
+from autopar.specs._base import Spec
+
+if TYPE_CHECKING:
+    from autopar.specs.hardware import HardwareSpec
+
+KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
+               "cross_entropy", "selective_ac")
+KNOB_RECORDED = ("dispatcher", "cuda_graphs")
+STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
+
+
+class StackKnobs(Spec):
+    """The switches of one stack (every field has the Megatron-Core default, so a stack file names only what
+    differs). Each maps to :class:`autopar.specs.training.TrainingSpec` fields by :meth:`training_fields`."""
+
+    elementwise: Literal["fused", "compiled", "eager"] = Field(
+        default="fused", description="Elementwise kernels (norms, RoPE, SwiGLU): fused, compiled or eager.")
+    attention: Literal["best", "sdpa_fa2"] = Field(
+        default="best", description="Attention kernel: the chip file's best (FA3/cuDNN/FA4) or SDPA's FA2.")
+    fp8_recipe: Literal["te", "tensorwise", "rowwise"] = Field(
+        default="te", description="FP8 scaling recipe and its quantisation kernels (precision fp8 only).")
+    tp_overlap: Literal["none", "async_tp", "userbuffers"] = Field(
+        default="userbuffers", description="TP communication overlap.")
+    dp_overlap: bool = Field(default=True, description="DP/FSDP gradient and parameter communication overlapped.")
+    ep_overlap: bool = Field(default=True, description="EP all-to-all overlapped (Megatron --overlap-moe-expert-"
+                                                       "parallel-comm / moe_a2a_overlap).")
+    cp_overlap: bool = Field(default=True, description="CP ring exchange overlapped with attention.")
+    cross_entropy: Literal["fused", "unfused"] = Field(default="fused", description="Loss kernel.")
+    selective_ac: Literal["modules", "op"] = Field(
+        default="modules", description="What 'selective' recompute re-runs: Megatron's modules or torchtitan's "
+                                       "op-level SAC.")
+    fp8_attention: bool = Field(default=False, description="Attention core in FP8 (TE fp8_dot_product_attention).")
+    dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
+        default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
+    cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
+        default="none", description="CUDA graphs (recorded, not priced).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "StackKnobs":
+        if self.tp_overlap == "async_tp" and self.elementwise == "eager":
+            raise ValueError("tp_overlap=async_tp needs elementwise=compiled (PyTorch's async TP is a torch.compile "
+                             "pass: torchtitan refuses it without compile)")
+        return self
+
+    def training_fields(self) -> dict[str, object]:
+        """The TrainingSpec switches these knobs set."""
+        return dict(elementwise=self.elementwise, attention_impl=self.attention, fp8_recipe=self.fp8_recipe,
+                    tp_comm_overlap=self.tp_overlap != "none", dp_comm_overlap=self.dp_overlap,
+                    ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap,
+                    cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
+                    selective_ac=self.selective_ac)
+
+
+class StackSpec(Spec):
+    """One software stack: its framework, release, default knobs (with a source for each), the knobs the solver
+    may choose, and the efficiency constants fitted to its own published runs."""
+
+    name: str = Field(description="Short identifier, e.g. 'torchtitan'.")
+    framework: str = Field(description="Framework and what it runs on (e.g. 'torchtitan on PyTorch FSDP2').")
+    release: str = Field(description="Release or commit whose behaviour the knobs describe.")
+    source: str = Field(description="Where the knobs were read (repository@commit paths).")
+    knobs: StackKnobs = Field(default_factory=StackKnobs, description="The stack's default switches.")
+    knob_sources: dict[str, str] = Field(default_factory=dict, description="Knob name -> where its value comes from.")
+    allowed: dict[str, list[str]] = Field(
+        default_factory=dict, description="Knob name -> the values this framework offers (others are rejected).")
+    free: list[str] = Field(default_factory=list,
+                            description="Knobs the solver may choose for the user (with the layout).")
+    efficiency: dict[str, float] = Field(
+        default_factory=dict, description="Efficiency constants fitted to this stack's runs; they replace the "
+                                          "hardware file's for this stack.")
+    efficiency_source: str = Field(default="", description="How and on what the efficiency constants were fitted.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "StackSpec":
+        names = set(StackKnobs.model_fields)
+        for where, keys in (("knob_sources", self.knob_sources), ("allowed", self.allowed), ("free", self.free)):
+            bad = [k for k in keys if k not in names]
+            if bad:
+                raise ValueError(f"{where}: unknown knob(s) {', '.join(bad)} (knobs: {', '.join(sorted(names))})")
+        from autopar.specs.hardware import Efficiency
+        bad = [k for k in self.efficiency if k not in STACK_CONSTANTS]
+        if bad:
+            raise ValueError(f"efficiency: {', '.join(bad)} not a stack constant (a stack carries only "
+                             f"{', '.join(STACK_CONSTANTS)}; overlap is set by the knobs, kernel rates by the "
+                             f"hardware file)")
+        Efficiency.model_validate(self.efficiency)   # within the hardware fields' bounds
+        self.check_knobs(self.knobs)
+        return self
+
+    def check_knobs(self, knobs: StackKnobs) -> None:
+        """Reject a knob value this framework does not offer (e.g. Transformer Engine userbuffers in torchtitan)."""
+        for k, vals in self.allowed.items():
+            v = getattr(knobs, k)
+            v = str(v).lower() if isinstance(v, bool) else v
+            if v not in vals:
+                raise AutoparInputError(f"stack '{self.name}': {k}={v} is not offered (choose {', '.join(vals)})")
+
+    def on(self, hardware: "HardwareSpec") -> "HardwareSpec":
+        """``hardware`` with this stack's fitted efficiency constants in place of the file's."""
+        if not self.efficiency:
+            return hardware
+        return hardware.model_copy(update={"efficiency": hardware.efficiency.model_copy(update=self.efficiency)})
+
+    def knob_choices(self, fixed: dict[str, object]) -> list[StackKnobs]:
+        """Every valid setting of the free knobs the user did not fix (``fixed``: from --knobs), each with the
+        fixed ones: what the solver searches together with the layout."""
+        from itertools import product
+        free = [k for k in self.free if k not in fixed]
+        values = []
+        for k in free:
+            ann = StackKnobs.model_fields[k].annotation
+            values.append(self.allowed.get(k) or ([True, False] if ann is bool else list(ann.__args__)))
+        out = []
+        for combo in product(*values):
+            try:
+                out.append(self.with_knobs({**fixed, **dict(zip(free, combo))}))
+            except AutoparInputError:
+                continue
+        return out
+
+    def with_knobs(self, overrides: dict[str, object]) -> StackKnobs:
+        """The stack's knobs with ``overrides`` (from :func:`parse_knobs`) applied, checked against ``allowed``."""
+        from autopar.specs._base import build_spec
+        knobs = build_spec(StackKnobs, {**self.knobs.model_dump(), **overrides}, f"stack '{self.name}' knobs")
+        self.check_knobs(knobs)
+        return knobs
+
+
+_SHORT = {"compile": ("elementwise", "compiled"), "eager": ("elementwise", "eager"),
+          "async_tp": ("tp_overlap", "async_tp"), "fp8_attention": ("fp8_attention", True)}
+_BOOL = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+
+
+def parse_knobs(text: str) -> dict[str, object]:
+    """``'compile,async_tp,fp8_recipe=rowwise,dp_overlap=off'`` -> knob overrides. Bare words are shorthands
+    (``compile``, ``eager``, ``async_tp``, ``fp8_attention``); ``name=value`` sets any knob of
+    :class:`StackKnobs`. Unknown names are errors naming the knob."""
+    out: dict[str, object] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "=" in part:
+            k, v = (s.strip() for s in part.split("=", 1))
+            if k not in StackKnobs.model_fields:
+                raise AutoparInputError(f"knob '{k}': not a stack knob (knobs: {', '.join(StackKnobs.model_fields)})")
+            ann = StackKnobs.model_fields[k].annotation
+            if ann is bool:
+                if v.lower() not in _BOOL:
+                    raise AutoparInputError(f"knob '{k}': expected on/off, got '{v}'")
+                out[k] = _BOOL[v.lower()]
+            else:
+                out[k] = v
+        elif part in _SHORT:
+            k, v = _SHORT[part]
+            out[k] = v
+        else:
+            raise AutoparInputError(f"knob '{part}': not a shorthand ({', '.join(_SHORT)}) and not name=value")
+    return out

@@ -1,0 +1,58 @@
+"""Each stack knob moves the prediction the way it physically should (autopar/cost, autopar/specs/stack.py)."""
+
+from autopar.cost import Estimator
+from autopar.specs.layout import Layout
+from autopar.specs.loaders import load_hardware, load_model, load_stack
+from autopar.specs.stack import parse_knobs
+from autopar.specs.training import TrainingSpec
+
+
+def step(knobs: str, precision: str = "bf16", layout: Layout | None = None, hw: str = "h100_grand_teton",
+         stack: str = "torchtitan") -> float:
+    st = load_stack(stack)
+    k = st.with_knobs(parse_knobs(knobs))
+    tr = TrainingSpec(seq_len=8192, global_batch=64, precision=precision, **k.training_fields())
+    est = Estimator(load_model("llama3_8b"), st.on(load_hardware(hw)), tr, 8)
+    return est.estimate(layout or Layout(tp=8, micro_batch=2, zero_stage=3, recompute="full")).step_time_s
+
+
+def test_eager_elementwise_is_slower_than_compiled():
+    assert step("eager") > step("compile")
+
+
+def test_async_tp_hides_tp_communication():
+    assert step("compile,async_tp") < step("compile")
+    assert step("compile,async_tp", layout=Layout(tp=1, micro_batch=2, zero_stage=3)) == \
+        step("compile", layout=Layout(tp=1, micro_batch=2, zero_stage=3))       # nothing to hide without TP
+
+
+def test_rowwise_quantisation_moves_more_bytes_than_tensorwise():
+    assert step("compile,fp8_recipe=rowwise", "fp8") > step("compile,fp8_recipe=tensorwise", "fp8")
+
+
+def test_sdpa_fa2_attention_is_slower_than_the_chip_files_best():
+    assert step("compile,attention=sdpa_fa2") > step("compile,attention=best")
+
+
+def test_dp_overlap_off_exposes_the_fsdp_traffic():
+    # Megatron-Core's distributed optimizer hides a fitted share (torchtitan's own fitted share is 0: nothing moves)
+    lay = Layout(tp=1, micro_batch=1, zero_stage=3, recompute="full")
+    assert step("dp_overlap=off", layout=lay, stack="megatron_core") > step("", layout=lay, stack="megatron_core")
+
+
+def test_op_level_sac_sits_between_no_recompute_and_full():
+    # torchtitan's selective policy re-runs every second matmul and the elementwise ops (compute.OP_SAC_SHARE) and
+    # keeps fewer activations than Megatron's selective policy (memory.activation_elems_per_token)
+    st = load_stack("torchtitan")
+    tr = TrainingSpec(seq_len=8192, global_batch=16, **st.knobs.training_fields())
+    mtr = tr.model_copy(update={"selective_ac": "modules"})
+    model, hw = load_model("llama3_8b"), st.on(load_hardware("h100_grand_teton"))
+    est = {k: Estimator(model, hw, t, 8) for k, t in (("op", tr), ("modules", mtr))}
+
+    def run(which: str, rc: str):
+        return est[which].estimate(Layout(micro_batch=2, zero_stage=3, recompute=rc))
+
+    none, op, full = run("op", "none"), run("op", "selective"), run("op", "full")
+    assert none.step_time_s < op.step_time_s < full.step_time_s
+    assert full.memory_gib.total < op.memory_gib.total < none.memory_gib.total
+    assert op.memory_gib.total < run("modules", "selective").memory_gib.total
