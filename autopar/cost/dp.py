@@ -79,7 +79,7 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
     for (group, n, stride), params in zip(_groups(L), (dense, expert)):
         if params == 0:
             continue
-        g_bytes, w_bytes = params * tr.grad_bytes, params * tr.weight_bytes
+        g_bytes, w_bytes = params * tr.grad_bytes, params * tr.param_gather_bytes   # FP8 under fp8_param_gather
         replicate = (L.dp * L.cp if group == "dense" else L.edp) // n if L.hsdp_shard else 1
         load = busy.get("network" if net.placement(n, stride)[1] > 1 else "nvlink", 0.0)
         w_fwd, w_bwd = maximum(t_fwd_mb - load / 3.0, 0.0), maximum(t_bwd_mb - 2.0 * load / 3.0, 0.0)

@@ -33,7 +33,7 @@ its fp32 gradient (4 B) at once.
 
 Buffers: the SP/TP all-gathered input of one linear (b·s/cp·h), EP dispatch/combine buffers (2·b·s/(cp·tp)
 ·k·h), FSDP's unsharded parameters of two layers (current + prefetch) and one layer's unsharded gradient,
-FP8 weight copies (1 B per local parameter, Transformer Engine) for FP8 recipes.
+FP8 weight copies (2 B per local parameter, Transformer Engine; none with FP8 primary weights) for FP8 recipes.
 
 FP8 weights (Transformer Engine): each weight is kept in FP8 twice, row-wise for the forward GEMM and column-wise
 (its transpose) for the backward's data-gradient GEMM, which FP8 tensor cores take only in the TN layout (Hopper)
@@ -43,6 +43,18 @@ transpose, ``quantizer.set_usage(rowwise=True, columnwise=True)`` for weights in
 runs and saves the high-precision tensors for the backward (pytorch/ao torchao/float8/float8_linear.py,
 ``matmul_with_hp_or_float8_args.forward``: ``ctx.save_for_backward(input_hp, weight_hp_t)``), so only the layer
 being computed holds FP8 casts (2 B per parameter of one layer), and stored GEMM inputs stay in bf16.
+
+FP8 primary weights (``TrainingSpec.fp8_param_gather``: Megatron ``--fp8-param-gather``, Bridge
+``mixed_precision.fp8_param_gather``, which its fp8 current-scaling and MXFP8 presets set: Megatron-Bridge@fcbb6031
+src/megatron/bridge/training/mixed_precision.py lines 302, 278-280): the model is built under Transformer Engine's
+``fp8_model_init``, so each GEMM weight IS its FP8 tensor (row-wise and column-wise data, 2 B per parameter) and
+no bf16 copy is kept beside it; the fp32 main weights live in the distributed optimizer, which quantises its shard
+straight into the FP8 parameter after the step (Megatron-LM d98e8a64 megatron/core/fp8_utils.py:386-400
+``quantize_param_shard``; transformer_config.py:602 ``fp8_param``: 'keep the parameters in fp8 precision to save
+memory'). The weights' 2 B per parameter then stand for the FP8 pair and the FP8 copy buffer is not charged on
+top: the memory falls by the bf16 copy, 2 B per local parameter. Approximations: the MXFP8 scales (1 B per 32
+elements, about 3%) and the bf16 norms, biases and embeddings (which TE does not quantise; counted at the same
+2 B) are not told apart.
 
 The optimizer step (after the backward, when the activations are gone): Megatron-Core's optimizers hand the
 inner Adam an fp32 gradient, ``shard_main_param.grad = shard_model_grad.float()``
@@ -261,7 +273,8 @@ def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> 
     buf = buf + where(L.zero_stage >= 3, per_layer * (2 * tr.weight_bytes + tr.grad_bytes), 0.0)
     if tr.precision in _FP8 and tr.fp8_recipe in TORCHAO_RECIPES:   # one layer's transient casts (docstring)
         buf = buf + FP8_WEIGHT_COPY_BYTES * per_layer
-    elif tr.precision in _FP8:   # FP8 weight copies, row-wise and column-wise (docstring): 2 B per local parameter
+    elif tr.precision in _FP8 and not tr.fp8_primary_weights:   # FP8 weight copies, row-wise and column-wise
+        # (docstring): 2 B per local parameter; with FP8 primary weights the weights themselves are those copies
         buf = buf + FP8_WEIGHT_COPY_BYTES * (dense + expert) / where(L.zero_stage >= 3, shard_groups(L)[0], 1)
     return buf
 

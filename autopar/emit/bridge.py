@@ -107,6 +107,11 @@ _PRECISION = {
     ("--bf16", "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"): "bf16_with_nvfp4_mixed",
 }
 _PRECISION_FLAGS = {"--bf16", "--fp16", "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe"}
+# fp8_param_gather as each FP8 mixed-precision preset sets it (Megatron-Bridge 067f987df03b
+# src/megatron/bridge/training/mixed_precision.py lines 231, 264, 384). The preset's value reaches the DDP config
+# at setup (update_config_with_precision_overrides), over any ddp.fp8_param_gather override, so the preset decides.
+_PRESET_FP8_PARAM_GATHER = {"bf16_with_fp8_delayed_scaling_mixed": True, "bf16_with_mxfp8_mixed": True,
+                            "bf16_with_fp8_subchannel_scaling_mixed": False}
 
 
 def _groups(args: list[str]) -> list[tuple[str, list[str]]]:
@@ -142,6 +147,8 @@ def bridge_overrides(layout: Layout, model: ModelSpec, training: TrainingSpec, h
             continue
         if flag in _PRECISION_FLAGS:
             precision += [flag, *values]
+        elif flag == "--fp8-param-gather":   # carried by the mixed-precision preset (below)
+            continue
         elif flag == "--num-layers-per-virtual-pipeline-stage":
             overrides.append(f"model.virtual_pipeline_model_parallel_size={layout.vpp}")
         elif flag == "--pipeline-model-parallel-layout":
@@ -156,7 +163,14 @@ def bridge_overrides(layout: Layout, model: ModelSpec, training: TrainingSpec, h
             raise AutoparInputError(f"no Megatron-Bridge key known for Megatron-LM flag {flag}")
     if tuple(precision) not in _PRECISION:
         raise AutoparInputError(f"no Megatron-Bridge mixed-precision recipe for {' '.join(precision)}")
-    overrides.append(f"mixed_precision={_PRECISION[tuple(precision)]}")
+    preset = _PRECISION[tuple(precision)]
+    overrides.append(f"mixed_precision={preset}")
+    if preset in _PRESET_FP8_PARAM_GATHER and _PRESET_FP8_PARAM_GATHER[preset] != training.fp8_primary_weights:
+        on = _PRESET_FP8_PARAM_GATHER[preset]
+        launch.notes.append(f"Bridge's {preset} sets fp8_param_gather={str(on).lower()}, the prediction assumes "
+                            f"{str(not on).lower()}: the run holds {'no' if on else 'a'} bf16 weight copy beside the "
+                            f"FP8 weights (2 B per local parameter {'less' if on else 'more'} than predicted); "
+                            "price it with --knobs fp8_param_gather=" + ("on" if on else "off"))
     if "--sequence-parallel" not in launch.args:
         overrides.append("model.sequence_parallel=false")
     chunks = {mx.chunk_size for i in range(model.num_layers) for mx in model.mixers_of(i) if mx.kind == "mamba2"}

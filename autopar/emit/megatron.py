@@ -39,6 +39,8 @@ compute window covers; autopar.cost.tp, dp, ep):
 
 - ``dp_comm_overlap`` and DP or expert-DP > 1 -> ``--overlap-grad-reduce``, plus ``--overlap-param-gather`` with the
   distributed optimizer or Megatron-FSDP (Megatron requires both for the latter).
+- ``fp8_param_gather`` (TE FP8 precisions) -> ``--fp8-param-gather``; Megatron allows it only with the distributed
+  optimizer or FSDP (launcher rule ``fp8_param_gather``): a ZeRO-0 layout is refused.
 - ``tp_comm_overlap`` and TP > 1 -> ``--tp-comm-overlap`` (Transformer Engine userbuffers); Megatron allows it only
   with sequence parallel, so a layout with SP off gets a note that its TP time is predicted too low.
 - ``ep_comm_overlap`` and EP > 1 -> ``--overlap-moe-expert-parallel-comm`` (combined 1F1B all-to-all overlap), which Megatron allows
@@ -235,6 +237,8 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
         args.append("--grad-reduce-in-bf16" if training.grad_dtype == "bf16"
                     else "--accumulate-allreduce-grads-in-fp32")
     args += precision_args(training.precision)
+    if training.fp8_primary_weights:   # FP8 primary weights, FP8 parameter all-gather (autopar.cost.memory)
+        args.append("--fp8-param-gather")
     if ep_overlap:   # Megatron's run-time rules for the overlap (specs/launcher_rules.py, with the upstream lines)
         settings = megatron_settings(args)
         if model.mtp_layers:

@@ -170,6 +170,18 @@ def _fp8_fp4(s: Settings) -> str | None:
     return None
 
 
+def _fp8_param_gather(s: Settings) -> str | None:
+    if not _get(s, "fp8_param_gather", False):
+        return None
+    if not (_get(s, "use_distributed_optimizer", False) or _get(s, "use_torch_fsdp2", False)
+            or _get(s, "use_megatron_fsdp", False)):
+        return "--fp8-param-gather needs the distributed optimizer, torch FSDP2 or Megatron-FSDP"
+    if not (_get(s, "fp8") or _get(s, "fp8_format")):   # argparse dest 'fp8'; an emitted argv reads as fp8_format
+        return ("--fp8-param-gather needs an FP8 recipe (transformer_config.py:1566: 'fp8_param must be used "
+                "together with fp8 mode')")
+    return None
+
+
 _TC = f"{MEGATRON_LM} megatron/core/transformer/transformer_config.py"
 _ARGS = f"{MEGATRON_LM} megatron/training/arguments.py"
 _SCHED = f"{MEGATRON_LM} megatron/core/pipeline_parallel"
@@ -188,6 +200,7 @@ MEGATRON_RULES: tuple[LauncherRule, ...] = (
     LauncherRule("torch_fsdp2", f"{_ARGS}:1031", _torch_fsdp2),
     LauncherRule("cuda_graphs_full_recompute", f"{_TC}:2855", _cuda_graph_recompute),
     LauncherRule("fp8_fp4", f"{_ARGS}:1100", _fp8_fp4),
+    LauncherRule("fp8_param_gather", f"{_ARGS}:1095", _fp8_param_gather),
 )
 
 # the subset that decides whether --overlap-moe-expert-parallel-comm may be emitted for a layout

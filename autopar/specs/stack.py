@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
-               "cross_entropy", "selective_ac")
+               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather")
 KNOB_RECORDED = ("dispatcher", "cuda_graphs")
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
@@ -65,6 +65,11 @@ class StackKnobs(Spec):
         default="modules", description="What 'selective' recompute re-runs: Megatron's modules or torchtitan's "
                                        "op-level SAC.")
     fp8_attention: bool = Field(default=False, description="Attention core in FP8 (TE fp8_dot_product_attention).")
+    fp8_param_gather: bool = Field(
+        default=False, description="FP8 primary weights and FP8 parameter all-gather (Megatron --fp8-param-gather; "
+                                   "TrainingSpec.fp8_param_gather). Transformer Engine FP8 precisions only (fp8 "
+                                   "te, fp8_block, mxfp8): refused with others, as Megatron refuses fp8_param "
+                                   "without fp8.")
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
@@ -83,7 +88,7 @@ class StackKnobs(Spec):
                     tp_comm_overlap=self.tp_overlap != "none", dp_comm_overlap=self.dp_overlap,
                     ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
-                    selective_ac=self.selective_ac)
+                    selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather)
 
 
 class StackSpec(Spec):

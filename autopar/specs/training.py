@@ -70,6 +70,13 @@ class TrainingSpec(Spec):
         default="te",
         description="FP8 scaling recipe (precision fp8): 'te' (Transformer Engine, fused cast-transpose), "
                     "'tensorwise' or 'rowwise' (torchao Float8Linear); sets the quantisation kernels' HBM bytes.")
+    fp8_param_gather: bool = Field(
+        default=False,
+        description="Keep the model weights as FP8 tensors only (Megatron --fp8-param-gather, Bridge "
+                    "mixed_precision.fp8_param_gather; Transformer Engine fp8_model_init): no bf16 weight copy beside "
+                    "the FP8 ones (the fp32 main weights stay in the distributed optimizer) and the parameter "
+                    "all-gather in FP8 bytes (autopar.cost.memory, autopar.cost.dp). Needs an FP8 precision run by "
+                    "Transformer Engine (fp8 with fp8_recipe te, fp8_block, mxfp8).")
     selective_ac: Literal["modules", "op"] = Field(
         default="modules",
         description="What the 'selective' recompute policy re-runs: 'modules' (Megatron-Core: the attention core) "
@@ -103,7 +110,29 @@ class TrainingSpec(Spec):
         if self.seq_len * self.global_batch > limit("tokens_per_step"):
             raise ValueError(f"seq_len x global_batch = {self.seq_len:,} x {self.global_batch:,} tokens per step, "
                              f"the bound is {bound_note('tokens_per_step')}")
+        if self.fp8_param_gather and not self.fp8_params_te:
+            raise ValueError(f"fp8_param_gather: needs an FP8 precision run by Transformer Engine (fp8 with "
+                             f"fp8_recipe te, fp8_block or mxfp8), not precision {self.precision} with fp8_recipe "
+                             f"{self.fp8_recipe}")
         return self
+
+    @property
+    def fp8_params_te(self) -> bool:
+        """The precision keeps Transformer Engine FP8 weights (the recipes fp8_param_gather applies to)."""
+        return self.precision in ("fp8_block", "mxfp8") or (self.precision == "fp8" and self.fp8_recipe == "te")
+
+    @property
+    def fp8_primary_weights(self) -> bool:
+        """``fp8_param_gather`` in effect: the weights are FP8 tensors with no bf16 copy (autopar.cost.memory)."""
+        return self.fp8_param_gather and self.fp8_params_te
+
+    @property
+    def param_gather_bytes(self) -> int:
+        """Bytes per parameter of the data-parallel parameter all-gather (ZeRO-1/2's updated weights, FSDP's
+        gathers): the weight dtype, or FP8 (1 B) under ``fp8_param_gather`` (Megatron-LM d98e8a64
+        megatron/core/distributed/distributed_data_parallel_config.py:78: 'keep the compute param in fp8 ... and
+        perform the param all-gather in fp8')."""
+        return DTYPE_BYTES["fp8"] if self.fp8_primary_weights else self.weight_bytes
 
     def overlaps(self) -> str:
         """The overlap switches that are on, as ``--overlap`` spells them ('tp,dp,ep,cp', 'none')."""

@@ -150,3 +150,18 @@ def test_fixture_model_hybrid_is_the_hybrid_provider():
     hybrid, gpt = FIXTURE["sections"]["model_hybrid"], FIXTURE["sections"]["model"]
     assert {"hybrid_layer_pattern", "mamba_chunk_size"} <= set(hybrid)
     assert "hybrid_layer_pattern" not in gpt
+
+
+def test_fp8_param_gather_is_carried_by_the_mixed_precision_preset():
+    # Bridge's MXFP8 preset sets fp8_param_gather=True (mixed_precision.py:264) and its value reaches the DDP config
+    # over any override: with the knob on the preset is the launch; with it off the note says the run differs
+    from autopar.specs.layout import Layout, resolve_layout
+    from autopar.specs.training import TrainingSpec
+    from .conftest import LLAMA3_8B
+    for knob, noted in ((True, False), (False, True)):
+        tr = TrainingSpec(seq_len=4096, global_batch=64, precision="mxfp8", fp8_param_gather=knob)
+        lay = resolve_layout(Layout(tp=2, zero_stage=1), LLAMA3_8B, tr, 8)
+        overrides, launch = bridge_overrides(lay, LLAMA3_8B, tr)
+        assert "mixed_precision=bf16_with_mxfp8_mixed" in overrides
+        check_bridge_keys(overrides, LLAMA3_8B)
+        assert any("fp8_param_gather=true" in n for n in launch.notes) == noted

@@ -171,3 +171,16 @@ def test_stages_not_divisible_by_vpp_use_the_layout_string(dsv3_layout):
     assert sum(s.count("t") for s in stages) == 61
     # per pipeline rank (virtual stages i and 16 + i), the layers add up to the rank's stage_layers
     assert [stages[i].count("t") + stages[16 + i].count("t") for i in range(16)] == list(dsv3_layout.stage_layers)
+
+
+def test_fp8_param_gather_flag():
+    # the knob the prediction prices (FP8 primary weights) is the flag the launch carries, and only then
+    on = TrainingSpec(seq_len=4096, global_batch=1024, precision="mxfp8", fp8_param_gather=True)
+    off = TrainingSpec(seq_len=4096, global_batch=1024, precision="mxfp8")
+    assert "--fp8-param-gather" in megatron_args(_resolved(LLAMA3_8B, 8, tp=2, zero_stage=1, training=on),
+                                                 LLAMA3_8B, on)
+    assert "--fp8-param-gather" not in megatron_args(_resolved(LLAMA3_8B, 8, tp=2, zero_stage=1, training=off),
+                                                     LLAMA3_8B, off)
+    # Megatron-LM arguments.py:1095: only with the distributed optimizer or FSDP; a plain-DDP layout is refused
+    with pytest.raises(AutoparInputError, match="--fp8-param-gather needs the distributed optimizer"):
+        megatron_args(_resolved(LLAMA3_8B, 8, tp=2, zero_stage=0, training=on), LLAMA3_8B, on)

@@ -18,15 +18,15 @@ def report():
 
 def test_every_published_run_is_predicted_and_fits(report):
     assert len(report.rows) == 104 and not report.skipped
-    # Every layout that ran must be predicted to fit, but these four Megatron-Bridge 26.06 FP8/MXFP8 MoE runs: issue
-    # 20's memory terms (Transformer Engine's row- and column-wise FP8 weight copies, 2 B per local parameter; the
-    # step's fp32 gradient copy) put them 1-4% over HBM. Listed, not ignored: a change that adds or fixes one shows.
-    assert sorted(report.predicted_oom) == KNOWN_OOM
+    # Every layout that ran is predicted to fit. The four Megatron-Bridge 26.06 FP8/MXFP8 MoE runs that were 1-4% over
+    # HBM before were charged a bf16 weight copy their recipes do not keep: they run fp8_param_gather (FP8 primary
+    # weights, the 'knobs' column; autopar/cost/memory.py), which takes 11-38 GiB per GPU off them.
+    assert report.predicted_oom == []
+    fp8_params = [r for r in report.rows if r.case.row_id.startswith("mb2606") and r.case.training.fp8_param_gather]
+    assert len(fp8_params) == 22   # every fp8 / mxfp8 row of the 26.06 recipes, none of the nvfp4 ones
 
 
 FIRST_SOURCES = ("mlm21", "mcore08", "l3paper", "nemo2407", "moezoo")   # the 50 rows before stacks existed
-KNOWN_OOM = sorted(["mb2606-dsv3-gb300-256-mxfp8-gbs4096", "mb2606-dsv3-gb300-256-mxfp8-gbs15360",
-                    "mb2606-dsv3-b300-256-mxfp8", "mb2606-nano3-h100-16-fp8"])
 # Guards on the committed constants (README 'Accuracy': first 50 rows 9.42%, all 104 rows 17.39%, worst row +83.7%).
 # The all-rows guards moved from 10.5% / 0.8 when issue 20's physics replaced what was fitted to the torchtitan rows
 # (the Grand Teton H100's GEMM fractions 0.58/0.49, per-stack TP/DP/CP overlap shares, a 0.50 rowwise-GEMM factor):
