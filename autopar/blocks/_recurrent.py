@@ -112,6 +112,18 @@ class HeadMixer(Recurrent):
     chunk_size: int = 64
 
     @classmethod
+    def from_spec(cls, model, mixer, **kind_fields) -> "HeadMixer":
+        """The block of ``mixer`` in ``model``: the head fields every head mixer shares, ``kind_fields`` (a kind's
+        own, from its from_spec) and :meth:`_extra` (a mixed-in part's, e.g. LowRankGated's gate)."""
+        return cls(hidden=model.hidden_size, conv_kernel=mixer.conv_kernel, heads=mixer.num_heads,
+                   head_dim=mixer.head_dim, value_head_dim=mixer.value_head_dim or 0, output_gate=mixer.output_gate,
+                   chunk_size=mixer.chunk_size, **kind_fields, **cls._extra(mixer))
+
+    @classmethod
+    def _extra(cls, mixer) -> dict:
+        return {}
+
+    @classmethod
     def _own_field_problem(cls, spec) -> str | None:
         k = cls.kind
         if spec.inner_size is not None or spec.dt_rank is not None or spec.bc_norms:

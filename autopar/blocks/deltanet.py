@@ -42,14 +42,7 @@ class _DeltaRule(HeadMixer):
 
     @classmethod
     def from_spec(cls, model, mixer) -> "_DeltaRule":
-        return cls(hidden=model.hidden_size, conv_kernel=mixer.conv_kernel, heads=mixer.num_heads,
-                   head_dim=mixer.head_dim, value_head_dim=mixer.value_head_dim or 0, output_gate=mixer.output_gate,
-                   chunk_size=mixer.chunk_size, value_heads=mixer.num_value_heads or mixer.num_heads,
-                   **cls._extra(mixer))
-
-    @classmethod
-    def _extra(cls, mixer) -> dict:
-        return {}
+        return super().from_spec(model, mixer, value_heads=mixer.num_value_heads or mixer.num_heads)
 
     def conv_channels(self) -> int:
         return 2 * self.heads * self.dk + self.v_heads * self.dv if self.conv_kernel else 0

@@ -28,16 +28,6 @@ from autopar.blocks._recurrent import HeadMixer, LowRankGated
 
 @dataclass(frozen=True)
 class _DecayAttention(HeadMixer):
-    @classmethod
-    def from_spec(cls, model, mixer) -> "_DecayAttention":
-        return cls(hidden=model.hidden_size, conv_kernel=mixer.conv_kernel, heads=mixer.num_heads,
-                   head_dim=mixer.head_dim, value_head_dim=mixer.value_head_dim or 0, output_gate=mixer.output_gate,
-                   chunk_size=mixer.chunk_size, **cls._extra(mixer))
-
-    @classmethod
-    def _extra(cls, mixer) -> dict:
-        return {}
-
     def conv_channels(self) -> int:
         return 2 * self.heads * self.dk + self.heads * self.dv if self.conv_kernel else 0
 

@@ -8,7 +8,7 @@ tables measured by ``autopar profile hardware`` (as the example report's ``AR={2
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Callable, Literal, NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
@@ -123,6 +123,19 @@ class AttentionFigures(Spec):
 
 
 AttentionKernelName = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,32}$")]
+
+
+def _swap_measured(what: str, name: str, measured: dict, own_name: str, own: Callable[[], object]):
+    """For KernelModel.with_*_kernel: implementation ``name``'s entry of ``measured`` (figures of named
+    implementations) and the table after the swap (that entry out, the model's own figures ``own()`` in under
+    ``own_name``; built only once ``name`` is found). A name with no entry is an input error listing the
+    measured names, the model's own included."""
+    fig = measured.get(name)
+    if fig is None:
+        from autopar.errors import AutoparInputError
+        known = ", ".join(sorted({own_name, *measured}))
+        raise AutoparInputError(f"kernel_model has no measured {what} '{name}' (measured on this hardware: {known})")
+    return fig, {**{k: v for k, v in measured.items() if k != name}, own_name: own()}
 
 
 class KernelModel(Spec):
@@ -257,15 +270,10 @@ class KernelModel(Spec):
         is an input error listing the measured ones."""
         if name == self.grouped_gemm_kernel:
             return self
-        fig = self.grouped_gemm_kernels.get(name)
-        if fig is None:
-            from autopar.errors import AutoparInputError
-            known = ", ".join(sorted({self.grouped_gemm_kernel, *self.grouped_gemm_kernels}))
-            raise AutoparInputError(f"kernel_model has no measured figure for grouped-GEMM kernel '{name}' "
-                                    f"(measured on this hardware: {known})")
-        others = {k: v for k, v in self.grouped_gemm_kernels.items() if k != name}
+        fig, table = _swap_measured("figure for grouped-GEMM kernel", name, self.grouped_gemm_kernels,
+                                    self.grouped_gemm_kernel, lambda: self.grouped_gemm)
         return self.model_copy(update={"grouped_gemm": fig, "grouped_gemm_kernel": name,
-                                       "grouped_gemm_kernels": {**others, self.grouped_gemm_kernel: self.grouped_gemm}})
+                                       "grouped_gemm_kernels": table})
 
     def with_attention_kernel(self, name: str) -> "KernelModel":
         """This model with the attention figures of implementation ``name``: itself when its own figures are that
@@ -273,18 +281,13 @@ class KernelModel(Spec):
         under their name). A name with no measured figures is an input error listing the measured ones."""
         if name == self.attention_kernel:
             return self
-        fig = self.attention_kernels.get(name)
-        if fig is None:
-            from autopar.errors import AutoparInputError
-            known = ", ".join(sorted({self.attention_kernel, *self.attention_kernels}))
-            raise AutoparInputError(f"kernel_model has no measured figures for attention kernel '{name}' "
-                                    f"(measured on this hardware: {known})")
-        own = AttentionFigures(fwd=self.attention_fwd, bwd=self.attention_bwd, half_seq=self.attention_half_seq,
-                               source=self.source)
-        others = {k: v for k, v in self.attention_kernels.items() if k != name}
+        fig, table = _swap_measured("figures for attention kernel", name, self.attention_kernels,
+                                    self.attention_kernel, lambda: AttentionFigures(
+                                        fwd=self.attention_fwd, bwd=self.attention_bwd,
+                                        half_seq=self.attention_half_seq, source=self.source))
         return self.model_copy(update={"attention_fwd": fig.fwd, "attention_bwd": fig.bwd,
                                        "attention_half_seq": fig.half_seq, "attention_kernel": name,
-                                       "attention_kernels": {**others, self.attention_kernel: own}})
+                                       "attention_kernels": table})
 
     def head_dim_factor(self, d: float) -> float:
         """attention_head_dim interpolated in log2(d); the nearest point beyond the measured range."""
