@@ -55,7 +55,7 @@ def _search(args, model, hw, training, opts, err):
 
 def _search_knobs(args, model, hw, training, opts, err):
     """:func:`_search` for each setting of the stack's free knobs (``free`` in the stack file, less the ones --knobs
-    fixes), keeping the setting whose best plan the objective prefers; the chosen knobs go to args.stack_knobs (what
+    fixes), keeping the setting whose best plan has the shortest step; the chosen knobs go to args.stack_knobs (what
     the output and --emit report). Returns :func:`_search`'s (gpus, result, sweep) and then the TrainingSpec with
     the chosen knobs' switches and whether there was a choice to make."""
     from autopar.specs.stack import parse_knobs
