@@ -55,12 +55,13 @@ def _search(args, model, hw, training, opts, err):
 
 def _search_knobs(args, model, hw, training, opts, err):
     """:func:`_search` for each setting of the stack's free knobs (``free`` in the stack file, less the ones --knobs
-    fixes), keeping the setting whose best plan the objective prefers; the chosen knobs go to args.stack_knobs (what
-    the output and --emit report)."""
+    fixes), keeping the setting whose best plan has the shortest step; the chosen knobs go to args.stack_knobs (what
+    the output and --emit report). Returns :func:`_search`'s (gpus, result, sweep) and then the TrainingSpec with
+    the chosen knobs' switches and whether there was a choice to make."""
     from autopar.specs.stack import parse_knobs
     choices = args.stack_spec.knob_choices(parse_knobs(args.knobs or ""))
     if len(choices) <= 1:
-        return _search(args, model, hw, training, opts, err)
+        return (*_search(args, model, hw, training, opts, err), training, False)
     best = None
     for knobs in choices:
         if err is not None:
@@ -73,7 +74,7 @@ def _search_knobs(args, model, hw, training, opts, err):
         if best is None or key < best[0]:
             best = (key, knobs, tr, found)
     args.stack_knobs = best[1]
-    return best[3] + (best[2],)
+    return (*best[3], best[2], True)
 
 
 def _reasons(refused: dict[str, list[str]]) -> str:
@@ -139,10 +140,8 @@ def run(args: argparse.Namespace) -> int:
             if f.exists():
                 raise AutoparInputError(f"{f} already exists; not overwriting it (pass --overwrite)")
     err = None if args.json else _console(stderr=True)
-    found = _search_knobs(args, model, hw, training, opts, err)
-    gpus, res, sweep = found[:3]
-    if len(found) == 4:
-        training = found[3]        # the free knobs' chosen setting
+    gpus, res, sweep, training, chose = _search_knobs(args, model, hw, training, opts, err)
+    if chose:   # training carries the free knobs' chosen setting
         res.notes.append("stack knobs chosen with the layout: " + ", ".join(
             f"{k}={getattr(args.stack_knobs, k)}" for k in args.stack_spec.free))
     res.notes = notes + res.notes

@@ -20,6 +20,7 @@ from autopar.specs.layout import Layout
 from autopar.specs.loaders import load_hardware, load_model, read_text_file, zoo_dir
 from autopar.specs.training import TrainingSpec
 
+
 def default_csv() -> Path:
     """``published_memory.csv`` beside ``published_runs.csv`` (data/ in a checkout, the wheel's zoo data)."""
     return zoo_dir("data") / "published_memory.csv"
@@ -39,23 +40,19 @@ class MemoryRow:
         return self.predicted_gib / self.measured_gib
 
 
-def _int(row: dict[str, str], key: str) -> int:
-    return int(row[key])
-
-
 def predict_rows(path: Path | None = None) -> list[MemoryRow]:
     """Every row of the file (default: :func:`default_csv`), predicted."""
     out = []
     text = read_text_file(path or default_csv()).removeprefix("\ufeff")   # the one bounded reader
     for row in csv.DictReader(io.StringIO(text, newline="")):
         prec = row["precision"]
-        tr = TrainingSpec(seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"), precision=prec,
+        tr = TrainingSpec(seq_len=int(row["seq_len"]), global_batch=int(row["global_batch"]), precision=prec,
                           grad_dtype=row["grad_dtype"], cross_entropy=row["cross_entropy"])
-        z = _int(row, "zero_stage")
-        layout = Layout(tp=_int(row, "tp"), pp=_int(row, "pp"), vpp=_int(row, "vpp"), cp=_int(row, "cp"),
-                        zero_stage=z, fsdp=z == 3, micro_batch=_int(row, "micro_batch"),
+        z = int(row["zero_stage"])
+        layout = Layout(tp=int(row["tp"]), pp=int(row["pp"]), vpp=int(row["vpp"]), cp=int(row["cp"]),
+                        zero_stage=z, fsdp=z == 3, micro_batch=int(row["micro_batch"]),
                         recompute=row["recompute"])
-        est = Estimator(load_model(row["model"]), load_hardware(row["system"]), tr, _int(row, "gpus"))
+        est = Estimator(load_model(row["model"]), load_hardware(row["system"]), tr, int(row["gpus"]))
         e = est.estimate(layout)
         out.append(MemoryRow(row["id"], row["source"], float(row["measured_peak_gib"]), e.memory_gib.total,
                              e.layout.short()))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.errors import AutoparInputError
-from autopar.run import check_cpu_world, local_gpus, runner_training
+from autopar.run import check_cpu_world, local_gpus, runner_training, runs_on_cpu
 from autopar.search.space import SearchOptions
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.loaders import load_hardware, load_model
@@ -109,7 +109,7 @@ def resolve_problem(model: ModelSpec | str | Path, hardware: HardwareSpec | str 
     spec = load_model(model)
     hw = load_hardware(hardware)
     n_gpu = local_gpus()
-    on_cpu = backend == "gloo" or (backend == "auto" and n_gpu == 0)
+    on_cpu = runs_on_cpu(backend)
     notes: list[str] = []
     if not on_cpu:
         if n_gpu and gpus > n_gpu:
