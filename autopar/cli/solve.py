@@ -29,40 +29,50 @@ def _console(stderr: bool = False):
 def _search(args, model, hw, training, opts, err):
     """Solve at one GPU count, or at each count of a range and keep the one the objective prefers."""
     from autopar.search import solve
-    from autopar.search.budget import gpu_counts, parse_gpu_range, training_budget
+    from autopar.search.budget import gpu_counts, parse_gpu_range
 
     lo, hi = parse_gpu_range(str(args.gpus))
     progress = None if args.json else (lambda m: err.print(f"[dim]… {m}[/dim]"))
     if lo == hi:
         return lo, solve(model, hw, training, lo, opts, method=args.search, progress=progress), []
-    tokens = args.tokens or 1e12   # the choice does not depend on the token count
     rows = []
     for n in gpu_counts(lo, hi):
         err.print(f"[dim]… {n} GPUs[/dim]") if not args.json else None
         res = solve(model, hw, training, n, opts, method=args.search)
         if res.plans:
-            b = training_budget(res.plans[0].estimate, tokens, args.gpu_hour_price or 1.0)
-            rows.append((n, res, b))
+            rows.append((n, res, _budget(args, res.plans[0])))
         else:
             rows.append((n, res, None))
     fitting = [r for r in rows if r[2] is not None]
     if not fitting:
         return hi, rows[-1][1], rows
-    key = (lambda r: r[2].seconds) if args.objective == "time" else (lambda r: r[2].gpu_hours)
-    best = min(fitting, key=key)
+    score = _objective(args)
+    best = min(fitting, key=lambda r: score(r[2]))
     return best[0], best[1], rows
+
+
+def _objective(args):
+    """What --objective minimises, from a plan's :func:`autopar.search.budget.training_budget`: wall time to train, or
+    GPU-hours (time x GPUs). The GPU-count sweep and the stack-knob search rank by this same key."""
+    return (lambda b: b.seconds) if args.objective == "time" else (lambda b: b.gpu_hours)
+
+
+def _budget(args, plan):
+    """The training budget of ``plan`` that :func:`_objective` scores (the token count does not change the choice)."""
+    from autopar.search.budget import training_budget
+    return training_budget(plan.estimate, args.tokens or 1e12, args.gpu_hour_price or 1.0)
 
 
 def _search_knobs(args, model, hw, training, opts, err):
     """:func:`_search` for each setting of the stack's free knobs (``free`` in the stack file, less the ones --knobs
-    fixes), keeping the setting whose best plan has the shortest step; the chosen knobs go to args.stack_knobs (what
-    the output and --emit report). Returns :func:`_search`'s (gpus, result, sweep) and then the TrainingSpec with
+    fixes), keeping the setting whose best plan --objective prefers (:func:`_objective`, as the GPU-count sweep
+    ranks); the chosen knobs go to args.stack_knobs (what the output and --emit report). Returns :func:`_search`'s (gpus, result, sweep) and then the TrainingSpec with
     the chosen knobs' switches and whether there was a choice to make."""
     from autopar.specs.stack import parse_knobs
     choices = args.stack_spec.knob_choices(parse_knobs(args.knobs or ""))
     if len(choices) <= 1:
         return (*_search(args, model, hw, training, opts, err), training, False)
-    best = None
+    best, score = None, _objective(args)
     for knobs in choices:
         if err is not None:
             err.print("[dim]… stack knobs " + ", ".join(f"{k}={getattr(knobs, k)}" for k in args.stack_spec.free)
@@ -70,7 +80,7 @@ def _search_knobs(args, model, hw, training, opts, err):
         tr = training.model_copy(update=knobs.training_fields())
         found = _search(args, model, hw, tr, opts, err)
         plans = found[1].plans
-        key = plans[0].estimate.step_time_s if plans else float("inf")
+        key = score(_budget(args, plans[0])) if plans else float("inf")
         if best is None or key < best[0]:
             best = (key, knobs, tr, found)
     args.stack_knobs = best[1]

@@ -1,8 +1,9 @@
-import pytest
 """--stack / --knobs on the problem commands, `autopar zoo stacks`, intervals in the output, and --emit pricing the
 launcher's own stack."""
 
 import json
+
+import pytest
 
 from tests.cli.clirun import check_promise, run_cli
 
@@ -60,3 +61,27 @@ def test_emit_torchtitan_prices_torchtitan_and_writes_the_chosen_knobs():
     o = run_cli(["solve", "--model", "llama3_8b", "--gpus", "16", "--emit", "megatron", "--stack", "torchtitan"])
     check_promise(o)
     assert o.rc == 2 and "runs the megatron_core stack" in o.err_lines[-1]
+
+
+
+def test_knobs_are_chosen_by_the_objective_not_the_step(monkeypatch):
+    """--objective cost ranks the stack's free knob settings by GPU-hours, as it ranks GPU counts: a setting whose best
+    plan steps faster on more GPUs but costs more GPU-hours loses (the search stubbed to make the two differ)."""
+    from types import SimpleNamespace
+
+    from autopar.cli import solve as cli_solve
+    from autopar.specs.loaders import load_stack
+    from autopar.specs.training import TrainingSpec
+
+    def fake_search(args, model, hw, tr, opts, err):
+        # compiled: 16 GPUs at 1.0 s/step; eager: 8 GPUs at 1.5 s/step (faster step, yet 2/1.5 = 1.33x the GPU-hours)
+        gpus, step = (16, 1.0) if tr.elementwise == "compiled" else (8, 1.5)
+        est = SimpleNamespace(gpus=gpus, step_time_s=step, tokens_per_s_per_gpu=1e6 / (step * gpus))
+        return gpus, SimpleNamespace(plans=[SimpleNamespace(estimate=est)]), []
+
+    monkeypatch.setattr(cli_solve, "_search", fake_search)
+    for objective, expect in (("cost", "eager"), ("time", "compiled")):
+        args = SimpleNamespace(stack_spec=load_stack("torchtitan"), knobs="tp_overlap=none", objective=objective,
+                               tokens=None, gpu_hour_price=None)
+        gpus, _, _, tr, chose = cli_solve._search_knobs(args, None, None, TrainingSpec(), None, None)
+        assert chose and tr.elementwise == expect and args.stack_knobs.elementwise == expect, objective
