@@ -153,10 +153,11 @@ def run(args: argparse.Namespace) -> int:
         out.print(escape(line))
     for grouping, groups in rep.breakdown().items():
         out.print(*fitted_table(out.width, f"Error by {grouping}",
-                                [grouping, "rows", "mean |error|", "mean error (+ = predicted fast)"],
+                                [grouping, "rows", "mean |error|", "bias"],
                                 [[name, str(n), f"{mae:.1%}", f"{bias:+.1%}"]
                                  for name, (n, mae, bias) in groups.items()],
                                 left=(grouping,)))
+    out.print("[dim]bias: mean signed error of the group's rows, + = predicted faster than measured[/dim]")
     _print_coverage(rep, out)
     rk = rep.ranking
     out.print(f"[bold]{len(rep.rows)} rows: mean absolute error {rep.mape:.2%}, max {rep.max_abs_error:.1%}; "
