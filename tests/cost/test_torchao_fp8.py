@@ -88,3 +88,31 @@ def test_transformer_engine_recipe_is_unchanged_by_the_torchao_terms():
     parts = C.layer_parts(kern, KIND, Layout(tp=2, sequence_parallel=True), te, T, 1.0)
     half = 0.5 * KIND.fp8_cast_width * 4.0 * T / 2
     assert parts["fp8_cast"] == pytest.approx((kern.stream(half), kern.stream(half)))
+
+
+def test_tensorwise_tp_pays_one_amax_all_reduce_per_cast():
+    # docs/float8.md (torchtitan): under TP each cast's max(abs) is all-reduced over the TP group; per TP-split linear
+    # the input and weight casts (forward), the output gradient's (backward), and the forward two again when
+    # recomputing; latency-bound, not hidden by async TP; none for rowwise (no TP-sharded reduction) or without TP
+    from autopar.cost import Estimator
+    from autopar.cost.tp import fp8_amax_seconds, tp_time_per_microbatch
+
+    def est(recipe: str, tp_overlap: bool = False) -> Estimator:
+        t = tr(recipe).model_copy(update={"tp_comm_overlap": tp_overlap})
+        return Estimator(LLAMA8B, GT, t, 8)
+
+    lay = Layout(tp=8, sequence_parallel=True, micro_batch=1, recompute="full")
+    e = est("tensorwise")
+    (st,) = e.stages((LLAMA8B.num_layers,))
+    n_lin = LLAMA8B.num_layers * 4            # QKV, O, gate-up, down per Llama layer
+    one = e.net.time("all_reduce", 4.0, 8, 1)
+    assert fp8_amax_seconds(e.profile, st, lay, e.training, e.net) == pytest.approx(n_lin * 5 * one)
+    assert fp8_amax_seconds(e.profile, st, lay.model_copy(update={"recompute": "none"}), e.training, e.net) == \
+        pytest.approx(n_lin * 3 * one)
+    r = est("rowwise")
+    assert fp8_amax_seconds(r.profile, st, lay, r.training, r.net) == 0.0
+    assert fp8_amax_seconds(e.profile, st, Layout(tp=1), e.training, e.net) == 0.0
+    # async TP hides the bulk collectives behind the GEMMs, never the amax reductions
+    a = est("tensorwise", tp_overlap=True)
+    assert tp_time_per_microbatch(a.profile, st, lay, a.training, a.hardware, a.net, gemm_window=1e9) >= \
+        n_lin * 5 * one
