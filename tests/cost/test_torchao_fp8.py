@@ -116,3 +116,21 @@ def test_tensorwise_tp_pays_one_amax_all_reduce_per_cast():
     a = est("tensorwise", tp_overlap=True)
     assert tp_time_per_microbatch(a.profile, st, lay, a.training, a.hardware, a.net, gemm_window=1e9) >= \
         n_lin * 5 * one
+
+
+def test_async_tp_under_rowwise_leaves_the_all_gathers_exposed():
+    # pytorch/pytorch#149990: the async-TP pass fuses matmul -> reduce-scatter under rowwise scales, not
+    # all-gather -> matmul; with an unbounded GEMM window tensorwise exposes one chunk (T_tp / tp), rowwise the
+    # all-gather half plus one chunk of the reduce-scatter half
+    from autopar.cost import Estimator
+    from autopar.cost.tp import fp8_amax_seconds, tp_comm_seconds, tp_time_per_microbatch
+
+    lay = Layout(tp=8, sequence_parallel=True, micro_batch=1, recompute="full")
+    for recipe in ("tensorwise", "rowwise"):
+        e = Estimator(LLAMA8B, GT, tr(recipe).model_copy(update={"tp_comm_overlap": True}), 8)
+        (st,) = e.stages((LLAMA8B.num_layers,))
+        t = tp_comm_seconds(e.profile, st, lay, e.training, e.net)
+        amax = fp8_amax_seconds(e.profile, st, lay, e.training, e.net)
+        got = tp_time_per_microbatch(e.profile, st, lay, e.training, e.hardware, e.net, gemm_window=1e9)
+        want = t / 8 + amax if recipe == "tensorwise" else t / 2 + t / 2 / 8
+        assert got == pytest.approx(want)
