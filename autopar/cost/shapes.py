@@ -13,7 +13,8 @@ can redo exactly the kernels it names: ``core_attn``, ``mla_up_proj``, ``mlp``, 
 Memory-bound bytes (elements per token, forward and backward) come from the blocks (:mod:`autopar.blocks`; each
 block file counts its kernels op by op, one HBM pass each, with sources) and add up per entry of ``TP_SPLIT``:
 ``norm`` and ``residual`` (the attention and channel sub-blocks' own), ``rope``, ``mlp_act``, ``shared_act``,
-``moe_act``, ``permute``. Also:
+``moe_act``, ``permute``; and ``grad_sum`` where a stack runs separate projections on one input (autograd adds
+their input gradients, :data:`GRAD_SUM_ELEMS`). Also:
 
 * FP8 recipes (Transformer Engine): every GEMM input activation is cast to FP8 with its transpose for the
   weight-gradient GEMM (``cast_transpose``: read 2 B, write 2 x 1 B) in forward, and every output gradient the
@@ -52,16 +53,35 @@ class LayerKind:
                 tuple(sorted(self.membound.items())), self.fp8_cast_width, self.fp8_cast_width_expert)
 
 
-# Which memory-bound entries are split by TP (sequence-parallel regions are split only when SP is on).
+# Which memory-bound entries are split by TP (sequence-parallel regions are split only when SP is on; "full": every
+# TP rank runs it over all T tokens and the whole hidden width).
 TP_SPLIT = {"rope": "tp", "mlp_act": "tp", "shared_act": "tp", "norm": "sp", "residual": "sp",
-            "moe_act": "routed", "permute": "routed"}
+            "moe_act": "routed", "permute": "routed", "grad_sum": "full"}
+
+# Autograd's sum of input gradients where separate projections read one input (Linear.shares_input): each such GEMM's
+# input gradient (T x K, before TP's reduce-scatter / all-reduce: every TP rank holds a partial sum over all T tokens
+# and the whole width K) is added to the others' (PyTorch autograd InputBuffer::accumulate: read both, write the sum),
+# elements per token per unit of K, backward only. A fused GEMM writes one input gradient and needs none. Counted as
+# eager autograd runs it; torch.compile may fuse q, k and v's two adds into one kernel (read 3, write 1: 4 elements
+# instead of 6), so under compile this is an upper bound.
+GRAD_SUM_ELEMS = 3.0
 
 
-def layer_kind(m: ModelSpec, i: int, seq_len: int) -> LayerKind:
+def _grad_sum(linears: tuple[Linear, ...]) -> tuple[float, float]:
+    """(forward, backward) elements per token of the input-gradient sums of ``linears`` (:data:`GRAD_SUM_ELEMS`)."""
+    return 0.0, GRAD_SUM_ELEMS * sum(lin.k for lin in linears if lin.shares_input)
+
+
+def layer_kind(m: ModelSpec, i: int, seq_len: int, projections: str = "fused") -> LayerKind:
     """Inventory of layer ``i`` of ``m`` at sequence length ``seq_len``: the GEMMs, memory-bound bytes and FP8
     cast widths of its blocks (:mod:`autopar.blocks`), in order (token mixers, softmax attention first; then the
     channel mixer). A layer with parallel mixers (Falcon-H1) lists the kernels of each; a layer without softmax
-    attention has no attention core (its heads and head dim are the model's, for the key only)."""
+    attention has no attention core (its heads and head dim are the model's, for the key only).
+
+    ``projections`` (``TrainingSpec.projections``): the GEMMs as the stack launches them, ``fused`` (Megatron-Core:
+    one QKV, one gate-up GEMM) or ``separate`` (torchtitan: one GEMM per projection, :meth:`Block.separate_gemms`);
+    each listed GEMM is priced at its own shape (:func:`autopar.cost.compute.layer_parts`), and the GEMMs that share
+    an input add autograd's sum of their input gradients (``grad_sum``, :data:`GRAD_SUM_ELEMS`)."""
     channel = m.channel_block(i)
     blocks = (*m.mixer_blocks(i), *((channel,) if channel is not None else ()))
     att = next((b for b in blocks if b.keeps_kv), None)
@@ -74,7 +94,10 @@ def layer_kind(m: ModelSpec, i: int, seq_len: int) -> LayerKind:
         cast += b.fp8_cast_width()
         cast_exp += b.fp8_cast_width_expert()
     routed = channel if channel is not None and channel.routed else None
-    return LayerKind(linears=tuple(lin for b in blocks for lin in b.gemms()),
+    linears = tuple(lin for b in blocks for lin in b.launched_gemms(projections))
+    if any(lin.shares_input for lin in linears):
+        membound["grad_sum"] = _grad_sum(linears)
+    return LayerKind(linears=linears,
                      attn_flops=att.attention_core_flops(seq_len) if att else 0.0,
                      attn_ctx=max(att.context(seq_len) if att else 0.0, 1.0), heads=m.num_attention_heads,
                      attn_window=att.span(seq_len) if att else float(seq_len), head_dim=m.qk_head_dim,

@@ -19,6 +19,9 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
   (the time per layer a framework spends between kernels), fitted to the stack's own runs within the bounds of
   :class:`autopar.specs.hardware.Efficiency`.
 * **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``).
+* **projections**: ``fused`` (Megatron-Core's one QKV GEMM and one gate-up GEMM) or ``separate`` (one GEMM per
+  projection, torchtitan): the same FLOPs in smaller GEMMs, each priced at its own shape on the chip file's GEMM
+  curve (:mod:`autopar.cost.shapes`).
 * **recorded, not priced** (no measurement separates them from the fitted per-layer overheads yet; they are
   written by ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``,
   ``all_gather``, ``deepep``, ``hybridep``), CUDA graphs (``none``, ``partial``, ``full_iteration``).
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
-               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather")
+               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather", "projections")
 KNOB_RECORDED = ("dispatcher", "cuda_graphs")
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
@@ -70,6 +73,10 @@ class StackKnobs(Spec):
                                    "TrainingSpec.fp8_param_gather). Transformer Engine FP8 precisions only (fp8 "
                                    "te, fp8_block, mxfp8): refused with others, as Megatron refuses fp8_param "
                                    "without fp8.")
+    projections: Literal["fused", "separate"] = Field(
+        default="fused", description="Attention and MLP input projections: fused (Megatron-Core linear_qkv, "
+                                     "linear_fc1) or separate GEMMs (torchtitan wq/wk/wv, w1/w3), each priced at its "
+                                     "own shape.")
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
@@ -88,7 +95,8 @@ class StackKnobs(Spec):
                     tp_comm_overlap=self.tp_overlap != "none", dp_comm_overlap=self.dp_overlap,
                     ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
-                    selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather)
+                    selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
+                    projections=self.projections)
 
 
 class StackSpec(Spec):
