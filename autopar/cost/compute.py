@@ -176,7 +176,7 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
         if split == "sp":
             n_tok = tokens / tp if L.sp else tokens
         elif split == "routed":
-            n_tok = tokens / tp * (etp if name == "permute" else 1)
+            n_tok = tokens / tp * (etp if name in ("permute", "expert_grad_sum") else 1)
         elif split == "full":
             n_tok = tokens
         else:
@@ -363,7 +363,7 @@ KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense
                 "router": "dense GEMM", "moe": "grouped GEMM (experts)", "core_attn": "attention core",
                 "norm": "memory-bound", "residual": "memory-bound", "rope": "memory-bound", "mlp_act": "memory-bound",
                 "shared_act": "memory-bound", "moe_act": "memory-bound", "permute": "memory-bound",
-                "fp8_cast": "memory-bound", "grad_sum": "memory-bound"}
+                "fp8_cast": "memory-bound", "grad_sum": "memory-bound", "expert_grad_sum": "memory-bound"}
 
 
 def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,

@@ -13,8 +13,8 @@ can redo exactly the kernels it names: ``core_attn``, ``mla_up_proj``, ``mlp``, 
 Memory-bound bytes (elements per token, forward and backward) come from the blocks (:mod:`autopar.blocks`; each
 block file counts its kernels op by op, one HBM pass each, with sources) and add up per entry of ``TP_SPLIT``:
 ``norm`` and ``residual`` (the attention and channel sub-blocks' own), ``rope``, ``mlp_act``, ``shared_act``,
-``moe_act``, ``permute``; and ``grad_sum`` where a stack runs separate projections on one input (autograd adds
-their input gradients, :data:`GRAD_SUM_ELEMS`). Also:
+``moe_act``, ``permute``; and ``grad_sum``, ``expert_grad_sum`` where a stack runs separate projections on one
+input (autograd adds their input gradients, :data:`GRAD_SUM_ELEMS`). Also:
 
 * FP8 recipes (Transformer Engine): every GEMM input activation is cast to FP8 with its transpose for the
   weight-gradient GEMM (``cast_transpose``: read 2 B, write 2 x 1 B) in forward, and every output gradient the
@@ -56,7 +56,7 @@ class LayerKind:
 # Which memory-bound entries are split by TP (sequence-parallel regions are split only when SP is on; "full": every
 # TP rank runs it over all T tokens and the whole hidden width).
 TP_SPLIT = {"rope": "tp", "mlp_act": "tp", "shared_act": "tp", "norm": "sp", "residual": "sp",
-            "moe_act": "routed", "permute": "routed", "grad_sum": "full"}
+            "moe_act": "routed", "permute": "routed", "grad_sum": "full", "expert_grad_sum": "routed"}
 
 # Autograd's sum of input gradients where separate projections read one input (Linear.shares_input): each such GEMM's
 # input gradient (T x K, before TP's reduce-scatter / all-reduce: every TP rank holds a partial sum over all T tokens
@@ -67,9 +67,18 @@ TP_SPLIT = {"rope": "tp", "mlp_act": "tp", "shared_act": "tp", "norm": "sp", "re
 GRAD_SUM_ELEMS = 3.0
 
 
-def _grad_sum(linears: tuple[Linear, ...]) -> tuple[float, float]:
-    """(forward, backward) elements per token of the input-gradient sums of ``linears`` (:data:`GRAD_SUM_ELEMS`)."""
-    return 0.0, GRAD_SUM_ELEMS * sum(lin.k for lin in linears if lin.shares_input)
+def _grad_sums(linears: tuple[Linear, ...], top_k: int) -> dict[str, tuple[float, float]]:
+    """(forward, backward) elements per token of the input-gradient sums of ``linears`` (:data:`GRAD_SUM_ELEMS`):
+    ``grad_sum`` for TP-split GEMMs, ``expert_grad_sum`` for routed-expert GEMMs (k routed copies per token, counted
+    where the tokens' permutation is)."""
+    out = {}
+    dense = sum(lin.k for lin in linears if lin.shares_input and not lin.split.startswith("expert"))
+    expert = sum(lin.k for lin in linears if lin.shares_input and lin.split.startswith("expert"))
+    if dense:
+        out["grad_sum"] = (0.0, GRAD_SUM_ELEMS * dense)
+    if expert:
+        out["expert_grad_sum"] = (0.0, GRAD_SUM_ELEMS * top_k * expert)
+    return out
 
 
 def layer_kind(m: ModelSpec, i: int, seq_len: int, projections: str = "fused") -> LayerKind:
@@ -95,8 +104,7 @@ def layer_kind(m: ModelSpec, i: int, seq_len: int, projections: str = "fused") -
         cast_exp += b.fp8_cast_width_expert()
     routed = channel if channel is not None and channel.routed else None
     linears = tuple(lin for b in blocks for lin in b.launched_gemms(projections))
-    if any(lin.shares_input for lin in linears):
-        membound["grad_sum"] = _grad_sum(linears)
+    membound.update(_grad_sums(linears, routed.top_k if routed else 0))
     return LayerKind(linears=linears,
                      attn_flops=att.attention_core_flops(seq_len) if att else 0.0,
                      attn_ctx=max(att.context(seq_len) if att else 0.0, 1.0), heads=m.num_attention_heads,

@@ -98,3 +98,23 @@ def test_tensorwise_amax_all_reduces_count_each_separate_gemm():
     assert fp8_amax_seconds(e.profile, st, lay, e.training, e.net) == pytest.approx(L * (7 * 5 - 3 * 2) * one)
     assert fp8_amax_seconds(e.profile, st, lay.model_copy(update={"recompute": "none"}), e.training, e.net) == \
         pytest.approx(L * (7 * 3 - 3) * one)
+
+
+def test_moe_experts_split_gate_and_up_in_grouped_gemms():
+    """torchtitan's GroupedExperts runs grouped_mm(x, w1) and grouped_mm(x, w3) apart; its shared experts are a
+    FeedForward: both become two GEMMs on one input, with the same weights; the routed copies' input gradients are
+    summed over k copies of h (``expert_grad_sum``), the shared experts' over h (``grad_sum``)."""
+    dsv3 = load_model("deepseek_v3")
+    i = dsv3.num_layers - 1
+    fused, sep = layer_kind(dsv3, i, 4096), layer_kind(dsv3, i, 4096, "separate")
+    assert fused.is_moe and sum(lin.params for lin in sep.linears) == sum(lin.params for lin in fused.linears)
+    assert [lin.split for lin in sep.linears if lin.shares_input] == ["col", "expert_col"]
+    h, k = dsv3.hidden_size, dsv3.moe.top_k
+    assert sep.membound["expert_grad_sum"] == (0.0, GRAD_SUM_ELEMS * k * h)
+    assert sep.membound["grad_sum"] == (0.0, GRAD_SUM_ELEMS * h)   # MLA's projections stay as they are
+    tr = titan("fused")
+    kern = Kernels(GT, tr)
+    lay = Layout(tp=1, ep=8, micro_batch=1)
+    f = C.layer_parts(kern, fused, lay, tr, 4096.0, 1.0)
+    s = C.layer_parts(kern, sep, lay, tr.model_copy(update={"projections": "separate"}), 4096.0, 1.0)
+    assert sum(s["moe"]) > sum(f["moe"])      # half-width grouped GEMMs run lower on the GEMM curve
