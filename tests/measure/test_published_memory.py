@@ -44,3 +44,10 @@ def test_validate_memory_lists_the_rows_and_names_those_below(capsys):
     out = json.loads(capsys.readouterr().out)
     assert {r["id"] for r in out["rows"]} == set(ROWS)
     assert set(out["under_predicted"]) == {k for k, r in ROWS.items() if r.predicted_gib < r.measured_gib}
+
+
+def test_validate_memory_prints_its_table(capsys):
+    from autopar.cli.main import main
+    assert main(["validate", "--memory"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(ROWS)} rows: " in out and "predicted below their measured peak" in " ".join(out.split())
