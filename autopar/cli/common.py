@@ -267,8 +267,10 @@ def add_search_args(p: argparse.ArgumentParser, title: str, time_limit_default: 
     g.add_argument("--allow-cross-domain", action="store_true",
                    help="let TP and ETP span NVLink domains (default: forbidden; EP may always span domains)")
     g.add_argument("--memory-margin", type=margin, default=None, metavar="SHARE",
-                   help=f"share of HBM kept free beyond the memory model (default: {DEFAULT_MEMORY_MARGIN:g}, "
-                        f"{MEMORY_MARGIN_SOURCE.replace('%', '%%')}; 0 fills HBM up to the prediction)")
+                   help="share of HBM kept free beyond the memory model (default: the largest under-prediction "
+                        "of peak memory on the published runs of the plan's stack, data/error_bars.yaml, where it has "
+                        f"5 or more; else {DEFAULT_MEMORY_MARGIN:g}, {MEMORY_MARGIN_SOURCE.replace('%', '%%')}; "
+                        "0 fills HBM up to the prediction)")
     g.add_argument("--time-limit", type=seconds("time_limit_s"), default=time_limit_default,
                    help=f"wall-clock seconds for the search (default: {time_limit_default:g}): the cost tables, CP-SAT "
                         "and the infeasibility explanation; tune gives it to each of its solves. Start-up, loading "
@@ -300,6 +302,12 @@ def search_options(args: argparse.Namespace, **extra):
             raise AutoparInputError(f"--recompute: no policy given in '{args.recompute[:60]}' (e.g. none;full)")
     if getattr(args, "memory_margin", None) is not None:
         extra = {"memory_margin": args.memory_margin, **extra}
+        args.memory_margin_source = "--memory-margin"
+    elif getattr(args, "stack_spec", None) is not None:
+        # derived from the measured memory errors of the plan's stack (autopar.measure.intervals.memory_margin)
+        from autopar.measure.intervals import memory_margin
+        margin, args.memory_margin_source = memory_margin(args.stack_spec.name)
+        extra = {"memory_margin": margin, **extra}
     return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp,
                          allow_cross_domain=args.allow_cross_domain, time_limit_s=args.time_limit,
                          sequence_parallel=False if args.no_sp else None, **extra)

@@ -107,7 +107,8 @@ def _write_intervals(args: argparse.Namespace, runs: list, out) -> None:
     memory, so those are out of sample as they are)."""
     from dataclasses import replace
 
-    from autopar.measure.intervals import regime_of, write
+    from autopar.measure.intervals import write
+    from autopar.measure.published_memory import margins_by_stack, predict_rows
     from autopar.measure.validation import evaluate, load_cases
     from autopar.specs.loaders import installed_zoo_dir, zoo_dir
     if installed_zoo_dir("data"):
@@ -116,11 +117,11 @@ def _write_intervals(args: argparse.Namespace, runs: list, out) -> None:
     cases, _ = load_cases(_csv_path(args))
     now = {r.case.row_id: r for r in evaluate(cases)}
     runs = [replace(r, predicted=now[r.row_id].predicted) for r in runs if r.row_id in now]
-    mem = [(regime_of(r.case.model, r.case.hardware, r.case.stack), r.predicted_mem_gib / r.measured_mem_gib - 1)
-           for r in now.values() if r.measured_mem_gib]
+    peaks = predict_rows()        # every published run that prints its peak memory, in both files
+    mem = [(r.regime, r.error) for r in peaks]
     path = zoo_dir("data") / "error_bars.yaml"
     write(path, runs, mem, f"held-out (leave-one-source-out) errors of {len(runs)} runs of {Path(args.csv).name}; "
-                           f"memory: {len(mem)} runs that print peak memory")
+                           f"memory: {len(mem)} published runs that print peak memory", margins_by_stack(peaks))
     out.print(f"wrote {path} ({len(runs)} held-out throughput errors, {len(mem)} memory errors)")
 
 
@@ -227,10 +228,11 @@ def _print_stored_coverage(rep, out) -> None:
 
 
 def run_memory(args: argparse.Namespace) -> int:
-    """Published runs that print their peak memory (data/published_memory.csv): predicted vs measured."""
+    """Published runs that print their peak memory (the memory_gib cells of data/published_runs.csv and
+    data/published_memory.csv): predicted vs measured."""
     from rich.table import Table
 
-    from autopar.measure.published_memory import default_csv, predict_rows
+    from autopar.measure.published_memory import memory_csvs, predict_rows
     rows = predict_rows()
     under = [r for r in rows if r.predicted_gib < r.measured_gib]
     if args.json:
@@ -239,7 +241,8 @@ def run_memory(args: argparse.Namespace) -> int:
                                   for r in rows], "under_predicted": [r.row_id for r in under]}))
         return 0
     out = console()
-    t = Table(title=f"Predicted vs measured peak memory per GPU — {default_csv()}", title_justify="left")
+    t = Table(title="Predicted vs measured peak memory per GPU — " + ", ".join(p.name for p in memory_csvs()),
+              title_justify="left")
     for c in ("row", "layout", "measured GiB", "predicted GiB", "predicted/measured"):
         t.add_column(c, justify="left" if c in ("row", "layout") else "right")
     for r in rows:
@@ -258,7 +261,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--memory", action="store_true",
                    help="instead: predicted vs measured peak memory of the published runs that print it "
-                        "(data/published_memory.csv)")
+                        "(memory_gib of data/published_runs.csv and data/published_memory.csv)")
     p.add_argument("--fit", action="store_true",
                    help="fit the physical efficiency constants to the runs (see autopar/measure/calibration.py)")
     p.add_argument("--cv", action="store_true", help="with --fit: cross-validate by holding out each source")

@@ -24,7 +24,8 @@ the model's own (the solver ranks on it); the band says where runs like it measu
 in-sample prediction it had when the file was written. :func:`holdout_coverage` counts a run inside when its
 held-out error falls in the band built *without its own source's runs* (leave-one-source-out at the band level too:
 a new source is what the interval is for), so the figure ``validate`` prints is an out-of-sample coverage, not the
-in-sample figure that runs which built their own band would give. :func:`stale_runs` compares the stored
+in-sample figure that runs which built their own band would give. The runs live in ``data/error_bars_runs.csv``
+beside the file, so ``estimate`` and ``solve`` read only the small band table. :func:`stale_runs` compares the stored
 predictions with today's model: when the cost model or the runs file moves, ``validate`` says how many runs moved
 and that the file needs regenerating with the one command ``autopar validate --fit --cv --write-intervals``.
 """
@@ -129,18 +130,36 @@ class HeldOutRun:
                 "predicted": round(self.predicted, 3)}
 
 
-def write(path: Path, runs: list[HeldOutRun], memory: list[tuple[dict[str, str], float]], provenance: str) -> None:
+def write(path: Path, runs: list[HeldOutRun], memory: list[tuple[dict[str, str], float]], provenance: str,
+          memory_margins: dict[str, dict] | None = None) -> None:
     """data/error_bars.yaml: the bands of the held-out throughput errors and of the memory errors by regime, the
-    out-of-sample coverage of the throughput bands, and every run's held-out error (``runs``)."""
+    out-of-sample coverage of the throughput bands and each stack's memory margin (:func:`memory_margin`); every
+    run's held-out error goes to the CSV beside it (:func:`runs_path`: ``validate`` reads it, ``estimate`` and
+    ``solve`` never do, so their start-up does not grow with the runs file)."""
+    import csv
+
     import yaml
     inside, total = holdout_coverage(runs)
     doc = {"share": SHARE, "min_rows": MIN_ROWS, "written": str(date.today()), "provenance": provenance,
            "coverage": {"inside": inside, "runs": total, "method": "leave-one-source-out bands"},
            "throughput": band_table([(r.regime, r.error) for r in runs]), "memory": band_table(memory),
-           "runs": [r.to_dict() for r in runs]}
+           "memory_margin": memory_margins or {}}
     path.write_text("# Error bars of autopar's predictions (autopar/measure/intervals.py); written by\n"
                     "# `autopar validate --fit --cv --write-intervals`. Do not edit by hand.\n"
                     + yaml.safe_dump(doc, sort_keys=False))
+    with runs_path(path).open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "source", "kind", "generation", "stack", "error", "predicted"])
+        for r in runs:
+            w.writerow([r.row_id, r.source, r.regime["kind"], r.regime["generation"], r.regime["stack"],
+                        f"{r.error:.5f}", f"{r.predicted:.3f}"])
+
+
+def runs_path(path: Path | None = None) -> Path:
+    """The held-out runs' CSV beside the error-bars file (``data/error_bars_runs.csv``)."""
+    from autopar.specs.loaders import zoo_dir
+    path = path or zoo_dir("data") / "error_bars.yaml"
+    return path.with_name(path.stem + "_runs.csv")
 
 
 def holdout_coverage(runs: list[HeldOutRun], share: float = SHARE) -> tuple[int, int]:
@@ -161,9 +180,17 @@ def holdout_coverage(runs: list[HeldOutRun], share: float = SHARE) -> tuple[int,
 
 
 def stored_runs(path: Path | None = None) -> list[HeldOutRun]:
-    """The held-out runs stored in the file ([] in a file written before they were stored)."""
-    return [HeldOutRun(d["id"], d["source"], d["regime"], d["error"], d["predicted"])
-            for d in _table(path).get("runs", [])]
+    """The held-out runs stored beside the error-bars file ([] when it has none)."""
+    import csv
+    import io
+
+    from autopar.specs.loaders import read_text_file
+    rp = runs_path(path)
+    if not rp.exists():
+        return []
+    return [HeldOutRun(d["id"], d["source"], {k: d[k] for k in ("kind", "generation", "stack")}, float(d["error"]),
+                       float(d["predicted"]))
+            for d in csv.DictReader(io.StringIO(read_text_file(rp), newline=""))]
 
 
 def stale_runs(current: dict[str, float], path: Path | None = None, rel: float = STALE_REL) -> tuple[list[str], float]:
@@ -180,12 +207,36 @@ def stale_runs(current: dict[str, float], path: Path | None = None, rel: float =
     return moved, worst
 
 
+_READ: dict[tuple[str, int], dict] = {}   # (path, mtime_ns) -> the parsed file: estimate and solve read it twice
+
+
 def _table(path: Path | None = None) -> dict:
     from autopar.specs.loaders import read_structured_file, zoo_dir
     path = path or zoo_dir("data") / "error_bars.yaml"
     if not path.exists():
         raise AutoparInputError(f"{path}: no error bars (run autopar validate --fit --cv --write-intervals)")
-    return read_structured_file(path)
+    key = (str(path), path.stat().st_mtime_ns)
+    if key not in _READ:
+        _READ[key] = read_structured_file(path)
+    return _READ[key]
+
+
+def memory_margin(stack: str, path: Path | None = None) -> tuple[float, str]:
+    """(share of HBM to keep free beyond the memory model, where it comes from) for a plan of ``stack``: the
+    largest under-prediction of peak memory measured on that stack's published runs (``memory_margin`` in the file,
+    written from :func:`autopar.measure.published_memory.largest_under_prediction`) when it has at least
+    :data:`MIN_ROWS` of them; else :data:`autopar.defaults.DEFAULT_MEMORY_MARGIN`, the largest under-prediction on
+    the 43 Megatron-LM + Transformer Engine runs of issue 20. Either way the margin is the HBM share by which every
+    one of those measured runs would still have fitted."""
+    from autopar.defaults import DEFAULT_MEMORY_MARGIN, MEMORY_MARGIN_SOURCE
+    try:
+        own = _table(path).get("memory_margin", {}).get(stack)
+    except AutoparInputError:
+        own = None
+    if own and own["runs"] >= MIN_ROWS:
+        return float(own["margin"]), (f"the largest under-prediction of peak memory on the {own['runs']} published "
+                                      f"{stack} runs that print it, {own['margin']:.1%} (data/error_bars.yaml)")
+    return DEFAULT_MEMORY_MARGIN, MEMORY_MARGIN_SOURCE
 
 
 def _lookup(entries: list[dict], regime: dict[str, str], same_stack: bool = False) -> dict | None:

@@ -113,16 +113,34 @@ def test_validate_reports_the_out_of_sample_coverage_and_when_the_file_is_stale(
     assert (cov["inside"], cov["runs"]) == iv.holdout_coverage(iv.stored_runs())
     assert cov["stated"] == iv.SHARE and "leave-one-source-out" in cov["method"]
     # a file written for another model: every stored prediction 10% off today's
-    doc = iv._table()
-    for r in doc["runs"]:
-        r["predicted"] *= 1.1
-    import yaml
-    stale = tmp_path / "bars.yaml"
-    stale.write_text(yaml.safe_dump(doc))
-    real = iv._table
-    monkeypatch.setattr(iv, "_table", lambda path=None: real(path or stale))
+    import csv
+    rows = list(csv.DictReader(iv.runs_path().open()))
+    for r in rows:
+        r["predicted"] = str(float(r["predicted"]) * 1.1)
+    stale = tmp_path / "bars_runs.csv"
+    with stale.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    monkeypatch.setattr(iv, "runs_path", lambda path=None: stale)
     assert main(["validate"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
     assert "interval coverage, out of sample" in out
-    assert f"{len(doc['runs'])} of {len(doc['runs'])} runs' predictions moved" in " ".join(out.split())
-    assert "autopar validate --fit --cv --write-intervals" in " ".join(out.split())
+    assert f"{len(rows)} of {len(rows)} runs' predictions moved" in out
+    assert "autopar validate --fit --cv --write-intervals" in out
+
+
+def test_the_memory_margin_is_the_stacks_largest_measured_under_prediction(tmp_path):
+    from autopar.defaults import DEFAULT_MEMORY_MARGIN
+    from autopar.measure.published_memory import largest_under_prediction, predict_rows
+    path = tmp_path / "bars.yaml"
+    iv.write(path, [], [], "test", {"tt": {"margin": 0.12, "runs": 6}, "few": {"margin": 0.5, "runs": 2}})
+    assert iv.memory_margin("tt", path)[0] == 0.12 and "6 published tt runs" in iv.memory_margin("tt", path)[1]
+    assert iv.memory_margin("few", path)[0] == DEFAULT_MEMORY_MARGIN       # too few runs of its own
+    assert iv.memory_margin("other", path)[0] == DEFAULT_MEMORY_MARGIN
+    # the shipped file's torchtitan margin is what the published peaks say today: with it every one would have fitted
+    rows = [r for r in predict_rows() if r.regime["stack"] == "torchtitan"]
+    margin, _ = iv.memory_margin("torchtitan")
+    assert margin == pytest.approx(largest_under_prediction(rows), abs=1e-4)
+    # a plan predicted at P <= HBM (1 - margin) measures P / (1 + error) <= HBM for every one of these runs
+    assert all(r.measured_gib <= r.predicted_gib / (1 - margin) * (1 + 1e-3) for r in rows)
