@@ -12,7 +12,7 @@ held-out runs is used, falling back to (kind, stack), (stack), (kind), and all r
 Memory: the same from the runs whose source prints peak memory (predicted / measured GiB − 1), only within the
 prediction's stack (today: torchtitan's 18 runs; Megatron-Core predictions have no memory interval yet).
 
-The interval is empirical (order statistics of a few dozen errors, at split-conformal levels): it says how the model
+The interval is empirical (quantiles of a few dozen errors, :func:`quantile_band`): it says how the model
 erred on published runs like the one asked about, not a probability model of the step time.
 
 **Bias-corrected, not centred.** The band is the measured figure's band, not a band around the model's point: where
@@ -87,16 +87,17 @@ class Interval:
 
 
 def quantile_band(errors: list[float], share: float = SHARE) -> tuple[float, float]:
-    """(q_lo, q_hi) of the relative errors, with the split-conformal finite-sample levels (Lei et al. 2018,
-    "Distribution-free predictive inference for regression", JASA, sec. 2.2): of n sorted errors e(1) <= ... <= e(n),
-    q_lo = e(floor((n + 1)(1 − share)/2)) and q_hi = e(ceil((n + 1)(1 + share)/2)) (clipped to 1..n), so that a new
-    run's error falls inside with probability at least ``share`` when it is exchangeable with the n; plain
-    percentiles of a few dozen errors cover less than they state."""
-    a = np.sort(np.asarray(errors, dtype=float))
-    n = len(a)
-    k_lo = min(max(int(np.floor((n + 1) * (1 - share) / 2)), 1), n)
-    k_hi = min(max(int(np.ceil((n + 1) * (1 + share) / 2)), 1), n)
-    return float(a[k_lo - 1]), float(a[k_hi - 1])
+    """(q_lo, q_hi) of the relative errors: the ((1 − share)/2, (1 + share)/2) quantiles at the Weibull plotting
+    positions p(n + 1) (Hyndman & Fan 1996, "Sample quantiles in statistical packages", Am. Stat. 50(4), definition
+    6; numpy's ``method="weibull"``), interpolated between order statistics. For n exchangeable errors the order
+    statistic e(k) falls below a new error with probability k/(n + 1), so this band holds a new run's error with
+    expected probability ``share``: the stated share, neither more nor less. (The split-conformal rounding outward,
+    Lei et al. 2018, guarantees *at least* the share and overshoots by up to 2/(n + 1): 12-18 points in regimes of
+    10-16 runs, which the out-of-sample coverage showed, 87% of runs inside an 80% band.) Beyond the smallest or
+    largest error the band stops at that error."""
+    a = np.asarray(errors, dtype=float)
+    return (float(np.quantile(a, (1 - share) / 2, method="weibull")),
+            float(np.quantile(a, (1 + share) / 2, method="weibull")))
 
 
 def band_table(rows: list[tuple[dict[str, str], float]], share: float = SHARE) -> list[dict]:
