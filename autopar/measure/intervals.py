@@ -189,9 +189,13 @@ def stored_runs(path: Path | None = None) -> list[HeldOutRun]:
     rp = runs_path(path)
     if not rp.exists():
         return []
-    return [HeldOutRun(d["id"], d["source"], {k: d[k] for k in ("kind", "generation", "stack")}, float(d["error"]),
-                       float(d["predicted"]))
-            for d in csv.DictReader(io.StringIO(read_text_file(rp), newline=""))]
+    try:
+        return [HeldOutRun(d["id"], d["source"], {k: d[k] for k in ("kind", "generation", "stack")},
+                           float(d["error"]), float(d["predicted"]))
+                for d in csv.DictReader(io.StringIO(read_text_file(rp), newline=""))]
+    except (KeyError, TypeError, ValueError) as err:
+        raise AutoparInputError(f"{rp}: not a held-out runs file ({err}); regenerate it with autopar validate --fit "
+                                "--cv --write-intervals") from None
 
 
 def stale_runs(current: dict[str, float], path: Path | None = None, rel: float = STALE_REL) -> tuple[list[str], float]:
@@ -234,7 +238,7 @@ def memory_margin(stack: str, path: Path | None = None) -> tuple[float, str]:
         own = _table(path).get("memory_margin", {}).get(stack)
     except AutoparInputError:
         own = None
-    if own and own["runs"] >= MIN_ROWS:
+    if isinstance(own, dict) and own.get("runs", 0) >= MIN_ROWS and "margin" in own:
         return float(own["margin"]), (f"the largest under-prediction of peak memory on the {own['runs']} published "
                                       f"{stack} runs that print it, {own['margin']:.1%} (data/error_bars.yaml)")
     return DEFAULT_MEMORY_MARGIN, MEMORY_MARGIN_SOURCE

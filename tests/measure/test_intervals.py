@@ -151,3 +151,12 @@ def test_the_memory_margin_is_the_stacks_largest_measured_under_prediction(tmp_p
     assert margin == pytest.approx(largest_under_prediction(rows), abs=1e-4)
     # a plan predicted at P <= HBM (1 - margin) measures P / (1 + error) <= HBM for every one of these runs
     assert all(r.measured_gib <= r.predicted_gib / (1 - margin) * (1 + 1e-3) for r in rows)
+
+
+def test_a_broken_runs_file_is_one_clear_error(tmp_path):
+    from autopar.errors import AutoparInputError
+    path = tmp_path / "bars.yaml"
+    iv.write(path, [], [], "test")
+    iv.runs_path(path).write_text("id,source\nx,y\n")
+    with pytest.raises(AutoparInputError, match="not a held-out runs file"):
+        iv.stored_runs(path)
