@@ -274,6 +274,22 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
     return fwd + bwd + rc + over, fwd + over / 3.0
 
 
+# Share of the calibrated per-layer overheads (efficiency.layer_overhead_us, moe_layer_overhead_us) a run pays, by
+# CUDA-graph mode (TrainingSpec.cuda_graphs). Those constants stand for time no kernel accounts for: the host
+# launching kernels slower than the GPU runs them, and the MoE dispatcher's device-to-host sync. NVIDIA's
+# DeepSeek-V3 GB200 guide (NVIDIA/Megatron-LM docs/discussions/deepseek-v3-gb200-optimization, 2025-11, sec. 2 and
+# 2.3) measures that host overhead as the largest loss of an MXFP8 MoE step (partial CUDA graphs +8.6%, CPU-side
+# work +10%) and, with the attention, router and EP preprocess graphed, still finds "only the routed experts part"
+# host-bound; sec. 3.1: removing the device-host sync lets CUDA graphs cover "the entire model and completely
+# eliminate CPU overhead" (at least +10% more on a proxy model). So:
+#  - none: the whole overhead;
+#  - partial: the whole overhead too (an approximation: which scopes a run graphs is not priced; the routed experts,
+#    the host-bound part the guide names, stay eager in every partial scope list of the Bridge recipes);
+#  - full_iteration: none of it (the replayed graph issues no host work; the GPU-side gap between graph nodes, a few
+#    microseconds per kernel, is not priced: an approximation on the fast side).
+HOST_OVERHEAD_SHARE = {"none": 1.0, "partial": 1.0, "full_iteration": 0.0}
+
+
 def overhead_time(prof: ModelProfile, st: Stage, overhead_s: float, moe_overhead_s: float) -> float:
     """Seconds per micro-batch that no kernel accounts for on stage ``st`` (forward + backward): ``overhead_s``
     for every layer (the MTP layers on the last stage included) and ``moe_overhead_s`` more for every MoE layer

@@ -19,9 +19,11 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
   (the time per layer a framework spends between kernels), fitted to the stack's own runs within the bounds of
   :class:`autopar.specs.hardware.Efficiency`.
 * **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``).
-* **recorded, not priced** (no measurement separates them from the fitted per-layer overheads yet; they are
-  written by ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``,
-  ``all_gather``, ``deepep``, ``hybridep``), CUDA graphs (``none``, ``partial``, ``full_iteration``).
+* **CUDA graphs** (``none``, ``partial``, ``full_iteration``): a whole-iteration graph leaves no host launch work,
+  so the per-layer host overhead is not paid (:data:`autopar.cost.compute.HOST_OVERHEAD_SHARE`).
+* **recorded, not priced** (no measurement separates it from the fitted per-layer overheads yet; written by
+  ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``, ``all_gather``,
+  ``deepep``, ``hybridep``).
 
 Precedence: a flag on the command line > the stack file > TrainingSpec's built-in default.
 """
@@ -39,8 +41,8 @@ if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
-               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather")
-KNOB_RECORDED = ("dispatcher", "cuda_graphs")
+               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather", "cuda_graphs")
+KNOB_RECORDED = ("dispatcher",)
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
 
@@ -73,7 +75,8 @@ class StackKnobs(Spec):
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
-        default="none", description="CUDA graphs (recorded, not priced).")
+        default="none", description="CUDA graphs: full_iteration removes the per-layer host overhead "
+                                     "(TrainingSpec.cuda_graphs).")
 
     @model_validator(mode="after")
     def _check(self) -> "StackKnobs":
@@ -88,7 +91,8 @@ class StackKnobs(Spec):
                     tp_comm_overlap=self.tp_overlap != "none", dp_comm_overlap=self.dp_overlap,
                     ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
-                    selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather)
+                    selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
+                    cuda_graphs=self.cuda_graphs)
 
 
 class StackSpec(Spec):

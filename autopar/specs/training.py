@@ -77,6 +77,12 @@ class TrainingSpec(Spec):
                     "the FP8 ones (the fp32 main weights stay in the distributed optimizer) and the parameter "
                     "all-gather in FP8 bytes (autopar.cost.memory, autopar.cost.dp). Needs an FP8 precision run by "
                     "Transformer Engine (fp8 with fp8_recipe te, fp8_block, mxfp8).")
+    cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
+        default="none",
+        description="CUDA graphs: 'none', 'partial' (Transformer Engine graphs of some scopes: attention, router, "
+                    "EP preprocess; the routed experts stay eager) or 'full_iteration' (Megatron-Core's whole "
+                    "forward-backward replayed as one graph: no host launch work, no device-host sync). Priced on "
+                    "the per-layer host overhead (autopar.cost.compute.HOST_OVERHEAD_SHARE).")
     selective_ac: Literal["modules", "op"] = Field(
         default="modules",
         description="What the 'selective' recompute policy re-runs: 'modules' (Megatron-Core: the attention core) "
