@@ -67,6 +67,11 @@ FP8_CAST_BYTES = {("te", "fused"): 4.0, ("te", "compiled"): 4.0, ("te", "eager")
                   ("tensorwise", "compiled"): 6.0, ("tensorwise", "eager"): 8.0, ("tensorwise", "fused"): 6.0,
                   ("rowwise", "compiled"): 10.0, ("rowwise", "eager"): 10.0, ("rowwise", "fused"): 10.0}
 
+# Transformer Engine's MXFP8 quantisation of a GEMM operand: read 2 B, write the rowwise and columnwise FP8 copies
+# 1 + 1 B (their 1/32 E8M0 scales neglected) = 4 B per element: the figure layer_parts uses for every non-'fp8'
+# precision of the FP8 family.
+FP8_CAST_MXFP8_BYTES = 4.0
+
 # Forward kernels re-run by each Megatron-Core recompute module (``--recompute-modules``).
 RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"), "moe": ("moe", "moe_act", "permute"),
                    "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
@@ -120,7 +125,7 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
     if kern.fp8:
         # Transformer Engine cast_transpose: 4 B per element of each GEMM input (forward) and output gradient
         # (backward) — see autopar.cost.shapes.
-        cast_b = FP8_CAST_BYTES[tr.fp8_recipe, tr.elementwise] if tr.precision == "fp8" else 4.0
+        cast_b = FP8_CAST_BYTES[tr.fp8_recipe, tr.elementwise] if tr.precision == "fp8" else FP8_CAST_MXFP8_BYTES
         half = 0.5 * kind.fp8_cast_width * cast_b * tokens / tp
         add("fp8_cast", (kern.stream(half), kern.stream(half)))
         if kind.is_moe:
@@ -229,11 +234,17 @@ def gpu_tokens(L: Layout, tr: TrainingSpec) -> float:
 
 
 def head_time(kern: Kernels, prof: ModelProfile, L: Layout, tr: TrainingSpec, tokens: float) -> tuple[float, float]:
-    """(forward, backward) seconds of the LM head GEMM (BF16) and the cross entropy over V/tp logits."""
+    """(forward, backward) seconds of the LM head GEMM and the cross entropy over V/tp logits. The head runs in
+    BF16 under every FP8 recipe, unless ``tr.fp8_lm_head`` (Megatron-Core fp8_output_proj, MXFP8): then at the MXFP8
+    GEMM rate, with Transformer Engine's quantisation of its operands priced as the layers' casts are (4 B per
+    element: the T x h input in the forward pass, the T x V/tp logit gradient in the backward pass)."""
     h, v = prof.hidden, prof.vocab
-    g = kern.gemm(tokens, v / L.tp, h, h * v / L.tp, tr.weight_bytes, tr.grad_bytes, hi=True)
+    fp8 = tr.fp8_lm_head and kern.fp8
+    g = kern.gemm(tokens, v / L.tp, h, h * v / L.tp, tr.weight_bytes, tr.grad_bytes, hi=not fp8)
     ce = kern.stream(CROSS_ENTROPY_BYTES[tr.cross_entropy] * tokens * v / L.tp)
-    return g[0] + ce / 3.0, g[1] + 2.0 * ce / 3.0
+    cast_f = kern.stream(FP8_CAST_MXFP8_BYTES * tokens * h) if fp8 else 0.0
+    cast_b = kern.stream(FP8_CAST_MXFP8_BYTES * tokens * v / L.tp) if fp8 else 0.0
+    return g[0] + ce / 3.0 + cast_f, g[1] + 2.0 * ce / 3.0 + cast_b
 
 
 # Embedding backward, per micro-batch: torch's embedding_dense_backward zero-fills a dense V/tp x h gradient (2 B)
