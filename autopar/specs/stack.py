@@ -18,7 +18,9 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
 * **stack constants** (``efficiency``): only what no kernel or link measurement sees, :data:`STACK_CONSTANTS`
   (the time per layer a framework spends between kernels), fitted to the stack's own runs within the bounds of
   :class:`autopar.specs.hardware.Efficiency`.
-* **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``).
+* **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``); and who holds
+  the logits around it (``loss_runtime``: Megatron's loss path, or PyTorch's as torchtitan runs it), a memory term
+  (:mod:`autopar.cost.memory`).
 * **CUDA graphs** (``none``, ``partial``, ``full_iteration``): a whole-iteration graph leaves no host launch work,
   so the per-layer host overhead is not paid (:data:`autopar.cost.compute.HOST_OVERHEAD_SHARE`).
 * **recorded, not priced** (no measurement separates it from the fitted per-layer overheads yet; written by
@@ -41,7 +43,8 @@ if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
-               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather", "cuda_graphs", "fp8_output_proj")
+               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather", "loss_runtime", "cuda_graphs",
+               "fp8_output_proj")
 KNOB_RECORDED = ("dispatcher",)
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
@@ -63,6 +66,9 @@ class StackKnobs(Spec):
                                                        "parallel-comm / moe_a2a_overlap).")
     cp_overlap: bool = Field(default=True, description="CP ring exchange overlapped with attention.")
     cross_entropy: Literal["fused", "unfused"] = Field(default="fused", description="Loss kernel.")
+    loss_runtime: Literal["megatron", "torch"] = Field(
+        default="megatron", description="Who holds the logits around the loss (memory only): Megatron's loss "
+                                        "path, or PyTorch's as torchtitan runs it (TrainingSpec.loss_runtime).")
     selective_ac: Literal["modules", "op"] = Field(
         default="modules", description="What 'selective' recompute re-runs: Megatron's modules or torchtitan's "
                                        "op-level SAC.")
@@ -95,7 +101,8 @@ class StackKnobs(Spec):
                     ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
                     selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
-                    cuda_graphs=self.cuda_graphs, fp8_lm_head=self.fp8_output_proj)
+                    loss_runtime=self.loss_runtime, cuda_graphs=self.cuda_graphs,
+                    fp8_lm_head=self.fp8_output_proj)
 
 
 class StackSpec(Spec):
