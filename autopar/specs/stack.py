@@ -24,9 +24,11 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
 * **projections**: ``fused`` (Megatron-Core's one QKV GEMM and one gate-up GEMM) or ``separate`` (one GEMM per
   projection, torchtitan): the same FLOPs in smaller GEMMs, each priced at its own shape on the chip file's GEMM
   curve (:mod:`autopar.cost.shapes`).
-* **recorded, not priced** (no measurement separates them from the fitted per-layer overheads yet; they are
-  written by ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``,
-  ``all_gather``, ``deepep``, ``hybridep``), CUDA graphs (``none``, ``partial``, ``full_iteration``).
+* **CUDA graphs** (``none``, ``partial``, ``full_iteration``): a whole-iteration graph leaves no host launch work,
+  so the per-layer host overhead is not paid (:data:`autopar.cost.compute.HOST_OVERHEAD_SHARE`).
+* **recorded, not priced** (no measurement separates it from the fitted per-layer overheads yet; written by
+  ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``, ``all_gather``,
+  ``deepep``, ``hybridep``).
 
 Precedence: a flag on the command line > the stack file > TrainingSpec's built-in default.
 """
@@ -44,9 +46,9 @@ if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
-               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather", "loss_runtime",
-               "projections")
-KNOB_RECORDED = ("dispatcher", "cuda_graphs")
+               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather", "loss_runtime", "cuda_graphs",
+               "fp8_output_proj", "projections")
+KNOB_RECORDED = ("dispatcher",)
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
 
@@ -83,10 +85,14 @@ class StackKnobs(Spec):
         default="fused", description="Attention and MLP input projections: fused (Megatron-Core linear_qkv, "
                                      "linear_fc1) or separate GEMMs (torchtitan wq/wk/wv, w1/w3), each priced at its "
                                      "own shape.")
+    fp8_output_proj: bool = Field(
+        default=False, description="LM head in MXFP8 (Megatron-Core fp8_output_proj; TrainingSpec.fp8_lm_head). "
+                                   "Precision mxfp8 only.")
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
-        default="none", description="CUDA graphs (recorded, not priced).")
+        default="none", description="CUDA graphs: full_iteration removes the per-layer host overhead "
+                                     "(TrainingSpec.cuda_graphs).")
 
     @model_validator(mode="after")
     def _check(self) -> "StackKnobs":
@@ -102,7 +108,8 @@ class StackKnobs(Spec):
                     ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
                     selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
-                    loss_runtime=self.loss_runtime, projections=self.projections)
+                    loss_runtime=self.loss_runtime, cuda_graphs=self.cuda_graphs,
+                    fp8_lm_head=self.fp8_output_proj, projections=self.projections)
 
 
 class StackSpec(Spec):
