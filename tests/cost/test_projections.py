@@ -57,6 +57,14 @@ def test_separate_gemms_are_slower_under_tp_where_k_and_v_are_narrow():
     assert tp8 > tp1 > 1.0                 # smaller N costs more, and most where TP has already cut it
     assert tp8 > 1.05
 
+    def grad_sum_s(layout: Layout) -> tuple[float, float]:
+        kind = layer_kind(LLAMA8B, 0, 8192, "separate")
+        return C.layer_parts(kern, kind, layout, titan("separate"), T, 1.0)["grad_sum"]
+
+    # every TP rank sums partial input gradients over all T tokens and the whole width: TP does not split it
+    assert grad_sum_s(lay) == grad_sum_s(Layout(micro_batch=1)) == (0.0, kern.stream(
+        GRAD_SUM_ELEMS * 3 * LLAMA8B.hidden_size * T * 2))
+
 
 def test_whole_step_moves_only_with_the_knob():
     lay = Layout(tp=8, sequence_parallel=True, micro_batch=1, zero_stage=3, recompute="full")
