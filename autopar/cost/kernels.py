@@ -91,7 +91,8 @@ class Kernels:
         if hit is None:
             km = self.km
             top = (km.attention_bwd if backward else km.attention_fwd) * km.sustained_attention
-            hit = self._attn[key] = min(1.0, top * self.attn_scale * span / (span + km.attention_half_seq)
+            half = km.attention_half_seq_bwd if backward and km.attention_half_seq_bwd else km.attention_half_seq
+            hit = self._attn[key] = min(1.0, top * self.attn_scale * span / (span + half)
                                         * km.head_dim_factor(head_dim))
         return hit
 
