@@ -19,6 +19,34 @@ with t_xfer one step's transfer (KV forward, KV and dKV backward: 2 x) and T_att
 core's time of that pass from :mod:`autopar.cost.kernels` at the ring's block span s/cp, split evenly over the
 cp blocks (the zig-zag split balances them; an approximation, the stage's attention layers taken alike).
 
+PyTorch's ring attention (``training.cp_ring = 'torch_allgather'``: torch.distributed.tensor.experimental
+context_parallel, as torchtitan runs it; read at pytorch/pytorch@0123248a torch/distributed/tensor/experimental/
+_attention.py, the structure of the 2024-12 torch 1963fc8 the torchtitan tables ran ASSUMED the same; torchtitan
+@9dec370 config_manager.py: ``--experimental.context_parallel_rotate_method`` defaults to 'allgather') is other
+software with the same FLOPs (round-robin load balancing: step 0 a causal call on the two local chunks, every
+other step a full call on half the q or half the kv, 2c² score blocks each, c = s/(2cp)) but another exchange
+and extra HBM traffic:
+
+  * K and V are all-gathered once per layer and pass (``_AllGatherRotater``), issued before step 0 and waited at
+    step 1: only step 0's block can hide it, exposed max(0, AG − T_block), AG over cp ranks of cp·KV bytes;
+  * the backward all-gathers K and V again (same exposure) and passes the dK, dV accumulators around the ring
+    in fp32 (``convert_to_f32``; ``_AllToAllRotater``): cp sends of 2·KV bytes (2 x: fp32), each after one step's
+    flash backward and waited after the next, the last one after the loop: (cp − 1)·max(0, t_dkv − T_block)
+    + t_dkv;
+  * the merges are PyTorch elementwise kernels through HBM (``_SDPAMerger``, ``_partial_update``), counted for the
+    rank that runs every step on its whole q (rank cp − 1, the ring waits for it), per element of the local
+    output O (b·s/cp·a/tp·d_v), query Q (…·d_qk) and K or V (b·s/cp·g_local·d):
+      forward: 6 B (block output to fp32) + (cp − 1) x 38 B (out − block_out: 12; x sigmoid(Δlse): 8;
+        out − that: 12; to fp32: 6) + 6 B (result to bf16) per O element, and (cp − 1) x 4 B per K and V
+        element (torch.cat of K and V before each exchange);
+      backward: fp32 zeros for dQ, dK, dV (4 B per element), per step dQ += (10 B per Q element), dK and dV
+        added into half of the fp32 accumulator and re-concatenated (13 B) then concatenated for the send (8 B)
+        per K and V element, K and V concatenated (4 B), and the casts back to bf16 (6 B per element);
+    with full recomputation the forward's merges run twice (the forward is re-run). Memory-bound at the file's
+    HBM rate; unfused (the DTensor op handler runs outside torch.compile's graphs: an upper bound if any fuse).
+  * Not modelled: the full (non-causal) calls of steps 1..cp−1 run at FlashAttention-2's non-causal rate
+    (FA3 paper Fig. 5(b): 370 against 335 TFLOP/s causal at 16K), faster than the causal rate priced here.
+
 Linear-attention and SSM layers (autopar.blocks) keep no KV: each CP rank scans its own s/cp tokens from
 a zero state, and the ranks then pass the d_k x d_v state along the sequence, rank r adding its chunk's
 contribution to what rank r − 1 hands over (LASP, Sun et al. 2024, arXiv 2404.02882, sec. 3: the ring of
@@ -73,6 +101,48 @@ def cp_ring_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
     return st.sum(prof, "attn_layers") * passes * (L.cp - 1) * _ring_step(prof, L, tr, net)
 
 
+# PyTorch ring attention's elementwise merges (module docstring): HBM bytes per element of the local output O,
+# query Q and K or V, forward and backward (torch/distributed/tensor/experimental/_attention.py @0123248a).
+TORCH_RING_FWD_FIRST_LAST_B = 6.0 + 6.0     # the first block output to fp32, the merged result back to bf16
+TORCH_RING_FWD_MERGE_B = 38.0               # per further step: to fp32 6, out − block 12, x sigmoid 8, out − x 12
+TORCH_RING_KV_CAT_B = 4.0                   # torch.cat of K and V before an exchange: read 2, write 2
+TORCH_RING_BWD_Q_B = 4.0 + 6.0              # fp32 zeros for dQ, the cast back to bf16
+TORCH_RING_BWD_Q_STEP_B = 10.0              # per step: dQ (fp32) += the block's dQ (bf16)
+TORCH_RING_BWD_KV_B = 4.0 + 6.0             # fp32 zeros for dK / dV, the cast back to bf16
+TORCH_RING_BWD_KV_STEP_B = 13.0 + 8.0 + 4.0  # per step: partial add + re-cat 13, cat for the send 8, K/V cat 4
+
+
+def torch_ring_merge_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec) -> tuple[float, float]:
+    """HBM bytes of PyTorch ring attention's merges in one attention layer for one micro-batch: (forward pass,
+    backward pass); module docstring."""
+    m = prof.model
+    tokens = L.micro_batch * tr.seq_len / L.cp
+    heads = m.num_attention_heads / L.tp
+    o, q = tokens * heads * m.v_head_dim, tokens * heads * m.qk_head_dim
+    kv = tokens * m.attention_block.ring_elems(L.tp)   # K and V elements together
+    steps = L.cp - 1
+    fwd = o * (TORCH_RING_FWD_FIRST_LAST_B + steps * TORCH_RING_FWD_MERGE_B) + kv * steps * TORCH_RING_KV_CAT_B
+    bwd = (q * (TORCH_RING_BWD_Q_B + L.cp * TORCH_RING_BWD_Q_STEP_B)
+           + kv * (TORCH_RING_BWD_KV_B + L.cp * TORCH_RING_BWD_KV_STEP_B))
+    return fwd, bwd
+
+
+def _torch_ring(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network, kern: Kernels,
+                f_blk: float, b_blk: float) -> float:
+    """Exposed seconds of PyTorch's all-gather ring attention for the stage's attention layers, one micro-batch
+    (module docstring): KV all-gathers hidden only behind step 0, the fp32 dKV ring, the merges."""
+    m = prof.model
+    kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * m.attention_block.ring_elems(L.tp) * tr.activation_bytes
+    ag = net.time("all_gather", L.cp * kv_bytes, L.cp, L.tp)
+    dkv = net.time("send_recv", 2 * kv_bytes, 2, L.tp)     # fp32 accumulators: twice the bf16 bytes
+    fwd_passes = 2 if L.recompute == "full" else 1
+    per_layer = (fwd_passes * max(0.0, ag - f_blk) + max(0.0, ag - b_blk)
+                 + (L.cp - 1) * max(0.0, dkv - b_blk) + dkv)
+    fb, bb = torch_ring_merge_bytes(prof, L, tr)
+    per_layer += kern.stream(fwd_passes * fb + bb)
+    return st.sum(prof, "attn_layers") * per_layer
+
+
 def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
                            net: Network, kern: Kernels) -> float:
     if L.cp == 1:
@@ -83,10 +153,13 @@ def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     step = _ring_step(prof, L, tr, net)
     t = 0.0
     if n_attn:
-        if tr.cp_comm_overlap:
-            tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
-            fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, tr.seq_len / L.cp, m.qk_head_dim)
-            f_blk, b_blk = fwd / (n_attn * L.cp), bwd / (n_attn * L.cp)   # one layer's, one ring step's block
+        tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
+        fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, tr.seq_len / L.cp, m.qk_head_dim)
+        f_blk, b_blk = fwd / (n_attn * L.cp), bwd / (n_attn * L.cp)   # one layer's, one ring step's block
+        if tr.cp_ring == "torch_allgather":
+            t = _torch_ring(prof, st, L, tr, net, kern, f_blk, b_blk) if tr.cp_comm_overlap else \
+                _torch_ring(prof, st, L, tr, net, kern, 0.0, 0.0)
+        elif tr.cp_comm_overlap:
             per_layer = max(0.0, step - f_blk) + max(0.0, 2 * step - b_blk)
             if L.recompute == "full":
                 per_layer += max(0.0, step - f_blk)

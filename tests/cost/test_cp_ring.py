@@ -1,0 +1,74 @@
+"""PyTorch's all-gather ring attention (torchtitan's CP) against Transformer Engine's p2p ring (autopar/cost/cp.py)."""
+
+import pytest
+
+from autopar.cost import Estimator
+from autopar.cost.collectives import Network
+from autopar.cost.cp import cp_time_per_microbatch, torch_ring_merge_bytes
+from autopar.cost.kernels import Kernels
+from autopar.cost.layer_sums import ModelProfile
+from autopar.specs.layout import Layout
+from autopar.specs.loaders import load_hardware, load_model, load_stack
+from autopar.specs.training import TrainingSpec
+
+MODEL = load_model("llama3_8b")
+HW = load_hardware("h100_grand_teton")
+
+
+def _training(ring: str, seq: int = 262144, **kw) -> TrainingSpec:
+    return TrainingSpec(seq_len=seq, global_batch=8, precision="bf16", attention_impl="sdpa_fa2", cp_ring=ring, **kw)
+
+
+def _cp_seconds(tr: TrainingSpec, L: Layout) -> float:
+    """The CP term of one micro-batch, through the estimator and straight from cp.py (they agree)."""
+    est = Estimator(MODEL, HW, tr, 8)   # one 8-GPU node: dp = 8 / (tp·cp)
+    R = est.resolve(L)
+    st = est.stages(R.stage_layers)[0]
+    t = est.stage_times(R, st).cp
+    assert t == cp_time_per_microbatch(est.profile, st, R, tr, est.hardware, Network(est.hardware), Kernels(est.hardware, tr))
+    return t
+
+
+def test_torchtitan_runs_the_allgather_ring_and_megatron_the_p2p_ring():
+    assert load_stack("torchtitan").knobs.training_fields()["cp_ring"] == "torch_allgather"
+    assert load_stack("megatron_core").knobs.training_fields()["cp_ring"] == "te_p2p"
+    assert TrainingSpec(seq_len=4096, global_batch=8).cp_ring == "te_p2p"
+
+
+def test_merge_bytes_by_hand_for_llama3_8b_cp8():
+    # b = 1, s = 256K, cp = 8, tp = 1: 32,768 local tokens; 32 heads x 128 (q and o), 8 KV heads x 128 x 2 (K and V)
+    L = Layout(cp=8, micro_batch=1, recompute="full")
+    tr = _training("torch_allgather")
+    prof = ModelProfile(MODEL, tr)
+    fwd, bwd = torch_ring_merge_bytes(prof, L, tr)
+    o = q = 32768 * 32 * 128
+    kv = 32768 * 2 * 8 * 128
+    assert fwd == pytest.approx(o * (6 + 6 + 7 * 38) + kv * 7 * 4)
+    assert bwd == pytest.approx(q * (4 + 6 + 8 * 10) + kv * (4 + 6 + 8 * 25))
+
+
+def test_allgather_ring_costs_more_than_the_p2p_ring_and_grows_with_cp():
+    # same FLOPs, but merges through HBM and a KV all-gather only step 0 can hide; nothing at cp = 1
+    seen = []
+    for cp in (2, 4, 8):
+        L = Layout(cp=cp, micro_batch=1, recompute="full")
+        torch_ring, te = _cp_seconds(_training("torch_allgather"), L), _cp_seconds(_training("te_p2p"), L)
+        assert torch_ring > te
+        seen.append(torch_ring)
+    assert seen == sorted(seen)
+    assert _cp_seconds(_training("torch_allgather"), Layout(cp=1, micro_batch=1)) == 0.0
+
+
+def test_full_recompute_reruns_the_forward_merges():
+    lay = dict(cp=8, micro_batch=1)
+    tr = _training("torch_allgather")
+    full, sel = _cp_seconds(tr, Layout(recompute="full", **lay)), _cp_seconds(tr, Layout(recompute="none", **lay))
+    fwd, _ = torch_ring_merge_bytes(ModelProfile(MODEL, tr), Layout(recompute="full", **lay), tr)
+    layers = MODEL.num_layers
+    assert full - sel >= Kernels(HW, tr).stream(fwd) * layers * (1 - 1e-9)
+
+
+def test_overlap_off_exposes_the_allgather_ring():
+    L = Layout(cp=8, micro_batch=1, recompute="full")
+    on, off = _training("torch_allgather"), _training("torch_allgather", cp_comm_overlap=False)
+    assert _cp_seconds(off, L) > _cp_seconds(on, L)
