@@ -60,12 +60,12 @@ class StackKnobs(Spec):
     ep_overlap: bool = Field(default=True, description="EP all-to-all overlapped (Megatron --overlap-moe-expert-"
                                                        "parallel-comm / moe_a2a_overlap).")
     cp_overlap: bool = Field(default=True, description="CP ring exchange overlapped with attention.")
-    pp_fsdp: Literal["per_microbatch", "per_step"] = Field(
-        default="per_microbatch", description="FSDP traffic under PP: every micro-batch, or once per step "
-                                              "(TrainingSpec.pp_fsdp).")
     cp_ring: Literal["te_p2p", "torch_allgather"] = Field(
         default="te_p2p", description="Ring attention implementation: Transformer Engine's p2p ring or PyTorch's "
                                       "all-gather ring (TrainingSpec.cp_ring).")
+    pp_fsdp: Literal["per_microbatch", "per_step"] = Field(
+        default="per_microbatch", description="FSDP traffic under PP: every micro-batch, or once per step "
+                                              "(TrainingSpec.pp_fsdp).")
     cross_entropy: Literal["fused", "unfused"] = Field(default="fused", description="Loss kernel.")
     selective_ac: Literal["modules", "op"] = Field(
         default="modules", description="What 'selective' recompute re-runs: Megatron's modules or torchtitan's "
