@@ -27,6 +27,9 @@ software with the same FLOPs (round-robin load balancing: step 0 a causal call o
 other step a full call on half the q or half the kv, 2c² score blocks each, c = s/(2cp)) but another exchange
 and extra HBM traffic:
 
+  * the K and V it passes are what SDPA receives: torchtitan@9dec370 models/llama/model.py (lines 201-209) repeats
+    the KV heads to every query head before F.scaled_dot_product_attention (repeat_kv), so a/tp · (d_qk + d_v)
+    elements per token, not Megatron's g/tp · 2d (4x for Llama 3 8B, 16x for 405B);
   * K and V are all-gathered once per layer and pass (``_AllGatherRotater``), issued before step 0 and waited at
     step 1: only step 0's block can hide it, exposed max(0, AG − T_block), AG over cp ranks of cp·KV bytes;
   * the backward all-gathers K and V again (same exposure) and passes the dK, dV accumulators around the ring
@@ -112,6 +115,12 @@ TORCH_RING_BWD_KV_B = 4.0 + 6.0             # fp32 zeros for dK / dV, the cast b
 TORCH_RING_BWD_KV_STEP_B = 13.0 + 8.0 + 4.0  # per step: partial add + re-cat 13, cat for the send 8, K/V cat 4
 
 
+def _torch_ring_kv_elems(prof: ModelProfile, L: Layout) -> float:
+    """K and V elements per token PyTorch's ring passes: every local query head's (repeat_kv before SDPA)."""
+    m = prof.model
+    return m.num_attention_heads / L.tp * (m.qk_head_dim + m.v_head_dim)
+
+
 def torch_ring_merge_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec) -> tuple[float, float]:
     """HBM bytes of PyTorch ring attention's merges in one attention layer for one micro-batch: (forward pass,
     backward pass); module docstring."""
@@ -119,7 +128,7 @@ def torch_ring_merge_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec) -> t
     tokens = L.micro_batch * tr.seq_len / L.cp
     heads = m.num_attention_heads / L.tp
     o, q = tokens * heads * m.v_head_dim, tokens * heads * m.qk_head_dim
-    kv = tokens * m.attention_block.ring_elems(L.tp)   # K and V elements together
+    kv = tokens * _torch_ring_kv_elems(prof, L)   # K and V elements together
     steps = L.cp - 1
     fwd = o * (TORCH_RING_FWD_FIRST_LAST_B + steps * TORCH_RING_FWD_MERGE_B) + kv * steps * TORCH_RING_KV_CAT_B
     bwd = (q * (TORCH_RING_BWD_Q_B + L.cp * TORCH_RING_BWD_Q_STEP_B)
@@ -131,8 +140,7 @@ def _torch_ring(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net:
                 f_blk: float, b_blk: float) -> float:
     """Exposed seconds of PyTorch's all-gather ring attention for the stage's attention layers, one micro-batch
     (module docstring): KV all-gathers hidden only behind step 0, the fp32 dKV ring, the merges."""
-    m = prof.model
-    kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * m.attention_block.ring_elems(L.tp) * tr.activation_bytes
+    kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * _torch_ring_kv_elems(prof, L) * tr.activation_bytes
     ag = net.time("all_gather", L.cp * kv_bytes, L.cp, L.tp)
     dkv = net.time("send_recv", 2 * kv_bytes, 2, L.tp)     # fp32 accumulators: twice the bf16 bytes
     fwd_passes = 2 if L.recompute == "full" else 1

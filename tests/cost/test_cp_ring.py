@@ -36,23 +36,26 @@ def test_torchtitan_runs_the_allgather_ring_and_megatron_the_p2p_ring():
 
 
 def test_merge_bytes_by_hand_for_llama3_8b_cp8():
-    # b = 1, s = 256K, cp = 8, tp = 1: 32,768 local tokens; 32 heads x 128 (q and o), 8 KV heads x 128 x 2 (K and V)
+    # b = 1, s = 256K, cp = 8, tp = 1: 32,768 local tokens; 32 heads x 128 (q and o); K and V as SDPA gets them in
+    # torchtitan, repeated from 8 to all 32 heads (repeat_kv): 32 x 128 x 2
     L = Layout(cp=8, micro_batch=1, recompute="full")
     tr = _training("torch_allgather")
     prof = ModelProfile(MODEL, tr)
     fwd, bwd = torch_ring_merge_bytes(prof, L, tr)
     o = q = 32768 * 32 * 128
-    kv = 32768 * 2 * 8 * 128
+    kv = 32768 * 2 * 32 * 128
     assert fwd == pytest.approx(o * (6 + 6 + 7 * 38) + kv * 7 * 4)
     assert bwd == pytest.approx(q * (4 + 6 + 8 * 10) + kv * (4 + 6 + 8 * 25))
 
 
 def test_allgather_ring_costs_more_than_the_p2p_ring_and_grows_with_cp():
-    # same FLOPs, but merges through HBM and a KV all-gather only step 0 can hide; nothing at cp = 1
+    # same FLOPs, but merges through HBM and a KV all-gather only step 0 can hide; at a fixed 32K tokens per GPU
+    # (torchtitan's table 2: s = 32K x cp) one more merge per further ring step; nothing at cp = 1
     seen = []
     for cp in (2, 4, 8):
         L = Layout(cp=cp, micro_batch=1, recompute="full")
-        torch_ring, te = _cp_seconds(_training("torch_allgather"), L), _cp_seconds(_training("te_p2p"), L)
+        torch_ring = _cp_seconds(_training("torch_allgather", seq=32768 * cp), L)
+        te = _cp_seconds(_training("te_p2p", seq=32768 * cp), L)
         assert torch_ring > te
         seen.append(torch_ring)
     assert seen == sorted(seen)
