@@ -47,8 +47,10 @@ and extra HBM traffic:
         per K and V element, K and V concatenated (4 B), and the casts back to bf16 (6 B per element);
     with full recomputation the forward's merges run twice (the forward is re-run). Memory-bound at the file's
     HBM rate; unfused (the DTensor op handler runs outside torch.compile's graphs: an upper bound if any fuse).
-  * Not modelled: the full (non-causal) calls of steps 1..cp−1 run at FlashAttention-2's non-causal rate
-    (FA3 paper Fig. 5(b): 370 against 335 TFLOP/s causal at 16K), faster than the causal rate priced here.
+
+Both rings run the cp − 1 off-diagonal steps as full (non-causal) blocks, which flash kernels run faster than
+causal ones (the diagonal tiles' masking and the uneven row lengths are gone): :func:`ring_full_share` of the
+attention FLOPs is priced at the hardware file's ``attention_full_ratio`` (:mod:`autopar.cost.kernels`).
 
 Linear-attention and SSM layers (autopar.blocks) keep no KV: each CP rank scans its own s/cp tokens from
 a zero state, and the ranks then pass the d_k x d_v state along the sequence, rank r adding its chunk's
@@ -102,6 +104,16 @@ def cp_ring_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
     if L.cp == 1:
         return 0.0
     return st.sum(prof, "attn_layers") * passes * (L.cp - 1) * _ring_step(prof, L, tr, net)
+
+
+def ring_full_share(cp: int, window: float, seq_len: float) -> float:
+    """Share of a causal layer's attention FLOPs a load-balanced ring runs as full (non-causal) blocks: step 0 is
+    the causal block of the rank's own two chunks, each of the cp − 1 other steps a full block of the same 2c²
+    scores (Megatron-Core's zig-zag and PyTorch's round-robin split alike): (cp − 1)/cp. Sliding-window layers
+    are left causal (0)."""
+    if cp <= 1 or window < seq_len:
+        return 0.0
+    return (cp - 1) / cp
 
 
 # PyTorch ring attention's elementwise merges (module docstring): HBM bytes per element of the local output O,
@@ -162,7 +174,8 @@ def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     t = 0.0
     if n_attn:
         tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
-        fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, tr.seq_len / L.cp, m.qk_head_dim)
+        fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, tr.seq_len / L.cp, m.qk_head_dim,
+                                  ring_full_share(L.cp, tr.seq_len, tr.seq_len))
         f_blk, b_blk = fwd / (n_attn * L.cp), bwd / (n_attn * L.cp)   # one layer's, one ring step's block
         if tr.cp_ring == "torch_allgather":
             t = _torch_ring(prof, st, L, tr, net, kern, f_blk, b_blk) if tr.cp_comm_overlap else \

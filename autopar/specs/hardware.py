@@ -122,6 +122,9 @@ class AttentionFigures(Spec):
     half_seq_bwd: float | None = Field(default=None, gt=0, le=1_048_576,
                                        description="Key span at which the backward's efficiency halves, where it "
                                                    "saturates more slowly than the forward (None: half_seq).")
+    full_ratio: float = Field(default=1.0, ge=1.0, le=2.0,
+                              description="Rate of full (non-causal) blocks over the causal rate at long spans "
+                                          "(1.0: not measured).")
     source: str = Field(min_length=1, description="Benchmark, machine and date, or citation.")
 
 
@@ -206,6 +209,10 @@ class KernelModel(Spec):
     attention_head_dim: dict[Annotated[int, Field(gt=0, le=limit("head_dim"))], Annotated[float, Field(gt=0)]] = Field(
         default_factory=lambda: {64: 0.768, 128: 1.0, 256: 1.042},
         description="Attention throughput at head dim d relative to d = 128 (measured points).")
+    attention_full_ratio: float = Field(
+        default=1.0, ge=1.0, le=2.0,
+        description="Flash-attention rate on full (non-causal) blocks over the causal rate, at long spans: the "
+                    "off-diagonal steps of a context-parallel ring run full blocks (1.0: not measured, no change).")
     attention_fp8: float | None = Field(default=None, gt=0, le=1,
                                         description="FP8 attention forward achieved/FP8 peak; None = not available.")
     grouped_gemm_kernel: AttentionKernelName = Field(
@@ -294,10 +301,12 @@ class KernelModel(Spec):
                                     self.attention_kernel, lambda: AttentionFigures(
                                         fwd=self.attention_fwd, bwd=self.attention_bwd,
                                         half_seq=self.attention_half_seq,
-                                        half_seq_bwd=self.attention_half_seq_bwd, source=self.source))
+                                        half_seq_bwd=self.attention_half_seq_bwd,
+                                        full_ratio=self.attention_full_ratio, source=self.source))
         return self.model_copy(update={"attention_fwd": fig.fwd, "attention_bwd": fig.bwd,
                                        "attention_half_seq": fig.half_seq,
-                                       "attention_half_seq_bwd": fig.half_seq_bwd, "attention_kernel": name,
+                                       "attention_half_seq_bwd": fig.half_seq_bwd,
+                                       "attention_full_ratio": fig.full_ratio, "attention_kernel": name,
                                        "attention_kernels": table})
 
     def head_dim_factor(self, d: float) -> float:

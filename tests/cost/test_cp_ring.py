@@ -75,3 +75,21 @@ def test_overlap_off_exposes_the_allgather_ring():
     L = Layout(cp=8, micro_batch=1, recompute="full")
     on, off = _training("torch_allgather"), _training("torch_allgather", cp_comm_overlap=False)
     assert _cp_seconds(off, L) > _cp_seconds(on, L)
+
+
+def test_off_diagonal_ring_steps_run_at_the_full_block_rate():
+    # (cp − 1)/cp of a causal layer's attention FLOPs are full blocks; a sliding window stays causal
+    from autopar.cost.cp import ring_full_share
+    assert ring_full_share(1, 8192, 8192) == 0.0
+    assert ring_full_share(8, 262144, 262144) == pytest.approx(7 / 8)
+    assert ring_full_share(8, 4096, 262144) == 0.0
+    tr = _training("torch_allgather")
+    k = Kernels(HW, tr)
+    assert k.km.attention_full_ratio == pytest.approx(370 / 335, rel=1e-3)   # FA3 paper Fig. 5(b)/5(e), FA2, 16K
+    causal = k.attention(1e15, 32768, 128)
+    ring = k.attention(1e15, 32768, 128, full_share=7 / 8)
+    for c, r in zip(causal, ring):
+        assert r == pytest.approx(c * (1 / 8 + 7 / 8 / k.km.attention_full_ratio))
+    # a chip file that measures no full/causal ratio leaves the ring's attention as it was
+    b200 = Kernels(load_hardware("b200"), TrainingSpec(seq_len=8192, global_batch=8))
+    assert b200.attention(1e15, 32768, 128, full_share=7 / 8) == b200.attention(1e15, 32768, 128)
