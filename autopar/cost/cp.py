@@ -100,10 +100,21 @@ def _ring_step(prof: ModelProfile, L: Layout, tr: TrainingSpec, net: Network) ->
 def cp_ring_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network,
                     passes: int = 3) -> float:
     """The attention ring's transfers of one micro-batch, none hidden: ``passes`` KV volumes per layer and ring
-    step (3: forward KV, backward KV and dKV, whatever the recompute policy)."""
+    step (3: forward KV, backward KV and dKV, whatever the recompute policy). PyTorch's ring
+    (``cp_ring = 'torch_allgather'``): a KV all-gather forward and backward and cp fp32 dKV sends per layer."""
     if L.cp == 1:
         return 0.0
+    if tr.cp_ring == "torch_allgather":
+        ag, dkv = _torch_ring_transfers(prof, L, tr, net)
+        return st.sum(prof, "attn_layers") * (2 * ag + L.cp * dkv)
     return st.sum(prof, "attn_layers") * passes * (L.cp - 1) * _ring_step(prof, L, tr, net)
+
+
+def _torch_ring_transfers(prof: ModelProfile, L: Layout, tr: TrainingSpec, net: Network):
+    """(one KV all-gather, one fp32 dK/dV send) of PyTorch's ring, seconds (module docstring)."""
+    kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * _torch_ring_kv_elems(prof, L) * tr.activation_bytes
+    return (net.time("all_gather", L.cp * kv_bytes, L.cp, L.tp),
+            net.time("send_recv", 2 * kv_bytes, 2, L.tp))     # fp32 accumulators: twice the bf16 bytes
 
 
 def ring_full_share(cp: int, window: float, seq_len: float) -> float:
@@ -152,9 +163,7 @@ def _torch_ring(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net:
                 f_blk: float, b_blk: float) -> float:
     """Exposed seconds of PyTorch's all-gather ring attention for the stage's attention layers, one micro-batch
     (module docstring): KV all-gathers hidden only behind step 0, the fp32 dKV ring, the merges."""
-    kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * _torch_ring_kv_elems(prof, L) * tr.activation_bytes
-    ag = net.time("all_gather", L.cp * kv_bytes, L.cp, L.tp)
-    dkv = net.time("send_recv", 2 * kv_bytes, 2, L.tp)     # fp32 accumulators: twice the bf16 bytes
+    ag, dkv = _torch_ring_transfers(prof, L, tr, net)
     fwd_passes = 2 if L.recompute == "full" else 1
     per_layer = (fwd_passes * max(0.0, ag - f_blk) + max(0.0, ag - b_blk)
                  + (L.cp - 1) * max(0.0, dkv - b_blk) + dkv)

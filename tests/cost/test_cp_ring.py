@@ -93,3 +93,17 @@ def test_off_diagonal_ring_steps_run_at_the_full_block_rate():
     # a chip file that measures no full/causal ratio leaves the ring's attention as it was
     b200 = Kernels(load_hardware("b200"), TrainingSpec(seq_len=8192, global_batch=8))
     assert b200.attention(1e15, 32768, 128, full_share=7 / 8) == b200.attention(1e15, 32768, 128)
+
+
+def test_the_allgather_rings_link_time_counts_its_expanded_kv():
+    # what the DP window shares its link with: PyTorch's ring moves K and V of all 32 query heads (repeat_kv), a
+    # gather forward and backward and cp fp32 dK/dV sends; Transformer Engine's 3 (cp − 1) sends of the 8 KV heads
+    from autopar.cost.cp import cp_ring_seconds
+    L = Layout(cp=8, micro_batch=1, recompute="full")
+    t = {}
+    for ring in ("torch_allgather", "te_p2p"):
+        tr = _training(ring)
+        est = Estimator(MODEL, HW, tr, 8)
+        R = est.resolve(L)
+        t[ring] = cp_ring_seconds(est.profile, est.stages(R.stage_layers)[0], R, tr, Network(HW), 3)
+    assert t["torch_allgather"] > 2 * t["te_p2p"]
