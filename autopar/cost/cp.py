@@ -38,15 +38,21 @@ and extra HBM traffic:
     + t_dkv;
   * the merges are PyTorch elementwise kernels through HBM (``_SDPAMerger``, ``_partial_update``), counted for the
     rank that runs every step on its whole q (rank cp − 1, the ring waits for it), per element of the local
-    output O (b·s/cp·a/tp·d_v), query Q (…·d_qk) and K or V (b·s/cp·g_local·d):
+    output O (b·s/cp·a/tp·d_v), query Q (…·d_qk) and K or V (b·s/cp·a/tp·d, repeated as above). Eager
+    (``training.elementwise = 'eager'``), one kernel per op:
       forward: 6 B (block output to fp32) + (cp − 1) x 38 B (out − block_out: 12; x sigmoid(Δlse): 8;
         out − that: 12; to fp32: 6) + 6 B (result to bf16) per O element, and (cp − 1) x 4 B per K and V
         element (torch.cat of K and V before each exchange);
       backward: fp32 zeros for dQ, dK, dV (4 B per element), per step dQ += (10 B per Q element), dK and dV
         added into half of the fp32 accumulator and re-concatenated (13 B) then concatenated for the send (8 B)
-        per K and V element, K and V concatenated (4 B), and the casts back to bf16 (6 B per element);
-    with full recomputation the forward's merges run twice (the forward is re-run). Memory-bound at the file's
-    HBM rate; unfused (the DTensor op handler runs outside torch.compile's graphs: an upper bound if any fuse).
+        per K and V element, K and V concatenated (4 B), and the casts back to bf16 (6 B per element).
+    Compiled: torchtitan compiles each block with fullgraph=True (parallelize_llama.py@9dec370 line 303), so the
+    ring, reached through DTensor's op dispatch inside the block, is traced into the block's graph (a graph break
+    would abort) and Inductor fuses each merge into one pass: ASSUMED read out (4) and the block output (2),
+    write out (4) = 10 B per O element and step; dK/dV's add and both concatenations one pass, read 4 + 2,
+    write 4 = 10 B, plus the K/V concatenation (4 B), per K and V element and step; the rest as eager.
+    With full recomputation the forward's merges run twice (the forward is re-run). Memory-bound at the file's
+    HBM rate.
 
 Both rings run the cp − 1 off-diagonal steps as full (non-causal) blocks, which flash kernels run faster than
 causal ones (the diagonal tiles' masking and the uneven row lengths are gone): :func:`ring_full_share` of the
@@ -130,12 +136,15 @@ def ring_full_share(cp: int, window: float, seq_len: float) -> float:
 # PyTorch ring attention's elementwise merges (module docstring): HBM bytes per element of the local output O,
 # query Q and K or V, forward and backward (torch/distributed/tensor/experimental/_attention.py @0123248a).
 TORCH_RING_FWD_FIRST_LAST_B = 6.0 + 6.0     # the first block output to fp32, the merged result back to bf16
-TORCH_RING_FWD_MERGE_B = 38.0               # per further step: to fp32 6, out − block 12, x sigmoid 8, out − x 12
 TORCH_RING_KV_CAT_B = 4.0                   # torch.cat of K and V before an exchange: read 2, write 2
 TORCH_RING_BWD_Q_B = 4.0 + 6.0              # fp32 zeros for dQ, the cast back to bf16
 TORCH_RING_BWD_Q_STEP_B = 10.0              # per step: dQ (fp32) += the block's dQ (bf16)
 TORCH_RING_BWD_KV_B = 4.0 + 6.0             # fp32 zeros for dK / dV, the cast back to bf16
-TORCH_RING_BWD_KV_STEP_B = 13.0 + 8.0 + 4.0  # per step: partial add + re-cat 13, cat for the send 8, K/V cat 4
+# per further step, by elementwise mode: (forward merge per O element, dK/dV add + concatenations per K/V element)
+TORCH_RING_STEP_B = {
+    "eager": (38.0, 13.0 + 8.0),   # to fp32 6, out − block 12, x sigmoid 8, out − x 12; partial add + re-cat 13, send cat 8
+    "compiled": (10.0, 10.0),      # one fused pass each (ASSUMED, docstring): read 4 + 2, write 4
+}
 
 
 def _torch_ring_kv_elems(prof: ModelProfile, L: Layout) -> float:
@@ -153,9 +162,10 @@ def torch_ring_merge_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec) -> t
     o, q = tokens * heads * m.v_head_dim, tokens * heads * m.qk_head_dim
     kv = tokens * _torch_ring_kv_elems(prof, L)   # K and V elements together
     steps = L.cp - 1
-    fwd = o * (TORCH_RING_FWD_FIRST_LAST_B + steps * TORCH_RING_FWD_MERGE_B) + kv * steps * TORCH_RING_KV_CAT_B
+    merge, kv_step = TORCH_RING_STEP_B["eager" if tr.elementwise == "eager" else "compiled"]
+    fwd = o * (TORCH_RING_FWD_FIRST_LAST_B + steps * merge) + kv * steps * TORCH_RING_KV_CAT_B
     bwd = (q * (TORCH_RING_BWD_Q_B + L.cp * TORCH_RING_BWD_Q_STEP_B)
-           + kv * (TORCH_RING_BWD_KV_B + L.cp * TORCH_RING_BWD_KV_STEP_B))
+           + kv * (TORCH_RING_BWD_KV_B + L.cp * (kv_step + TORCH_RING_KV_CAT_B)))
     return fwd, bwd
 
 

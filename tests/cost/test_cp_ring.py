@@ -39,13 +39,17 @@ def test_merge_bytes_by_hand_for_llama3_8b_cp8():
     # b = 1, s = 256K, cp = 8, tp = 1: 32,768 local tokens; 32 heads x 128 (q and o); K and V as SDPA gets them in
     # torchtitan, repeated from 8 to all 32 heads (repeat_kv): 32 x 128 x 2
     L = Layout(cp=8, micro_batch=1, recompute="full")
-    tr = _training("torch_allgather")
-    prof = ModelProfile(MODEL, tr)
-    fwd, bwd = torch_ring_merge_bytes(prof, L, tr)
     o = q = 32768 * 32 * 128
     kv = 32768 * 2 * 32 * 128
+    eager = _training("torch_allgather", elementwise="eager")
+    fwd, bwd = torch_ring_merge_bytes(ModelProfile(MODEL, eager), L, eager)
     assert fwd == pytest.approx(o * (6 + 6 + 7 * 38) + kv * 7 * 4)
     assert bwd == pytest.approx(q * (4 + 6 + 8 * 10) + kv * (4 + 6 + 8 * 25))
+    # compiled (torchtitan's fullgraph blocks): each merge one fused pass, 10 B per element and step
+    compiled = _training("torch_allgather", elementwise="compiled")
+    fwd, bwd = torch_ring_merge_bytes(ModelProfile(MODEL, compiled), L, compiled)
+    assert fwd == pytest.approx(o * (6 + 6 + 7 * 10) + kv * 7 * 4)
+    assert bwd == pytest.approx(q * (4 + 6 + 8 * 10) + kv * (4 + 6 + 8 * 14))
 
 
 def test_allgather_ring_costs_more_than_the_p2p_ring_and_grows_with_cp():
