@@ -18,7 +18,9 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
 * **stack constants** (``efficiency``): only what no kernel or link measurement sees, :data:`STACK_CONSTANTS`
   (the time per layer a framework spends between kernels), fitted to the stack's own runs within the bounds of
   :class:`autopar.specs.hardware.Efficiency`.
-* **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``).
+* **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``); and who holds
+  the logits around it (``loss_runtime``: Megatron's loss path, or PyTorch's as torchtitan runs it), a memory term
+  (:mod:`autopar.cost.memory`).
 * **recorded, not priced** (no measurement separates them from the fitted per-layer overheads yet; they are
   written by ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``,
   ``all_gather``, ``deepep``, ``hybridep``), CUDA graphs (``none``, ``partial``, ``full_iteration``).
@@ -39,7 +41,8 @@ if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
-               "cp_ring", "pp_fsdp", "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather")
+               "cp_ring", "pp_fsdp", "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather",
+               "loss_runtime")
 KNOB_RECORDED = ("dispatcher", "cuda_graphs")
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
@@ -67,6 +70,9 @@ class StackKnobs(Spec):
         default="per_microbatch", description="FSDP traffic under PP: every micro-batch, or once per step "
                                               "(TrainingSpec.pp_fsdp).")
     cross_entropy: Literal["fused", "unfused"] = Field(default="fused", description="Loss kernel.")
+    loss_runtime: Literal["megatron", "torch"] = Field(
+        default="megatron", description="Who holds the logits around the loss (memory only): Megatron's loss "
+                                        "path, or PyTorch's as torchtitan runs it (TrainingSpec.loss_runtime).")
     selective_ac: Literal["modules", "op"] = Field(
         default="modules", description="What 'selective' recompute re-runs: Megatron's modules or torchtitan's "
                                        "op-level SAC.")
@@ -92,9 +98,11 @@ class StackKnobs(Spec):
         """The TrainingSpec switches these knobs set."""
         return dict(elementwise=self.elementwise, attention_impl=self.attention, fp8_recipe=self.fp8_recipe,
                     tp_comm_overlap=self.tp_overlap != "none", dp_comm_overlap=self.dp_overlap,
-                    ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap, cp_ring=self.cp_ring, pp_fsdp=self.pp_fsdp,
+                    ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap, cp_ring=self.cp_ring,
+                    pp_fsdp=self.pp_fsdp,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
-                    selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather)
+                    selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
+                    loss_runtime=self.loss_runtime)
 
 
 class StackSpec(Spec):
