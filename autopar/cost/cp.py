@@ -142,7 +142,8 @@ TORCH_RING_BWD_Q_STEP_B = 10.0              # per step: dQ (fp32) += the block's
 TORCH_RING_BWD_KV_B = 4.0 + 6.0             # fp32 zeros for dK / dV, the cast back to bf16
 # per further step, by elementwise mode: (forward merge per O element, dK/dV add + concatenations per K/V element)
 TORCH_RING_STEP_B = {
-    "eager": (38.0, 13.0 + 8.0),   # to fp32 6, out − block 12, x sigmoid 8, out − x 12; partial add + re-cat 13, send cat 8
+    # forward: to fp32 6, out − block 12, x sigmoid 8, out − x 12; dK/dV: partial add + re-cat 13, send cat 8
+    "eager": (38.0, 13.0 + 8.0),
     "compiled": (10.0, 10.0),      # one fused pass each (ASSUMED, docstring): read 4 + 2, write 4
 }
 

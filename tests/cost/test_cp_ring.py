@@ -25,7 +25,8 @@ def _cp_seconds(tr: TrainingSpec, L: Layout) -> float:
     R = est.resolve(L)
     st = est.stages(R.stage_layers)[0]
     t = est.stage_times(R, st).cp
-    assert t == cp_time_per_microbatch(est.profile, st, R, tr, est.hardware, Network(est.hardware), Kernels(est.hardware, tr))
+    hw = est.hardware
+    assert t == cp_time_per_microbatch(est.profile, st, R, tr, hw, Network(hw), Kernels(hw, tr))
     return t
 
 
