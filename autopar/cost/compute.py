@@ -17,6 +17,7 @@ them). The last stage adds the LM head (a BF16 GEMM) and its cross-entropy over 
 
 from __future__ import annotations
 
+from autopar.cost.cp import ring_full_share
 from autopar.cost.kernels import Kernels
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.shapes import TP_SPLIT, LayerKind
@@ -173,7 +174,8 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
         add("core_attn", kern.attention_unfused(full * tokens / tp, span, kind.head_dim,
                                                 kind.heads / tp * kind.attn_window * tokens))
     else:
-        add("core_attn", kern.attention(kind.attn_flops * tokens / tp, span, kind.head_dim))
+        add("core_attn", kern.attention(kind.attn_flops * tokens / tp, span, kind.head_dim,
+                                        ring_full_share(L.cp, kind.attn_window, tr.seq_len)))
     e = tr.activation_bytes
     ew = ELEMENTWISE_BYTES[tr.elementwise]
     for name, (fwd, bwd) in kind.membound.items():

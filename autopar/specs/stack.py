@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
-               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather", "loss_runtime", "cuda_graphs",
-               "fp8_output_proj", "projections")
+               "cp_ring", "pp_fsdp", "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather",
+               "loss_runtime", "cuda_graphs", "fp8_output_proj", "projections")
 KNOB_RECORDED = ("dispatcher",)
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
@@ -68,6 +68,12 @@ class StackKnobs(Spec):
     ep_overlap: bool = Field(default=True, description="EP all-to-all overlapped (Megatron --overlap-moe-expert-"
                                                        "parallel-comm / moe_a2a_overlap).")
     cp_overlap: bool = Field(default=True, description="CP ring exchange overlapped with attention.")
+    cp_ring: Literal["te_p2p", "torch_allgather"] = Field(
+        default="te_p2p", description="Ring attention implementation: Transformer Engine's p2p ring or PyTorch's "
+                                      "all-gather ring (TrainingSpec.cp_ring).")
+    pp_fsdp: Literal["per_microbatch", "per_step"] = Field(
+        default="per_microbatch", description="FSDP traffic under PP: every micro-batch, or once per step "
+                                              "(TrainingSpec.pp_fsdp).")
     cross_entropy: Literal["fused", "unfused"] = Field(default="fused", description="Loss kernel.")
     loss_runtime: Literal["megatron", "torch"] = Field(
         default="megatron", description="Who holds the logits around the loss (memory only): Megatron's loss "
@@ -105,7 +111,8 @@ class StackKnobs(Spec):
         """The TrainingSpec switches these knobs set."""
         return dict(elementwise=self.elementwise, attention_impl=self.attention, fp8_recipe=self.fp8_recipe,
                     tp_comm_overlap=self.tp_overlap != "none", dp_comm_overlap=self.dp_overlap,
-                    ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap,
+                    ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap, cp_ring=self.cp_ring,
+                    pp_fsdp=self.pp_fsdp,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
                     selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
                     loss_runtime=self.loss_runtime, cuda_graphs=self.cuda_graphs,

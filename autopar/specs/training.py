@@ -56,6 +56,19 @@ class TrainingSpec(Spec):
         default=True,
         description="Ring attention overlaps each KV block transfer with the attention block it feeds (Megatron-Core "
                     "p2p context parallelism). Off: the KV exchange is exposed (autopar.cost.cp).")
+    pp_fsdp: Literal["per_microbatch", "per_step"] = Field(
+        default="per_microbatch",
+        description="ZeRO-3/FSDP under pipeline parallelism: 'per_microbatch' (gathers and reduce-scatters every "
+                    "micro-batch, as without PP) or 'per_step' (torchtitan + torch.distributed.pipelining: weights "
+                    "kept unsharded between micro-batches, one gather per step, the gradients reduce-scattered "
+                    "once after the stage's last backward, exposed; autopar.cost.dp).")
+    cp_ring: Literal["te_p2p", "torch_allgather"] = Field(
+        default="te_p2p",
+        description="Which ring attention runs context parallelism: 'te_p2p' (Megatron-Core / Transformer Engine: "
+                    "one KV send per ring step, hidden behind that step's block) or 'torch_allgather' (PyTorch's "
+                    "experimental context_parallel as torchtitan runs it: KV all-gathered once per layer and pass, "
+                    "dK/dV passed around in fp32, the partial outputs merged by unfused elementwise kernels; "
+                    "autopar.cost.cp).")
     elementwise: Literal["fused", "compiled", "eager"] = Field(
         default="fused",
         description="Elementwise kernels (norms, RoPE, SwiGLU): 'fused' (Transformer Engine / Megatron fusions), "
