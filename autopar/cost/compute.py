@@ -50,7 +50,7 @@ CROSS_ENTROPY_BYTES = {"fused": 8.0, "unfused": 44.0}
 #    an approximation: Inductor may split a chain or save an extra fp32 statistic).
 ELEMENTWISE_BYTES = {
     "fused": {},
-    "compiled": {},
+    "compiled": {"grad_sum_eager": (0.0, 0.0)},   # separate projections' input gradients summed in one fused kernel
     "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "mlp_act": (5 / 3, 1.6), "moe_act": (5 / 3, 1.6),
               "shared_act": (5 / 3, 1.6)},
 }
@@ -392,7 +392,8 @@ KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense
                 "router": "dense GEMM", "moe": "grouped GEMM (experts)", "core_attn": "attention core",
                 "norm": "memory-bound", "residual": "memory-bound", "rope": "memory-bound", "mlp_act": "memory-bound",
                 "shared_act": "memory-bound", "moe_act": "memory-bound", "permute": "memory-bound",
-                "fp8_cast": "memory-bound", "grad_sum": "memory-bound", "expert_grad_sum": "memory-bound"}
+                "fp8_cast": "memory-bound", "grad_sum": "memory-bound", "grad_sum_eager": "memory-bound",
+                "expert_grad_sum": "memory-bound"}
 
 
 def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
