@@ -124,7 +124,7 @@ class Estimator:
         if (L.tp > 1 and tr.tp_comm_overlap) or ((L.ep > 1 or L.etp > 1) and tr.ep_comm_overlap):
             gemm_w, kern_w = _compute.hiding_windows(prof, st, L, tr, self.kernels, self.imbalance)
         return StageTimes(
-            compute=t_tot, tp=tp_time_per_microbatch(prof, st, L, tr, hw, net, gemm_w),
+            compute=t_tot, tp=tp_time_per_microbatch(prof, st, L, tr, hw, net, gemm_w, self.kernels),
             cp=cp_time_per_microbatch(prof, st, L, tr, hw, net, self.kernels),
             ep=ep_time_per_microbatch(prof, st, L, tr, hw, net, self.imbalance, kern_w), forward=t_fwd,
             offload=offload_time_per_microbatch(prof, st, L, tr, hw, t_fwd, t_tot) if L.offload_activations else 0.0)
