@@ -161,14 +161,16 @@ def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     if not t or not tr.tp_comm_overlap:
         return t
     tp = L.tp
+    link = "network" if net.placement(tp, 1)[1] > 1 else "nvlink"
     if tr.tp_overlap_impl == "async_tp":
         if kern is None:
             raise ValueError("async TP pricing needs the kernel prices (kern)")
         t_m = t * async_tp_fused_share(prof, st, L, tr)
         exposed_m = max(0.0, t_m - gemm_window * (t_m / t) * (tp - 1) / tp)
         return ((t - t_m) + exposed_m + async_tp_compute_seconds(prof, st, L, tr, kern)
-                + overlap_cost(t_m - exposed_m, hw, "copy_engine"))
+                + overlap_cost(t_m - exposed_m, hw, "copy_engine", link))
     exposed = t / tp + max(0.0, t * (tp - 1) / tp - gemm_window)
     a = _ag_share(tr)
     hidden = t - exposed
-    return exposed + overlap_cost(hidden * a, hw, "copy_engine") + overlap_cost(hidden * (1.0 - a), hw, "sm")
+    return (exposed + overlap_cost(hidden * a, hw, "copy_engine", link)
+            + overlap_cost(hidden * (1.0 - a), hw, "sm", link))
