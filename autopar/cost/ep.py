@@ -31,7 +31,8 @@ T_ep) hide behind the partner's backward kernels (2/3 of W, the stage's kernels 
 
     exposed = T_ep / M + max(0, R/2 − 2W/3) + max(0, R/2 − W/3),   R = T_ep · (1 − 1/M)      (else T_ep)
 
-An approximation: the pairing's own slowdown (the two micro-batches' kernels share the SMs) is not counted.
+What hides slows the partner's kernels (they share the SMs): priced once for every term by
+:func:`autopar.cost.overlap.overlap_cost`, applied in :meth:`autopar.cost.Estimator.stage_times`.
 """
 
 from __future__ import annotations
