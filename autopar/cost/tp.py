@@ -63,7 +63,8 @@ copy engines; ``torch.distributed._symmetric_memory._pipelined_multi_all_gather_
 with T_m the fused collectives' share of T_tp (per block and pass an all-gather and a reduce-scatter of equal
 volume, the all-gather 1/2 of it under tensorwise FP8), T_u the rest, M = b·s/cp tokens, h the hidden size and
 e the activation bytes. The last stage's LM-head gather (and its backward reduce-scatter, one matmul) counts as
-fused. Approximations: the window G_m is G's share by volume; the symmetric-memory barriers (two per step) are
+fused. A TP group that spans NVLink domains cannot map its peers' memory (symmetric memory needs peer access):
+there async TP is priced as no overlap. Approximations: the window G_m is G's share by volume; the symmetric-memory barriers (two per step) are
 not counted; op-SAC's recomputed matmuls are not counted as chunked.
 
 FP8 tensorwise with torchao (``fp8_recipe: tensorwise``): torchtitan's Float8ColwiseParallel / Float8RowwiseParallel
@@ -163,6 +164,8 @@ def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     tp = L.tp
     link = "network" if net.placement(tp, 1)[1] > 1 else "nvlink"
     if tr.tp_overlap_impl == "async_tp":
+        if link == "network":
+            return t   # symmetric memory maps peers' buffers over NVLink: a TP group across domains runs plain NCCL
         if kern is None:
             raise ValueError("async TP pricing needs the kernel prices (kern)")
         t_m = t * async_tp_fused_share(prof, st, L, tr)

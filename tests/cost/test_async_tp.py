@@ -85,3 +85,13 @@ def test_stack_knob_selects_async_tp():
     f = StackKnobs(tp_overlap="userbuffers").training_fields()
     assert f["tp_comm_overlap"] and f["tp_overlap_impl"] == "userbuffers"
     assert not StackKnobs(tp_overlap="none").training_fields()["tp_comm_overlap"]
+
+
+def test_async_tp_across_nvlink_domains_is_plain_tp():
+    """Symmetric memory needs peer access: a TP group spanning NVLink domains gets no async-TP overlap."""
+    net = HW.model_copy(update={"nvlink_domain_size": 4, "gpus_per_node": 4})
+    est = Estimator(load_model("llama3_8b"), net, ASYNC, 16)
+    L = est.resolve(Layout(tp=8, micro_batch=4))
+    st = est.stages(L.stage_layers)[0]
+    assert est.net.placement(8, 1)[1] == 2
+    assert est.stage_times(L, st).tp == pytest.approx(tp_comm_seconds(est.profile, st, L, ASYNC, est.net))
