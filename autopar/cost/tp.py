@@ -44,7 +44,9 @@ matmuls, ``fuse_matmul_reduce_scatter`` for a reduce-scatter whose input is one 
   q, k, v (w1, w3) input gradients, an add, not a matmul, so it stays a plain NCCL reduce-scatter, all exposed;
 * FP8 with a recipe that quantises after the all-gather (rowwise: "all-gather happens in high precision",
   torchtitan ``enable_float8_tensorwise_tp``; and the other FP8 families): the gathered tensor feeds a cast, not a
-  matmul, so only the forward reduce-scatters are fused. Tensorwise casts before the gather: as BF16.
+  matmul, so only the forward reduce-scatters are fused (pytorch/pytorch issue #149990, 2025-03-25: async TP under
+  rowwise scales fuses matmul -> reduce-scatter, not all-gather -> matmul). Tensorwise casts before the gather: as
+  BF16.
 
 Each fused op runs its GEMM as tp GEMMs of M/tp rows, one per shard (``_fused_all_gather_matmul_impl``,
 ``_fused_matmul_reduce_scatter_impl``), on two streams, pulling each peer's shard with a peer ``copy_`` (the
@@ -72,6 +74,11 @@ cast before the sequence-parallel all-gathers, so each all-gather moves 1-byte e
 stays in BF16: 3/4 of the BF16 volume ("float8 all-gather with TP is only supported for tensorwise float8 scaling
 recipes. For rowwise recipes, we use regular TP and all-gather happens in high precision": pytorch/torchtitan
 torchtitan/models/llama3/infra/parallelize.py, ``enable_float8_tensorwise_tp``).
+
+torchao tensorwise scaling under DTensor TP also reduces each cast's amax over the TP group ("For TP ... The overhead is
+communicating max(abs) across ranks. For sharded weights, we communicate max(abs) as well": pytorch/torchtitan
+docs/float8.md): one 4-byte all-reduce per cast of a TP-sharded operand, latency-bound and waited on before the cast,
+so not hidden by async TP (:func:`fp8_amax_seconds`).
 """
 
 from __future__ import annotations
@@ -103,6 +110,23 @@ def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
     if tr.precision == "fp8" and tr.fp8_recipe == "tensorwise":
         nbytes *= FP8_TENSORWISE_TP_VOLUME
     return n_ar * net.time("all_reduce", nbytes, L.tp, 1)
+
+
+# torchao tensorwise amax all-reduces per TP-split linear and micro-batch: forward, the input's and the weight's cast;
+# backward, the output gradient's (the backward weight cast reuses the forward amax: pytorch/ao
+# torchao/testing/training/roofline_utils.py, tensorwise weight, kernel 4). Recomputation re-runs the forward two.
+# A fused QKV or gate-up GEMM counts once (torchtitan's separate wq, wk, wv and w1, w3 weights cast apart: an
+# undercount of 3 weight amaxes per Llama layer).
+FP8_AMAX_PER_LINEAR, FP8_AMAX_RECOMPUTE, FP8_AMAX_BYTES = 3, 2, 4.0
+def fp8_amax_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network) -> float:
+    """Seconds of one micro-batch's torchao tensorwise amax all-reduces over the TP group (module docstring):
+    n_lin · (3 + 2 if recomputing) latency-bound all-reduces of one fp32 scalar, n_lin the stage's TP-split linears."""
+    if L.tp == 1 or tr.precision != "fp8" or tr.fp8_recipe != "tensorwise":
+        return 0.0
+    n_lin = sum(count * sum(lin.split in ("col", "row") for lin in prof.kinds[j].linears)
+                for j, count in prof.kind_counts(st.first, st.last))
+    per = FP8_AMAX_PER_LINEAR + (FP8_AMAX_RECOMPUTE if L.recompute != "none" else 0)
+    return n_lin * per * net.time("all_reduce", FP8_AMAX_BYTES, L.tp, 1)
 
 
 def _ag_share(tr: TrainingSpec) -> float:
@@ -159,21 +183,22 @@ def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     ``gemm_window``: the stage's TP-split GEMM seconds (G above); ``kern``: the kernel prices (async TP's chunked
     GEMMs and partial sums; needed when ``tr.tp_overlap_impl`` is 'async_tp')."""
     t = tp_comm_seconds(prof, st, L, tr, net)
+    amax = fp8_amax_seconds(prof, st, L, tr, net)
     if not t or not tr.tp_comm_overlap:
-        return t
+        return t + amax
     tp = L.tp
     link = "network" if net.placement(tp, 1)[1] > 1 else "nvlink"
     if tr.tp_overlap_impl == "async_tp":
         if link == "network":
-            return t   # symmetric memory maps peers' buffers over NVLink: a TP group across domains runs plain NCCL
+            return t + amax   # symmetric memory maps peers' buffers over NVLink: a TP group across domains runs plain NCCL
         if kern is None:
             raise ValueError("async TP pricing needs the kernel prices (kern)")
         t_m = t * async_tp_fused_share(prof, st, L, tr)
         exposed_m = max(0.0, t_m - gemm_window * (t_m / t) * (tp - 1) / tp)
         return ((t - t_m) + exposed_m + async_tp_compute_seconds(prof, st, L, tr, kern)
-                + overlap_cost(t_m - exposed_m, hw, "copy_engine", link))
+                + overlap_cost(t_m - exposed_m, hw, "copy_engine", link) + amax)
     exposed = t / tp + max(0.0, t * (tp - 1) / tp - gemm_window)
     a = _ag_share(tr)
     hidden = t - exposed
     return (exposed + overlap_cost(hidden * a, hw, "copy_engine", link)
-            + overlap_cost(hidden * (1.0 - a), hw, "sm", link))
+            + overlap_cost(hidden * (1.0 - a), hw, "sm", link) + amax)
