@@ -83,10 +83,12 @@ def ep_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
 
 
 def ep_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
-                           net: Network, imbalance: float = 1.0, window: float = 0.0) -> float:
+                           net: Network, imbalance: float = 1.0, window: float = 0.0,
+                           total: float | None = None) -> float:
     """Exposed EP seconds of one micro-batch: T_ep times ``imbalance`` (the busiest rank's load), less what the
-    partner micro-batch's kernels (``window``, W above) hide where the schedule overlaps at all."""
-    t = ep_comm_seconds(prof, st, L, tr, net) * imbalance
+    partner micro-batch's kernels (``window``, W above) hide where the schedule overlaps at all. ``total``: T_ep ·
+    imbalance when the caller has it already (the estimator prices the hidden part too)."""
+    t = ep_comm_seconds(prof, st, L, tr, net) * imbalance if total is None else total
     if not t or not tr.ep_comm_overlap or ep_overlap_blockers(L, prof.model):
         return t
     m = L.grad_accum

@@ -131,13 +131,13 @@ class Estimator:
         if (L.tp > 1 and tr.tp_comm_overlap) or ((L.ep > 1 or L.etp > 1) and tr.ep_comm_overlap):
             gemm_w, kern_w = _compute.hiding_windows(prof, st, L, tr, self.kernels, self.imbalance)
         cp = cp_time_per_microbatch(prof, st, L, tr, hw, net, self.kernels)
-        ep = ep_time_per_microbatch(prof, st, L, tr, hw, net, self.imbalance, kern_w)
+        ep_total = ep_comm_seconds(prof, st, L, tr, net) * self.imbalance
+        ep = ep_time_per_microbatch(prof, st, L, tr, hw, net, self.imbalance, kern_w, ep_total)
         if L.cp > 1 and tr.cp_comm_overlap:   # the ring's hidden transfers slow the attention they hide under
             cp += overlap_cost(max(0.0, cp_time_per_microbatch(prof, st, L, self._no_overlap, hw, net, self.kernels)
                                     - cp), hw, "sm", self._link(L.cp, L.tp))
-        if ep and tr.ep_comm_overlap:         # the partner micro-batch's kernels run beside the all-to-alls
-            ep += overlap_cost(max(0.0, ep_comm_seconds(prof, st, L, tr, net) * self.imbalance - ep), hw, "sm",
-                               self._link(L.ep, L.etp))
+        if tr.ep_comm_overlap and ep_total > ep:   # the partner micro-batch's kernels run beside the all-to-alls
+            ep += overlap_cost(max(0.0, ep_total - ep), hw, "sm", self._link(L.ep, L.etp))
         return StageTimes(
             compute=t_tot, tp=tp_time_per_microbatch(prof, st, L, tr, hw, net, gemm_w, self.kernels),
             cp=cp, ep=ep, forward=t_fwd,
