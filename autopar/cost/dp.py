@@ -29,6 +29,15 @@ prefetch). Exposed traffic is what does not fit in the compute that can hide it:
 
         exposed per micro-batch = f·(AG + RS) + max(0, (1 − f)·(2·AG + RS) − W_mb)
 
+  * ZeRO-3 / FSDP under PP with ``training.pp_fsdp = 'per_step'`` (torchtitan with torch.distributed.pipelining:
+    pytorch/torchtitan@9dec370 parallelize_llama.py apply_fsdp sets reshard_after_forward = False under PP, "to
+    avoid per-microbatch all-gathers"; torch/distributed/pipelining/stage.py backward_maybe_with_nosync turns
+    gradient sync and resharding off for every micro-batch's backward and runs FSDP's post_backward by hand after
+    the last one): the weights are gathered once per step, under the first micro-batch's forward, and the
+    gradients reduce-scattered once, after the stage's last backward, with nothing of the stage left to hide them:
+
+        exposed per step = f·AG + max(0, (1 − f)·AG − W_fwd) + RS
+
   * Each layer's (bucket's) collective pays its own latency (Network's alpha term): ``units`` per micro-batch
     under FSDP, one per bucket otherwise; this is what makes a large DP group cost more than its bytes.
   * Bandwidth is shared: the window W is what is left of the compute after the same link's other traffic in that
@@ -86,9 +95,13 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
         # ZeRO-3 / FSDP: per micro-batch, one gather (forward), one gather and one reduce-scatter (backward) per layer
         ag, rs = _times(net, "all_gather", w_bytes, n, stride, units), _times(net, "reduce_scatter", g_bytes, n,
                                                                                stride, units)
-        per_mb = 2 * ag + rs
-        tot3 = M * per_mb
-        exp3 = M * (f_unit * (ag + rs) + _exposed((1.0 - f_unit) * per_mb, w_fwd + w_bwd)) if on else tot3
+        if L.pp > 1 and tr.pp_fsdp == "per_step":   # one gather and one reduce-scatter per step (docstring)
+            tot3 = ag + rs
+            exp3 = f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else tot3
+        else:
+            per_mb = 2 * ag + rs
+            tot3 = M * per_mb
+            exp3 = M * (f_unit * (ag + rs) + _exposed((1.0 - f_unit) * per_mb, w_fwd + w_bwd)) if on else tot3
         # bucketed ZeRO-0/1/2 (and the HSDP replica all-reduce): one collective per bucket with overlap, one for
         # everything without (Megatron-Core: bucket_size None when --overlap-grad-reduce is off)
         f_b = min(1.0, max(BUCKET_MIN_PARAMS, BUCKET_PER_RANK_PARAMS * n) / params) if on else 1.0

@@ -21,9 +21,11 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
 * **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``); and who holds
   the logits around it (``loss_runtime``: Megatron's loss path, or PyTorch's as torchtitan runs it), a memory term
   (:mod:`autopar.cost.memory`).
-* **recorded, not priced** (no measurement separates them from the fitted per-layer overheads yet; they are
-  written by ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``,
-  ``all_gather``, ``deepep``, ``hybridep``), CUDA graphs (``none``, ``partial``, ``full_iteration``).
+* **CUDA graphs** (``none``, ``partial``, ``full_iteration``): a whole-iteration graph leaves no host launch work,
+  so the per-layer host overhead is not paid (:data:`autopar.cost.compute.HOST_OVERHEAD_SHARE`).
+* **recorded, not priced** (no measurement separates it from the fitted per-layer overheads yet; written by
+  ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``, ``all_gather``,
+  ``deepep``, ``hybridep``).
 
 Precedence: a flag on the command line > the stack file > TrainingSpec's built-in default.
 """
@@ -41,8 +43,9 @@ if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
-               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather", "loss_runtime")
-KNOB_RECORDED = ("dispatcher", "cuda_graphs")
+               "cp_ring", "pp_fsdp", "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather",
+               "loss_runtime", "cuda_graphs", "fp8_output_proj")
+KNOB_RECORDED = ("dispatcher",)
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
 
@@ -62,6 +65,12 @@ class StackKnobs(Spec):
     ep_overlap: bool = Field(default=True, description="EP all-to-all overlapped (Megatron --overlap-moe-expert-"
                                                        "parallel-comm / moe_a2a_overlap).")
     cp_overlap: bool = Field(default=True, description="CP ring exchange overlapped with attention.")
+    cp_ring: Literal["te_p2p", "torch_allgather"] = Field(
+        default="te_p2p", description="Ring attention implementation: Transformer Engine's p2p ring or PyTorch's "
+                                      "all-gather ring (TrainingSpec.cp_ring).")
+    pp_fsdp: Literal["per_microbatch", "per_step"] = Field(
+        default="per_microbatch", description="FSDP traffic under PP: every micro-batch, or once per step "
+                                              "(TrainingSpec.pp_fsdp).")
     cross_entropy: Literal["fused", "unfused"] = Field(default="fused", description="Loss kernel.")
     loss_runtime: Literal["megatron", "torch"] = Field(
         default="megatron", description="Who holds the logits around the loss (memory only): Megatron's loss "
@@ -75,10 +84,14 @@ class StackKnobs(Spec):
                                    "TrainingSpec.fp8_param_gather). Transformer Engine FP8 precisions only (fp8 "
                                    "te, fp8_block, mxfp8): refused with others, as Megatron refuses fp8_param "
                                    "without fp8.")
+    fp8_output_proj: bool = Field(
+        default=False, description="LM head in MXFP8 (Megatron-Core fp8_output_proj; TrainingSpec.fp8_lm_head). "
+                                   "Precision mxfp8 only.")
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
-        default="none", description="CUDA graphs (recorded, not priced).")
+        default="none", description="CUDA graphs: full_iteration removes the per-layer host overhead "
+                                     "(TrainingSpec.cuda_graphs).")
 
     @model_validator(mode="after")
     def _check(self) -> "StackKnobs":
@@ -93,10 +106,12 @@ class StackKnobs(Spec):
                     tp_comm_overlap=self.tp_overlap != "none",
                     tp_overlap_impl="async_tp" if self.tp_overlap == "async_tp" else "userbuffers",
                     dp_comm_overlap=self.dp_overlap,
-                    ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap,
+                    ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap, cp_ring=self.cp_ring,
+                    pp_fsdp=self.pp_fsdp,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
                     selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
-                    loss_runtime=self.loss_runtime)
+                    loss_runtime=self.loss_runtime, cuda_graphs=self.cuda_graphs,
+                    fp8_lm_head=self.fp8_output_proj)
 
 
 class StackSpec(Spec):
