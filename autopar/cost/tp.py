@@ -30,9 +30,9 @@ Engine's all-gathers are ``ring_exchange`` peer copies on the copy engines and i
 so the hidden all-gather time pays the ``copy_engine`` slowdown and the hidden reduce-scatter time the ``sm`` one.
 
 Async TP (``training.tp_overlap_impl == 'async_tp'``: PyTorch's ``torch._inductor.fx_passes.micro_pipeline_tp``
-pass under torch.compile, torchtitan ``enable_async_tensor_parallel``; Wang et al., "[Distributed w/ TorchTitan]
-Introducing Async Tensor Parallelism in PyTorch", discuss.pytorch.org/t/209487, 2024: ~8% end-to-end on Llama 3
-8B and 70B) is a graph rewrite, not a library switch, and only what its pattern matcher finds is overlapped
+pass under torch.compile, torchtitan ``enable_async_tensor_parallel``; "[Distributed w/ TorchTitan] Introducing
+Async Tensor Parallelism in PyTorch", PyTorch dev-discuss 2024, discuss.pytorch.org/t/209487: ~8% end-to-end on
+Llama 3 8B and 70B) is a graph rewrite, not a library switch, and only what its pattern matcher finds is overlapped
 (torch ``micro_pipeline_tp.py``: ``fuse_all_gather_matmul`` for an all-gather whose output is the left operand of
 matmuls, ``fuse_matmul_reduce_scatter`` for a reduce-scatter whose input is one matmul's output,
 ``_find_producer_matmul``):
@@ -63,11 +63,11 @@ copy engines; ``torch.distributed._symmetric_memory._pipelined_multi_all_gather_
             + overlap_cost(hidden part of T_m, copy_engine)
 
 with T_m the fused collectives' share of T_tp (per block and pass an all-gather and a reduce-scatter of equal
-volume, the all-gather 1/2 of it under tensorwise FP8), T_u the rest, M = b·s/cp tokens, h the hidden size and
-e the activation bytes. The last stage's LM-head gather (and its backward reduce-scatter, one matmul) counts as
+volume; under tensorwise FP8 the all-gather moves half the reduce-scatter's bytes), T_u the rest, M = b·s/cp
+tokens, h the hidden size and e the activation bytes. The last stage's LM-head gather (and its backward reduce-scatter, one matmul) counts as
 fused. A TP group that spans NVLink domains cannot map its peers' memory (symmetric memory needs peer access):
-there async TP is priced as no overlap. Approximations: the window G_m is G's share by volume; the symmetric-memory barriers (two per step) are
-not counted; op-SAC's recomputed matmuls are not counted as chunked.
+there async TP is priced as no overlap. Approximations: the window G_m is G's share by volume; the symmetric-memory
+barriers (two per step) are not counted; op-SAC's recomputed matmuls are not counted as chunked.
 
 FP8 tensorwise with torchao (``fp8_recipe: tensorwise``): torchtitan's Float8ColwiseParallel / Float8RowwiseParallel
 cast before the sequence-parallel all-gathers, so each all-gather moves 1-byte elements and each reduce-scatter
@@ -190,7 +190,8 @@ def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     link = "network" if net.placement(tp, 1)[1] > 1 else "nvlink"
     if tr.tp_overlap_impl == "async_tp":
         if link == "network":
-            return t + amax   # symmetric memory maps peers' buffers over NVLink: a TP group across domains runs plain NCCL
+            # symmetric memory maps peers' buffers over NVLink: a TP group across domains runs plain NCCL
+            return t + amax
         if kern is None:
             raise ValueError("async TP pricing needs the kernel prices (kern)")
         t_m = t * async_tp_fused_share(prof, st, L, tr)
