@@ -64,10 +64,11 @@ copy engines; ``torch.distributed._symmetric_memory._pipelined_multi_all_gather_
 
 with T_m the fused collectives' share of T_tp (per block and pass an all-gather and a reduce-scatter of equal
 volume; under tensorwise FP8 the all-gather moves half the reduce-scatter's bytes), T_u the rest, M = b·s/cp
-tokens, h the hidden size and e the activation bytes. The last stage's LM-head gather (and its backward
-reduce-scatter, one matmul) counts as fused. A TP group that spans NVLink domains cannot map its peers' memory (symmetric memory needs peer access):
-there async TP is priced as no overlap. Approximations: the window G_m is G's share by volume; the symmetric-memory
-barriers (two per step) are not counted; op-SAC's recomputed matmuls are not counted as chunked.
+tokens, h the hidden size and e the activation bytes. The last stage's LM-head gather (and its backward reduce-
+scatter, one matmul) counts as fused. A TP group that spans NVLink domains cannot map its peers' memory (symmetric
+memory needs peer access): there async TP is priced as no overlap. Approximations: the window G_m is G's share by
+volume; the symmetric-memory barriers (two per step) are not counted; op-SAC's recomputed matmuls are not counted as
+chunked.
 
 FP8 tensorwise with torchao (``fp8_recipe: tensorwise``): torchtitan's Float8ColwiseParallel / Float8RowwiseParallel
 cast before the sequence-parallel all-gathers, so each all-gather moves 1-byte elements and each reduce-scatter
