@@ -50,7 +50,7 @@ CROSS_ENTROPY_BYTES = {"fused": 8.0, "unfused": 44.0}
 #    an approximation: Inductor may split a chain or save an extra fp32 statistic).
 ELEMENTWISE_BYTES = {
     "fused": {},
-    "compiled": {},
+    "compiled": {"grad_sum_eager": (0.0, 0.0)},   # separate projections' input gradients summed in one fused kernel
     "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "mlp_act": (5 / 3, 1.6), "moe_act": (5 / 3, 1.6),
               "shared_act": (5 / 3, 1.6)},
 }
@@ -99,8 +99,10 @@ ROWWISE_RESCALE_BYTES = 4.0
 def torchao_cast_bytes(kind: LayerKind, L: Layout, tr: TrainingSpec, tokens: float) -> tuple[float, float]:
     """(forward, backward) HBM bytes of torchao Float8Linear's quantisation kernels (``fp8_recipe`` tensorwise or
     rowwise) in one layer's dense GEMMs for ``tokens`` = T tokens per GPU: each linear (as :mod:`autopar.blocks`
-    lists it; a fused QKV or gate-up GEMM is one operand: torch.compile's common-subexpression pass quantises a shared
-    input once, an approximation for eager mode) casts its input (forward) and its output gradient (backward) over its
+    lists it; a fused QKV or gate-up GEMM is one operand, and separate projections on one input (``shares_input``:
+    torchtitan's wk, wv after wq) quantise it once: torchtitan's tensorwise TP plan casts the module input once
+    (PrepareFloat8ModuleInput) and torch.compile's common-subexpression pass merges the identical casts, an
+    approximation for eager mode) casts its input (forward) and its output gradient (backward) over its
     local width, its weight both ways (:data:`TORCHAO_WEIGHT_CAST_BYTES`), and under rowwise rescales its backward GEMM
     outputs (:data:`ROWWISE_RESCALE_BYTES`). Where TP gathers an operand (a column-parallel input, a row-parallel
     output gradient) every GPU holds all T tokens of it; tensorwise under SP casts the T/tp shard and transposes the
@@ -124,7 +126,7 @@ def torchao_cast_bytes(kind: LayerKind, L: Layout, tr: TrainingSpec, tokens: flo
             m, k, n, gin, gout = tokens / tp, lin.k, lin.n, False, False
         else:
             continue
-        fwd += operand(m, k, gin) + w_fwd * k * n
+        fwd += (0.0 if lin.shares_input else operand(m, k, gin)) + w_fwd * k * n
         bwd += operand(m, n, gout) + w_bwd * k * n
         if recipe == "rowwise":
             bwd += ROWWISE_RESCALE_BYTES * (m * k + k * n)
@@ -181,7 +183,9 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
         if split == "sp":
             n_tok = tokens / tp if L.sp else tokens
         elif split == "routed":
-            n_tok = tokens / tp * (etp if name == "permute" else 1)
+            n_tok = tokens / tp * (etp if name in ("permute", "expert_grad_sum") else 1)
+        elif split == "full":
+            n_tok = tokens
         else:
             n_tok = tokens / tp
         scale = imbalance if split == "routed" else 1.0
@@ -388,7 +392,8 @@ KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense
                 "router": "dense GEMM", "moe": "grouped GEMM (experts)", "core_attn": "attention core",
                 "norm": "memory-bound", "residual": "memory-bound", "rope": "memory-bound", "mlp_act": "memory-bound",
                 "shared_act": "memory-bound", "moe_act": "memory-bound", "permute": "memory-bound",
-                "fp8_cast": "memory-bound"}
+                "fp8_cast": "memory-bound", "grad_sum": "memory-bound", "grad_sum_eager": "memory-bound",
+                "expert_grad_sum": "memory-bound"}
 
 
 def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,

@@ -140,6 +140,12 @@ class TrainingSpec(Spec):
                     "and GatedDeltaNet CP: an all-to-all swaps the sequence split for a head split around the "
                     "scan, so heads must divide by tp·cp) or 'state_pass' (each CP rank scans its own tokens and "
                     "the recurrent states are passed along the sequence: LASP, autopar's runner).")
+    projections: Literal["fused", "separate"] = Field(
+        default="fused",
+        description="How the stack launches the attention and MLP input projections: 'fused' (Megatron-Core: one "
+                    "QKV GEMM, one gate-up GEMM) or 'separate' (torchtitan: wq, wk, wv and w1, w3 as their own "
+                    "nn.Linear): the same FLOPs in smaller GEMMs, each priced at its own shape "
+                    "(autopar.blocks Block.separate_gemms, autopar.cost.shapes).")
     activation_dtype: Literal["bf16", "fp16", "fp32"] = Field(
         default="bf16", description="Dtype activations are stored in (FP8 recipes still store most in bf16).")
 
