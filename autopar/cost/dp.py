@@ -35,6 +35,30 @@ prefetch). Exposed traffic is what does not fit in the compute that can hide it:
     time (TP collectives on NVLink, the EP all-to-all and CP ring on whichever link their groups span, forward and
     backward): W = max(0, compute − busy(link)), link = the network when the group spans NVLink domains.
 
+PyTorch FSDP2 as torchtitan runs it (``training.dp_impl`` fsdp2):
+
+  * Gradients are reduce-scattered in fp32 (``TrainingSpec.reduce_bytes``: torchtitan@9dec370's
+    mixed_precision_reduce 'float32'), twice the bytes of a bf16 reduction.
+  * Each all-gather is copied out of the flat gather buffer into the unsharded parameters by
+    ``torch.split_with_sizes_copy`` on the compute stream (pytorch/pytorch@01d66d21
+    torch/distributed/_composable/fsdp/_fsdp_collectives.py ``foreach_all_gather_copy_out``, called from
+    ``FSDPParamGroup.wait_for_unshard`` on the current stream): it reads and writes the gathered parameters once,
+    2·w bytes per parameter per gather at the HBM rate, time the compute stream spends and nothing hides:
+
+        copy-out = gathers · 2 · w · P / (hbm_tbps · 1e12 · kernel_model.hbm)
+
+    The copy-in (``torch._foreach_copy_`` of the local shard) and the reduce-scatter copy-in (``torch.cat`` of the
+    bf16 gradients into the fp32 buffer) run on FSDP2's own streams beside the compute: not priced (they take HBM
+    bandwidth from it, an approximation).
+  * Under pipeline parallelism torchtitan sets reshard_after_forward=False (torchtitan@9dec370
+    parallelisms/parallelize_llama.py apply_fsdp) and torch's pipeline stage keeps the parameters unsharded and
+    the gradients unreduced between micro-batches (pytorch/pytorch@88fa1e71 torch/distributed/pipelining/stage.py
+    ``backward_maybe_with_nosync``: set_reshard_after_backward(False), set_requires_gradient_sync(False) until
+    the last backward, then post_backward of every layer at once): one all-gather and one reduce-scatter per layer
+    per step, not per micro-batch. The gathers prefetch under the first micro-batch's forward (the first layer's
+    exposed); the reduce-scatters start after the stage's last backward, with nothing of that stage left to hide
+    them: exposed. (The 2024-12 torch the published runs used is ASSUMED to behave as the stored version.)
+
 Overlap off: everything is exposed. Approximations: the hiding compute of a micro-batch is the stage's kernels
 (recomputation not counted as hiding time), and the expert and dense buffers are bucketed
     separately.
@@ -75,12 +99,15 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
     busy = busy or {}
     units = max(1, units)
     f_unit = 1.0 / units
+    fsdp2 = tr.dp_impl == "fsdp2"
+    hbm = hw.hbm_tbps * 1e12 * hw.kernel_model.hbm   # B/s of memory-bound kernels
     total = exposed = 0.0
     for (group, n, stride), params in zip(_groups(L), (dense, expert)):
         if params == 0:
             continue
-        g_bytes, w_bytes = params * tr.grad_bytes, params * tr.param_gather_bytes   # FP8 under fp8_param_gather
+        g_bytes, w_bytes = params * tr.reduce_bytes, params * tr.param_gather_bytes   # FP8 under fp8_param_gather
         replicate = (L.dp * L.cp if group == "dense" else L.edp) // n if L.hsdp_shard else 1
+        copy_out = 2.0 * w_bytes / hbm if fsdp2 else 0.0   # one gather's copy-out: read + write (docstring)
         load = busy.get("network" if net.placement(n, stride)[1] > 1 else "nvlink", 0.0)
         w_fwd, w_bwd = maximum(t_fwd_mb - load / 3.0, 0.0), maximum(t_bwd_mb - 2.0 * load / 3.0, 0.0)
         # ZeRO-3 / FSDP: per micro-batch, one gather (forward), one gather and one reduce-scatter (backward) per layer
@@ -89,6 +116,14 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
         per_mb = 2 * ag + rs
         tot3 = M * per_mb
         exp3 = M * (f_unit * (ag + rs) + _exposed((1.0 - f_unit) * per_mb, w_fwd + w_bwd)) if on else tot3
+        if fsdp2 and n > 1:
+            # copy-out of every gather on the compute stream; under PP one gather and one reduce-scatter per step
+            piped = L.pp > 1
+            once = ag + rs
+            tot3 = where(piped, once, tot3)
+            exp3 = where(piped, f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else once, exp3)
+            gathers3 = where(piped, 1.0, 2.0 * M)
+            tot3, exp3 = tot3 + gathers3 * copy_out, exp3 + gathers3 * copy_out
         # bucketed ZeRO-0/1/2 (and the HSDP replica all-reduce): one collective per bucket with overlap, one for
         # everything without (Megatron-Core: bucket_size None when --overlap-grad-reduce is off)
         f_b = min(1.0, max(BUCKET_MIN_PARAMS, BUCKET_PER_RANK_PARAMS * n) / params) if on else 1.0
@@ -103,6 +138,8 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
         tot12 = t_grad + t_param if n > 1 else 0.0
         if n > 1:
             exp12 = _bucketed(t_grad, f_b, w_bwd) + _bucketed(t_param, f_b, w_fwd) if on else tot12
+            if fsdp2:   # FSDP2 without resharding: one gather per step, copied out on the compute stream
+                tot12, exp12 = tot12 + where(z == 0, 0.0, copy_out), exp12 + where(z == 0, 0.0, copy_out)
         else:
             exp12 = 0.0
         total = total + where(z >= 3, tot3, tot12)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
-               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather")
+               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather", "data_parallel", "optimizer")
 KNOB_RECORDED = ("dispatcher", "cuda_graphs")
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
@@ -70,6 +70,12 @@ class StackKnobs(Spec):
                                    "TrainingSpec.fp8_param_gather). Transformer Engine FP8 precisions only (fp8 "
                                    "te, fp8_block, mxfp8): refused with others, as Megatron refuses fp8_param "
                                    "without fp8.")
+    data_parallel: Literal["megatron", "fsdp2"] = Field(
+        default="megatron", description="Data-parallel implementation: Megatron-Core's DDP / distributed optimizer, "
+                                        "or PyTorch FSDP2 as torchtitan sets it up (fp32 reduce-scatter, all-gather "
+                                        "copy-out on the compute stream).")
+    optimizer: Literal["fused", "foreach"] = Field(
+        default="fused", description="Adam(W) kernels: fused (one pass) or torch's foreach (one pass per op).")
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
@@ -88,7 +94,8 @@ class StackKnobs(Spec):
                     tp_comm_overlap=self.tp_overlap != "none", dp_comm_overlap=self.dp_overlap,
                     ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
-                    selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather)
+                    selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
+                    dp_impl=self.data_parallel, optimizer_impl=self.optimizer)
 
 
 class StackSpec(Spec):
