@@ -47,6 +47,12 @@ CROSS_ENTROPY_BYTES = {"fused": 8.0, "unfused": 44.0}
 #  - compiled (torch.compile / Inductor, torchtitan --training.compile per block): each op chain above becomes one
 #    fused pointwise or reduction kernel reading its inputs and writing its outputs once, as the fused counts (1x;
 #    an approximation: Inductor may split a chain or save an extra fp32 statistic).
+#  Eager kernels stream at the hardware file's ``hbm`` fraction like fused ones: what differs is their bytes, not their
+#  rate. Measured PyTorch eager kernels on large tensors: torch.maximum (fp16, vectorised TensorIterator loop) on
+#  H200 3.37 TB/s of 4.8 = 0.70 at 1024 x 20480 (42 MB; 0.58 at half that; tile-ai/TileOPs issue #512, PyTorch
+#  2.9.1, 2026-03-15), FBGEMM's gather/scatter on H100 SXM 2.54-2.77 TB/s of 3.35 = 0.76-0.83 (pytorch/FBGEMM PR
+#  #3993, 2025-04-20), against the 0.80 the files take from DeepGEMM; a training step's elementwise tensors (one
+#  layer's b·s x h activations: 134 MB for Llama 3 8B at 2 x 8192 tokens, twice that in fp32) are larger still.
 ELEMENTWISE_BYTES = {
     "fused": {},
     "compiled": {},
