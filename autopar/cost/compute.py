@@ -64,14 +64,77 @@ ELEMENTWISE_BYTES = {
 # gradient), by recipe (TrainingSpec.fp8_recipe) and elementwise mode:
 #  - te: Transformer Engine cast_transpose with the amax fused in: read 2 B, write the FP8 copy and its transpose
 #    1 + 1 B = 4 B;
-#  - tensorwise (torchao Float8Linear, dynamic scaling): an amax pass (read 2 B), then the cast and the transposed
-#    cast: compiled, Inductor fuses both into one kernel (read 2, write 1 + 1) = 6 B; eager, two casts (2 + 1 each)
-#    = 8 B;
+#  - tensorwise (torchao Float8Linear, dynamic scaling): an amax pass (read 2 B), then the cast writing the row- and
+#    the column-major FP8 copies: compiled, one Inductor kernel (read 2, write 1 + 1) = 6 B (pytorch/ao@05980129
+#    torchao/testing/training/roofline_utils.py get_tensor_memory_traffic_ovhd_s, tensorwise, input/grad_output,
+#    kernels 1 and 3); eager, two casts (2 + 1 each) = 8 B;
 #  - rowwise (torchao rowwise scaling): per-row scales along each GEMM's contraction dim, so the operand and its
-#    transpose need their own amax and cast: 2 x (read 2 amax + read 2, write 1) = 10 B (compiled or eager).
+#    transpose are quantised apart: compiled, kernel 1 reads 2 B and writes the FP8 rows (1 B) and a bf16 transpose
+#    (2 B), kernel 2 reads that (2 B) and writes its FP8 copy (1 B) = 8 B (the same roofline_utils.py, rowwise,
+#    input/grad_output); eager, 2 x (amax read 2 + read 2, write 1) = 10 B.
 FP8_CAST_BYTES = {("te", "fused"): 4.0, ("te", "compiled"): 4.0, ("te", "eager"): 4.0,
                   ("tensorwise", "compiled"): 6.0, ("tensorwise", "eager"): 8.0, ("tensorwise", "fused"): 6.0,
-                  ("rowwise", "compiled"): 10.0, ("rowwise", "eager"): 10.0, ("rowwise", "fused"): 10.0}
+                  ("rowwise", "compiled"): 8.0, ("rowwise", "eager"): 10.0, ("rowwise", "fused"): 8.0}
+
+# torchao Float8Linear's weight casts, bytes per local weight element per micro-batch as (forward, backward). torchtitan
+# gathers the weights in bf16 (its Llama 3 configs set float8.enable_fsdp_float8_all_gather = false:
+# pytorch/torchtitan@038d5fd1 torchtitan/models/llama3/train_configs/llama3_70b.toml; torchao allows the FP8 gather for
+# tensorwise only, torchao/float8/config.py) and casts them in every forward and backward, no cache across
+# micro-batches (pytorch/ao@05980129 roofline_utils.py, role weight):
+#  - tensorwise: amax (read 2) and the forward cast (read 2, write 1), the backward cast (read 2, write 1): (5, 3);
+#  - rowwise: the forward cast (read 2, write 1); in backward a bf16 transpose (read 2, write 2) and its cast
+#    (read 2, write 1): (3, 7).
+TORCHAO_WEIGHT_CAST_BYTES = {"tensorwise": (5.0, 3.0), "rowwise": (3.0, 7.0)}
+# Under sequence-parallel TP, torchtitan's tensorwise plan (Float8ColwiseParallel, PrepareFloat8ModuleInput,
+# Float8RowwiseParallel; pytorch/torchtitan torchtitan/models/llama3/infra/parallelize.py) quantises the T/tp shard
+# before the FP8 all-gather (amax read 2 + read 2, write 1 = 5 B), and the weight-gradient GEMM then needs the gathered
+# FP8 operand column-major (torch._scaled_mm; torchao float8_ops.py preprocess_addmm: .t().contiguous()): a transposed
+# copy over all T tokens, read 1 + write 1 = 2 B. Rowwise keeps Megatron-style bf16 all-gathers and quantises the
+# gathered T tokens (8 or 10 B above).
+TENSORWISE_SHARD_CAST_BYTES, FP8_TRANSPOSE_BYTES = 5.0, 2.0
+# Rowwise backward GEMMs run without fast accumulation (torchao Float8LinearConfig: gemm_config_grad_input and
+# gemm_config_grad_weight default use_fast_accum=False; only the output GEMM sets it), and for that case torchao calls
+# the tensorwise cuBLAS kernel with unit scales and rescales the bf16 result in a separate pointwise kernel
+# ("The rowwise CUTLASS-based kernel is so slow without fast-accum ...": pytorch/ao torchao/float8/float8_ops.py
+# addmm_float8_unwrapped; one extra Triton kernel per GEMM under torch.compile, pytorch/ao issue #2184, 2025-05-08):
+# read 2 + write 2 B per element of the grad_input (T x K) and grad_weight (K x N) outputs.
+ROWWISE_RESCALE_BYTES = 4.0
+
+
+def torchao_cast_bytes(kind: LayerKind, L: Layout, tr: TrainingSpec, tokens: float) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of torchao Float8Linear's quantisation kernels (``fp8_recipe`` tensorwise or
+    rowwise) in one layer's dense GEMMs for ``tokens`` = T tokens per GPU: each linear (as :mod:`autopar.blocks`
+    lists it; a fused QKV or gate-up GEMM is one operand: torch.compile's common-subexpression pass quantises a shared
+    input once, an approximation for eager mode) casts its input (forward) and its output gradient (backward) over its
+    local width, its weight both ways (:data:`TORCHAO_WEIGHT_CAST_BYTES`), and under rowwise rescales its backward GEMM
+    outputs (:data:`ROWWISE_RESCALE_BYTES`). Where TP gathers an operand (a column-parallel input, a row-parallel
+    output gradient) every GPU holds all T tokens of it; tensorwise under SP casts the T/tp shard and transposes the
+    gathered copy (:data:`TENSORWISE_SHARD_CAST_BYTES`). Expert GEMMs are not counted here."""
+    tp, recipe = L.tp, tr.fp8_recipe
+    act = FP8_CAST_BYTES[recipe, tr.elementwise]
+    w_fwd, w_bwd = TORCHAO_WEIGHT_CAST_BYTES[recipe]
+
+    def operand(m: float, width: float, gathered: bool) -> float:
+        if gathered and tp > 1 and recipe == "tensorwise" and L.sp:
+            return width * (TENSORWISE_SHARD_CAST_BYTES * m / tp + FP8_TRANSPOSE_BYTES * m)
+        return width * act * m
+
+    fwd = bwd = 0.0
+    for lin in kind.linears:
+        if lin.split == "col":
+            m, k, n, gin, gout = tokens, lin.k, lin.n / tp, True, False
+        elif lin.split == "row":
+            m, k, n, gin, gout = tokens, lin.k / tp, lin.n, False, True
+        elif lin.split == "replicated":
+            m, k, n, gin, gout = tokens / tp, lin.k, lin.n, False, False
+        else:
+            continue
+        fwd += operand(m, k, gin) + w_fwd * k * n
+        bwd += operand(m, n, gout) + w_bwd * k * n
+        if recipe == "rowwise":
+            bwd += ROWWISE_RESCALE_BYTES * (m * k + k * n)
+    return fwd, bwd
+
 
 # Forward kernels re-run by each Megatron-Core recompute module (``--recompute-modules``).
 RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"), "moe": ("moe", "moe_act", "permute"),
@@ -124,11 +187,15 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
         fx, bx = ew.get(name, (1.0, 1.0))
         add(name, (kern.stream(fx * fwd * e * n_tok), kern.stream(bx * bwd * e * n_tok)), scale)
     if kern.fp8:
-        # Transformer Engine cast_transpose: 4 B per element of each GEMM input (forward) and output gradient
-        # (backward) — see autopar.cost.shapes.
         cast_b = FP8_CAST_BYTES[tr.fp8_recipe, tr.elementwise] if tr.precision == "fp8" else 4.0
-        half = 0.5 * kind.fp8_cast_width * cast_b * tokens / tp
-        add("fp8_cast", (kern.stream(half), kern.stream(half)))
+        if tr.precision == "fp8" and tr.fp8_recipe in TORCHAO_WEIGHT_CAST_BYTES:
+            fwd_b, bwd_b = torchao_cast_bytes(kind, L, tr, tokens)
+            add("fp8_cast", (kern.stream(fwd_b), kern.stream(bwd_b)))
+        else:
+            # Transformer Engine cast_transpose: 4 B per element of each GEMM input (forward) and output gradient
+            # (backward) — see autopar.cost.shapes.
+            half = 0.5 * kind.fp8_cast_width * cast_b * tokens / tp
+            add("fp8_cast", (kern.stream(half), kern.stream(half)))
         if kind.is_moe:
             half_e = 0.5 * kind.fp8_cast_width_expert * cast_b * tokens * kind.top_k / tp
             add("moe", (kern.stream(half_e), kern.stream(half_e)), imbalance)

@@ -43,8 +43,12 @@ class Kernels:
         self.peak = hw.peak_tflops(tr.precision) * 1e12
         # Large-GEMM fraction at the clock a long run sustains under the power limit (KernelModel docstring).
         self.gemm_max = km.gemm_max(tr.precision) * km.sustained_gemm
-        if tr.precision == "fp8" and tr.fp8_recipe == "rowwise":
-            self.gemm_max *= km.fp8_rowwise_gemm   # rowwise-scaled kernel against the tensorwise figure (measured)
+        # torchao's rowwise recipe runs only the forward GEMM on the rowwise-scaled CUTLASS kernel (fast accumulation,
+        # measured at ``fp8_rowwise_gemm`` of the tensorwise rate); its backward GEMMs, without fast accumulation, run
+        # the tensorwise cuBLAS kernel and rescale the output apart (pytorch/ao torchao/float8/float8_ops.py
+        # addmm_float8_unwrapped; the rescale's bytes are autopar.cost.compute.ROWWISE_RESCALE_BYTES).
+        rowwise = tr.precision == "fp8" and tr.fp8_recipe == "rowwise"
+        self.fwd_gemm_rate = km.fp8_rowwise_gemm if rowwise else 1.0
         # The LM head (and anything outside the transformer blocks) stays in BF16 under FP8 recipes
         # (Transformer Engine / Megatron keep the output layer in higher precision).
         hi = "fp16" if tr.precision == "fp16" else "bf16"
@@ -82,7 +86,7 @@ class Kernels:
         flops = 2.0 * m * n * k * (weight_elems / (n * k) if grouped else 1.0)
         rate = (self.peak_hi if hi else self.peak) * eff
         bw = self.hbm_bytes_per_s
-        return (max(flops / rate, weight_elems * wb / bw),
+        return (max(flops / (rate * (1.0 if hi else self.fwd_gemm_rate)), weight_elems * wb / bw),
                 max(2.0 * flops / rate, weight_elems * (wb + gb) / bw))
 
     def attn_eff(self, span: float, head_dim: float, backward: bool) -> float:

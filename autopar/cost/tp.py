@@ -30,6 +30,11 @@ cast before the sequence-parallel all-gathers, so each all-gather moves 1-byte e
 stays in BF16: 3/4 of the BF16 volume ("float8 all-gather with TP is only supported for tensorwise float8 scaling
 recipes. For rowwise recipes, we use regular TP and all-gather happens in high precision": pytorch/torchtitan
 torchtitan/models/llama3/infra/parallelize.py, ``enable_float8_tensorwise_tp``).
+
+torchao tensorwise scaling under DTensor TP also reduces each cast's amax over the TP group ("For TP ... The overhead is
+communicating max(abs) across ranks. For sharded weights, we communicate max(abs) as well": pytorch/torchtitan
+docs/float8.md): one 4-byte all-reduce per cast of a TP-sharded operand, latency-bound and waited on before the cast,
+so not hidden by async TP (:func:`fp8_amax_seconds`).
 """
 
 from __future__ import annotations
@@ -60,10 +65,40 @@ def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
     return n_ar * net.time("all_reduce", nbytes, L.tp, 1)
 
 
+# torchao tensorwise amax all-reduces per TP-split linear and micro-batch: forward, the input's and the weight's cast;
+# backward, the output gradient's (the backward weight cast reuses the forward amax: pytorch/ao
+# torchao/testing/training/roofline_utils.py, tensorwise weight, kernel 4). Recomputation re-runs the forward two.
+# A fused QKV or gate-up GEMM counts once (torchtitan's separate wq, wk, wv and w1, w3 weights cast apart: an
+# undercount of 3 weight amaxes per Llama layer).
+FP8_AMAX_PER_LINEAR, FP8_AMAX_RECOMPUTE, FP8_AMAX_BYTES = 3, 2, 4.0
+# Share of T_tp that async TP leaves unfused under torchao rowwise scaling: the all-gathers, half of each all-reduce's
+# all-gather + reduce-scatter pair (Korthikanti et al. 2022 sec. 4.2.2) (tp_time_per_microbatch).
+ROWWISE_UNFUSED_SHARE = 0.5
+
+
+def fp8_amax_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network) -> float:
+    """Seconds of one micro-batch's torchao tensorwise amax all-reduces over the TP group (module docstring):
+    n_lin · (3 + 2 if recomputing) latency-bound all-reduces of one fp32 scalar, n_lin the stage's TP-split linears."""
+    if L.tp == 1 or tr.precision != "fp8" or tr.fp8_recipe != "tensorwise":
+        return 0.0
+    n_lin = sum(count * sum(lin.split in ("col", "row") for lin in prof.kinds[j].linears)
+                for j, count in prof.kind_counts(st.first, st.last))
+    per = FP8_AMAX_PER_LINEAR + (FP8_AMAX_RECOMPUTE if L.recompute != "none" else 0)
+    return n_lin * per * net.time("all_reduce", FP8_AMAX_BYTES, L.tp, 1)
+
+
 def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
                            net: Network, gemm_window: float = 0.0) -> float:
     """Exposed TP seconds of one micro-batch; ``gemm_window``: the stage's TP-split GEMM seconds (G above)."""
     t = tp_comm_seconds(prof, st, L, tr, net)
+    amax = fp8_amax_seconds(prof, st, L, tr, net)
     if not t or not tr.tp_comm_overlap:
-        return t
-    return t / L.tp + max(0.0, t * (L.tp - 1) / L.tp - gemm_window)
+        return t + amax
+    exposed = 0.0
+    if tr.precision == "fp8" and tr.fp8_recipe == "rowwise":
+        # torch's async-TP pass fuses matmul -> reduce-scatter under rowwise scales but not all-gather -> matmul (the
+        # rowwise quantisation sits between them): the all-gather half of the volume stays exposed (pytorch/pytorch
+        # issue #149990, 2025-03-25, open; torchtitan's 2025-06 tables: async TP gains +4..6% under rowwise against
+        # +9..10% under bf16)
+        exposed, t = t * ROWWISE_UNFUSED_SHARE, t * (1.0 - ROWWISE_UNFUSED_SHARE)
+    return exposed + t / L.tp + max(0.0, t * (L.tp - 1) / L.tp - gemm_window) + amax
