@@ -29,6 +29,12 @@ from autopar.specs.training import TrainingSpec
 # backward, bf16: 2 + 2 B, plus the fp32 max/sum statistics re-read: 4 B) or unfused (Megatron's
 # vocab-parallel cross entropy in plain torch: bf16 logits read and upcast to fp32 (2 + 4), max (4), exp and
 # sum (4 + 4), softmax (4 + 4); backward softmax − one-hot (4 + 4) and the bf16 gradient (4 + 2) = 44 B).
+# torchtitan's loss (train.py@9dec370: F.cross_entropy(pred.flatten(0, 1).float(), labels)) counts alike: upcast
+# 2 + 4; log_softmax over a 128K-wide row, too wide for the shared-memory kernel, reads the fp32 row for the max,
+# for the exp-sum and to write the result (4 + 4 + 4 + 4); backward: nll_loss_backward's zero-filled fp32 gradient
+# (4), log_softmax_backward's row-sum pass and its read-read-write (4 + 4 + 4 + 4), the cast back to bf16 (4 + 2) =
+# 48 B, within 10% of the unfused figure (4 B per logit: ~4 ms of Llama 3 8B's 2 x 8192-token micro-batch), so
+# one figure serves both.
 CROSS_ENTROPY_BYTES = {"fused": 8.0, "unfused": 44.0}
 
 # Elementwise kernels by stack (TrainingSpec.elementwise): HBM bytes of each memory-bound op relative to the fused
