@@ -58,6 +58,10 @@ PyTorch FSDP2 as torchtitan runs it (``training.dp_impl`` fsdp2):
     per step, not per micro-batch. The gathers prefetch under the first micro-batch's forward (the first layer's
     exposed); the reduce-scatters start after the stage's last backward, with nothing of that stage left to hide
     them: exposed. (The 2024-12 torch the published runs used is ASSUMED to behave as the stored version.)
+  * ZeRO-1/2 under FSDP2 (reshard_after_forward False, as ``--emit torchtitan`` writes them): the forward gather
+    stays for the backward, but FSDP2 still reshards after each backward and torchtitan reduce-scatters every
+    micro-batch (it leaves gradient sync on across accumulation steps, torchtitan 0.3.0 trainer): per micro-batch one
+    gather and one reduce-scatter per layer, exposed as ZeRO-3's; under PP as above.
 
 Overlap off: everything is exposed. Approximations: the hiding compute of a micro-batch is the stage's kernels
 (recomputation not counted as hiding time), and the expert and dense buffers are bucketed
@@ -120,10 +124,17 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
             # copy-out of every gather on the compute stream; under PP one gather and one reduce-scatter per step
             piped = L.pp > 1
             once = ag + rs
-            tot3 = where(piped, once, tot3)
-            exp3 = where(piped, f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else once, exp3)
-            gathers3 = where(piped, 1.0, 2.0 * M)
-            tot3, exp3 = tot3 + gathers3 * copy_out, exp3 + gathers3 * copy_out
+            tot_pp = once
+            exp_pp = f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else once
+            tot3 = where(piped, tot_pp, tot3) + where(piped, 1.0, 2.0 * M) * copy_out
+            exp3 = where(piped, exp_pp, exp3) + where(piped, 1.0, 2.0 * M) * copy_out
+            # ZeRO-1/2 as FSDP2 runs them (reshard_after_forward False, resharded after each backward, gradients
+            # reduce-scattered every micro-batch: torchtitan leaves gradient sync on across accumulation steps):
+            # per micro-batch one gather and one reduce-scatter per layer
+            tot_nr = M * once
+            exp_nr = M * (f_unit * once + _exposed((1.0 - f_unit) * once, w_fwd + w_bwd)) if on else tot_nr
+            tot_f2 = where(piped, tot_pp, tot_nr) + where(piped, 1.0, M) * copy_out
+            exp_f2 = where(piped, exp_pp, exp_nr) + where(piped, 1.0, M) * copy_out
         # bucketed ZeRO-0/1/2 (and the HSDP replica all-reduce): one collective per bucket with overlap, one for
         # everything without (Megatron-Core: bucket_size None when --overlap-grad-reduce is off)
         f_b = min(1.0, max(BUCKET_MIN_PARAMS, BUCKET_PER_RANK_PARAMS * n) / params) if on else 1.0
@@ -138,8 +149,8 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
         tot12 = t_grad + t_param if n > 1 else 0.0
         if n > 1:
             exp12 = _bucketed(t_grad, f_b, w_bwd) + _bucketed(t_param, f_b, w_fwd) if on else tot12
-            if fsdp2:   # FSDP2 without resharding: one gather per step, copied out on the compute stream
-                tot12, exp12 = tot12 + where(z == 0, 0.0, copy_out), exp12 + where(z == 0, 0.0, copy_out)
+            if fsdp2:   # ZeRO-1/2 as FSDP2 without resharding after forward (above); ZeRO-0 stays the all-reduce
+                tot12, exp12 = where(z == 0, tot12, tot_f2), where(z == 0, exp12, exp_f2)
         else:
             exp12 = 0.0
         total = total + where(z >= 3, tot3, tot12)

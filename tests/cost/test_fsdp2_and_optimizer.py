@@ -61,3 +61,14 @@ def test_foreach_adamw_moves_bytes_op_by_op():
     assert optimizer_bytes_per_param(foreach) == 4 * 4 + 14 * 4 + 2 * 4 + 3 * 4 == 92
     assert optimizer_bytes_per_param(MEGATRON) == 2 + 2 * 12 + 2    # fused: g + 2 o + w
     assert optimizer_time(1e9, foreach, GT) == pytest.approx(92e9 / HBM)
+
+
+def test_fsdp2_without_reshard_gathers_and_reduces_every_micro_batch():
+    """ZeRO-2 as FSDP2 (reshard_after_forward False): one gather, one reduce-scatter and one copy-out per micro-batch,
+    against Megatron's distributed optimizer, which reduces and gathers once per step."""
+    one, four = _dp(FSDP2, zero_stage=2, grad_accum=1)[1], _dp(FSDP2, zero_stage=2, grad_accum=4)[1]
+    assert four == pytest.approx(4 * one, rel=1e-9)
+    megatron = MEGATRON.model_copy(update={"grad_dtype": "fp32"})
+    assert _dp(megatron, zero_stage=2, grad_accum=4)[1] == pytest.approx(_dp(megatron, zero_stage=2, grad_accum=1)[1])
+    # ZeRO-3 gathers twice per micro-batch (forward and backward), ZeRO-2 once
+    assert _dp(FSDP2, zero_stage=3, grad_accum=1)[1] > one
