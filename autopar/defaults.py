@@ -9,11 +9,15 @@ DEFAULT_STACK = "megatron_core"   # stacks/megatron_core.yaml: the stack every p
 DEFAULT_SEQ_LEN = 4096
 DEFAULT_PRECISION = "bf16"
 
-# Share of HBM `solve` keeps free beyond the memory model (``--memory-margin``): the largest under-prediction of
-# peak memory measured against autopar's model, 8.4 % (43 Megatron-LM + Transformer Engine bf16 runs
-# of Llama 3 70B/405B and DeepSeek-V2/V3 slices on one 8 x B200 node, peak memory under-predicted on 29 of them,
-# by up to 8.4 % on the Llama 3 405B slices; mean error 2.7 %). The published runs that state their peak memory
-# (data/published_memory.csv) are checked not to be under-predicted at all (tests/measure/test_published_memory.py).
+# Share of HBM `solve` keeps free beyond the memory model (``--memory-margin``), derived from measured memory errors:
+# a run measured at M and predicted at P = M (1 + e) would have fitted under a plan that keeps the share -e of HBM
+# free, so the margin is the largest under-prediction, max(0, -min e), over the measured runs
+# (autopar.measure.published_memory.largest_under_prediction). A stack whose published runs print their peak memory
+# (5 or more; today torchtitan's) gets its own, written to data/error_bars.yaml by
+# `autopar validate --fit --cv --write-intervals` (autopar.measure.intervals.memory_margin). Every other stack gets
+# this one: the largest under-prediction on 43 Megatron-LM + Transformer Engine bf16 runs of Llama 3 70B/405B and
+# DeepSeek-V2/V3 slices on one 8 x B200 node (issue 20: peak memory under-predicted on 29 of them, by up to 8.4 % on
+# the Llama 3 405B slices; mean error 2.7 %).
 DEFAULT_MEMORY_MARGIN = 0.084
 MEMORY_MARGIN_SOURCE = "the largest under-prediction of peak memory measured on 43 Megatron-LM + TE runs on 8 x B200 (8.4%)"
 

@@ -12,6 +12,8 @@ trap 'rm -rf "$WORK"' EXIT
 WHEEL=$(ls "$WORK"/dist/autopar-*.whl)
 unzip -l "$WHEEL" | grep -q "autopar/_zoo/data/published_runs.csv"
 unzip -l "$WHEEL" | grep -q "autopar/_zoo/data/error_bars.yaml"
+unzip -l "$WHEEL" | grep -q "autopar/_zoo/data/error_bars_runs.csv"
+unzip -l "$WHEEL" | grep -q "autopar/_zoo/data/published_memory.csv"
 unzip -l "$WHEEL" | grep -q "autopar/_zoo/stacks/torchtitan.yaml"
 python3 -m venv "$WORK/venv"
 SITE=$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

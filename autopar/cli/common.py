@@ -267,8 +267,10 @@ def add_search_args(p: argparse.ArgumentParser, title: str, time_limit_default: 
     g.add_argument("--allow-cross-domain", action="store_true",
                    help="let TP and ETP span NVLink domains (default: forbidden; EP may always span domains)")
     g.add_argument("--memory-margin", type=margin, default=None, metavar="SHARE",
-                   help=f"share of HBM kept free beyond the memory model (default: {DEFAULT_MEMORY_MARGIN:g}, "
-                        f"{MEMORY_MARGIN_SOURCE.replace('%', '%%')}; 0 fills HBM up to the prediction)")
+                   help="share of HBM kept free beyond the memory model (default: the largest under-prediction "
+                        "of peak memory on the published runs of the plan's stack, data/error_bars.yaml, where it has "
+                        f"5 or more; else {DEFAULT_MEMORY_MARGIN:g}, {MEMORY_MARGIN_SOURCE.replace('%', '%%')}; "
+                        "0 fills HBM up to the prediction)")
     g.add_argument("--time-limit", type=seconds("time_limit_s"), default=time_limit_default,
                    help=f"wall-clock seconds for the search (default: {time_limit_default:g}): the cost tables, CP-SAT "
                         "and the infeasibility explanation; tune gives it to each of its solves. Start-up, loading "
@@ -300,6 +302,12 @@ def search_options(args: argparse.Namespace, **extra):
             raise AutoparInputError(f"--recompute: no policy given in '{args.recompute[:60]}' (e.g. none;full)")
     if getattr(args, "memory_margin", None) is not None:
         extra = {"memory_margin": args.memory_margin, **extra}
+        args.memory_margin_source = "--memory-margin"
+    elif getattr(args, "stack_spec", None) is not None:
+        # derived from the measured memory errors of the plan's stack (autopar.measure.intervals.memory_margin)
+        from autopar.measure.intervals import memory_margin
+        margin, args.memory_margin_source = memory_margin(args.stack_spec.name)
+        extra = {"memory_margin": margin, **extra}
     return SearchOptions(**pins, zero=zero, recompute=rc, max_tp=args.max_tp,
                          allow_cross_domain=args.allow_cross_domain, time_limit_s=args.time_limit,
                          sequence_parallel=False if args.no_sp else None, **extra)
@@ -333,24 +341,34 @@ def prediction_intervals(model: ModelSpec, hw: HardwareSpec, stack: str, est) ->
         out["tokens_per_s_per_gpu"] = t.to_dict()
         step = est.step_time_s
         # the step time moves inversely with the throughput
-        out["step_time_s"] = {**t.to_dict(), "low": step * t.predicted / t.high, "high": step * t.predicted / t.low}
+        out["step_time_s"] = {**t.to_dict(), "predicted": step, "low": step * t.predicted / t.high,
+                              "high": step * t.predicted / t.low,
+                              "median": step * t.predicted / t.median if t.median else None}
     if m:
         out["memory_gib"] = m.to_dict()
     return out
 
 
 def interval_line(iv: dict) -> str:
-    """One line for the text output: the throughput and memory intervals with the regime they come from."""
+    """One line for the text output: the measured figure's interval (bias-corrected by the held-out errors of runs
+    like this one, autopar/measure/intervals.py: not centred on the point prediction) with its median and the
+    regime it comes from, and where the point prediction lies outside it, which way the model errs there."""
     if not iv:
         return "interval: none (data/error_bars.yaml missing; autopar validate --fit --cv --write-intervals)"
     parts = []
     t = iv.get("tokens_per_s_per_gpu")
     if t:
-        parts.append(f"{t['low']:,.0f}-{t['high']:,.0f} tokens/s/GPU ({t['rows']} held-out runs: {t['regime']})")
+        med = f", median {t['median']:,.0f}" if t.get("median") else ""
+        side = ("" if t.get("contains_prediction", True) else
+                "; the point prediction lies " + ("above: the model runs fast" if t["high"] < t["predicted"] else
+                                                  "below: the model runs slow") + " on such runs")
+        parts.append(f"{t['low']:,.0f}-{t['high']:,.0f} tokens/s/GPU{med} ({t['rows']} held-out runs: "
+                     f"{t['regime']}{side})")
     m = iv.get("memory_gib")
     if m:
         parts.append(f"memory {m['low']:.1f}-{m['high']:.1f} GiB ({m['rows']} runs: {m['regime']})")
     else:
         parts.append("no memory interval (no published run of this stack prints its peak memory)")
     share = (t or m)["share"]
-    return f"{share:.0%} interval (published runs like this one erred so): " + "; ".join(parts)
+    return (f"{share:.0%} interval of the measured figure, bias-corrected by how published runs like this one "
+            "erred: " + "; ".join(parts))

@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
               f"memory {e.memory_gib.total:.1f} of {e.hbm_gib:.1f} GiB per GPU ({free:.1f} GiB free, "
               f"{free / e.hbm_gib:.0%} headroom)")
     out.print(f"  memory margin {res.memory_margin:.1%} of HBM kept free beyond the prediction ("
-              + (MEMORY_MARGIN_SOURCE if args.memory_margin is None else "--memory-margin") + ")")
+              + getattr(args, "memory_margin_source", MEMORY_MARGIN_SOURCE) + ")")
     if tokens:
         b = budgets[best.rank]
         out.print(f"  {tokens / 1e12:g}T tokens: {b.days:,.1f} days on {gpus} GPUs, {b.gpu_hours:,.0f} GPU-hours"

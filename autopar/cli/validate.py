@@ -19,6 +19,7 @@ def run_fit(args: argparse.Namespace) -> int:
     from autopar.measure.calibration import (cross_validate_sources, efficiency_for, fit, has_calibrated_block,
                                              rows_from_cases, source_of, stack_efficiency, write_efficiency,
                                              write_stack_efficiency)
+    from autopar.measure.intervals import holdout_coverage
     from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
     from autopar.measure.validation import load_cases
     err = console(stderr=True)
@@ -55,8 +56,8 @@ def run_fit(args: argparse.Namespace) -> int:
                   f"measured, {rk.ties} predicted ties counted wrong)")
         for rid, why in held.skipped.items():
             out.print(f"  not predictable out of sample: {rid} ({why})")
-        if args.write_intervals:
-            _write_intervals(args, cases, held, out)
+        runs = _held_out_runs(cases, held)
+        _print_coverage(out, *holdout_coverage(runs), "these held-out errors")
     if args.write:
         import shutil
         from autopar.specs.loaders import installed_zoo_dir
@@ -84,30 +85,44 @@ def run_fit(args: argparse.Namespace) -> int:
             if own and not installed_zoo_dir("stacks"):
                 write_stack_efficiency(zoo_dir("stacks") / f"{st}.yaml", own, note)
                 out.print(f"wrote stack {st}'s own constants to {zoo_dir('stacks') / f'{st}.yaml'}")
+    if args.cv and args.write_intervals:   # after --write: the stored predictions are of the files as written
+        _write_intervals(args, runs, out)
     return 0
 
 
-def _write_intervals(args: argparse.Namespace, cases, held, out) -> None:
-    """data/error_bars.yaml from the held-out errors (throughput) and the memory errors of the runs whose source
-    prints peak memory (no fitted constant moves memory, so those are out of sample as they are)."""
-    from autopar.cost import Estimator
-    from autopar.measure.intervals import regime_of, write
+def _held_out_runs(cases, held) -> list:
+    """Every case predicted out of sample, as :class:`autopar.measure.intervals.HeldOutRun` (its held-out error; its
+    in-sample prediction is filled in by :func:`_write_intervals`)."""
+    from autopar.measure.calibration import source_of
+    from autopar.measure.intervals import HeldOutRun, regime_of
+    return [HeldOutRun(c.row_id, source_of(c), regime_of(c.model, c.hardware, c.stack),
+                       held.predicted[c.row_id] / c.measured_tokens - 1, 0.0)
+            for c in cases if c.row_id in held.predicted]
+
+
+def _write_intervals(args: argparse.Namespace, runs: list, out) -> None:
+    """data/error_bars.yaml from the held-out errors (throughput), each run's prediction by the model as its files
+    stand now (read again, after any --write into them: :func:`autopar.measure.intervals.stale_runs` compares
+    against it), and the memory errors of the runs whose source prints peak memory (no fitted constant moves
+    memory, so those are out of sample as they are)."""
+    from dataclasses import replace
+
+    from autopar.measure.intervals import write
+    from autopar.measure.published_memory import margins_by_stack, predict_rows
+    from autopar.measure.validation import evaluate, load_cases
     from autopar.specs.loaders import installed_zoo_dir, zoo_dir
     if installed_zoo_dir("data"):
         raise AutoparInputError("--write-intervals writes data/error_bars.yaml of a source checkout; this autopar is "
                                 "installed from a wheel")
-    thr, mem = [], []
-    for c in cases:
-        reg = regime_of(c.model, c.hardware, c.stack)
-        if c.row_id in held.predicted:
-            thr.append((reg, held.predicted[c.row_id] / c.measured_tokens - 1))
-        if c.measured_mem_gib:
-            e = Estimator(c.model, c.hardware, c.training, c.gpus).estimate(c.layout, resolved=True)
-            mem.append((reg, e.memory_gib.total / c.measured_mem_gib - 1))
+    cases, _ = load_cases(_csv_path(args))
+    now = {r.case.row_id: r for r in evaluate(cases)}
+    runs = [replace(r, predicted=now[r.row_id].predicted) for r in runs if r.row_id in now]
+    peaks = predict_rows()        # every published run that prints its peak memory, in both files
+    mem = [(r.regime, r.error) for r in peaks]
     path = zoo_dir("data") / "error_bars.yaml"
-    write(path, thr, mem, f"held-out (leave-one-source-out) errors of {len(thr)} runs of {Path(args.csv).name}; "
-                          f"memory: {len(mem)} runs that print peak memory")
-    out.print(f"wrote {path} ({len(thr)} held-out throughput errors, {len(mem)} memory errors)")
+    write(path, runs, mem, f"held-out (leave-one-source-out) errors of {len(runs)} runs of {Path(args.csv).name}; "
+                           f"memory: {len(mem)} published runs that print peak memory", margins_by_stack(peaks))
+    out.print(f"wrote {path} ({len(runs)} held-out throughput errors, {len(mem)} memory errors)")
 
 
 def _csv_path(args: argparse.Namespace) -> Path:
@@ -126,8 +141,7 @@ def run(args: argparse.Namespace) -> int:
     rep = validate(_csv_path(args))
     if args.json:
         rk = rep.ranking
-        cov = _coverage(rep)
-        print(dump_json({"interval_coverage": {"inside": cov[0], "runs": cov[1]} if cov else None,
+        print(dump_json({"interval_coverage": _coverage(rep),
                          "mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
                          "ranking": {"share": rk.share, "right": rk.right, "pairs": rk.pairs, "ties": rk.ties,
                                      "skipped_measured_ties": rk.skipped},
@@ -158,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
                                  for name, (n, mae, bias) in groups.items()],
                                 left=(grouping,)))
     out.print("[dim]bias: mean signed error of the group's rows, + = predicted faster than measured[/dim]")
-    _print_coverage(rep, out)
+    _print_stored_coverage(rep, out)
     rk = rep.ranking
     out.print(f"[bold]{len(rep.rows)} rows: mean absolute error {rep.mape:.2%}, max {rep.max_abs_error:.1%}; "
               f"within-source ranking {rk.share:.1%} ({rk.right} of {rk.pairs} pairs ordered as measured, "
@@ -169,36 +183,56 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _coverage(rep) -> tuple[int, int] | None:
-    """(inside, total): measured runs inside the stored 80% interval of their prediction; None without the file."""
-    from autopar.measure.intervals import coverage, regime_of
+def _coverage(rep) -> dict | None:
+    """The stored intervals' out-of-sample coverage (:func:`autopar.measure.intervals.holdout_coverage` over the
+    held-out errors in data/error_bars.yaml) and how many of this report's runs moved since the file was written;
+    None without the file."""
+    from autopar.measure.intervals import SHARE, _table, holdout_coverage, stale_runs, stored_runs
     try:
-        return coverage([(regime_of(r.case.model, r.case.hardware, r.case.stack), r.predicted, r.measured)
-                         for r in rep.rows])
+        runs = stored_runs()
+        written = _table().get("written")
     except AutoparInputError:
         return None
+    inside, total = holdout_coverage(runs)
+    moved, worst = stale_runs({r.case.row_id: r.predicted for r in rep.rows})
+    return {"inside": inside, "runs": total, "share": inside / total if total else None, "stated": SHARE,
+            "method": "leave-one-source-out: each run's held-out error against the band built without its source",
+            "written": written, "stale_runs": len(moved), "stale_largest_move": worst if moved else 0.0}
 
 
-def _print_coverage(rep, out) -> None:
-    """How many measured runs fall inside the stored 80% interval of their prediction (data/error_bars.yaml)."""
+def _print_coverage(out, inside: int, total: int, where: str) -> None:
     from autopar.measure.intervals import SHARE
+    if not total:
+        out.print(f"interval coverage: no held-out run in {where}")
+        return
+    share = inside / total
+    ok = abs(share - SHARE) <= 0.05
+    style = "" if ok else "[yellow]"
+    out.print(f"{style}interval coverage, out of sample: {inside} of {total} published runs ({share:.0%}) inside the "
+              f"{SHARE:.0%} band built without their own source ({where}; within 5 points of {SHARE:.0%}: "
+              f"{'yes' if ok else 'no'}){'' if ok else '[/yellow]'}")
+
+
+def _print_stored_coverage(rep, out) -> None:
+    """The out-of-sample coverage of data/error_bars.yaml, and a note when the model moved since it was written."""
     cov = _coverage(rep)
     if cov is None:
         out.print("interval coverage: no data/error_bars.yaml (autopar validate --fit --cv --write-intervals)")
         return
-    inside, total = cov
-    if total:
-        share = inside / total
-        ok = abs(share - SHARE) <= 0.05
-        style = "" if ok else "[yellow]"
-        out.print(f"{style}interval coverage: {inside} of {total} measured runs ({share:.0%}) inside their "
-                  f"{SHARE:.0%} interval (data/error_bars.yaml; within 5 points of {SHARE:.0%}: "
-                  f"{'yes' if ok else 'no'}){'' if ok else '[/yellow]'}")
+    _print_coverage(out, cov["inside"], cov["runs"], f"data/error_bars.yaml of {cov['written']}")
+    if cov["stale_runs"]:
+        out.print(f"[yellow]note: {cov['stale_runs']} of {len(rep.rows)} runs' predictions moved (by up to "
+                  f"{min(cov['stale_largest_move'], 9.99):.1%}) or are new since data/error_bars.yaml was written: "
+                  "its bands and coverage are of the earlier model; regenerate them with "
+                  "autopar validate --fit --cv --write-intervals[/yellow]")
 
 
 def run_memory(args: argparse.Namespace) -> int:
-    """Published runs that print their peak memory (data/published_memory.csv): predicted vs measured."""
-    from autopar.measure.published_memory import default_csv, predict_rows
+    """Published runs that print their peak memory (the memory_gib cells of data/published_runs.csv and
+    data/published_memory.csv): predicted vs measured."""
+    from rich.table import Table
+
+    from autopar.measure.published_memory import memory_csvs, predict_rows
     rows = predict_rows()
     under = [r for r in rows if r.predicted_gib < r.measured_gib]
     if args.json:
@@ -207,7 +241,8 @@ def run_memory(args: argparse.Namespace) -> int:
                                   for r in rows], "under_predicted": [r.row_id for r in under]}))
         return 0
     out = console()
-    t = Table(title=f"Predicted vs measured peak memory per GPU — {default_csv()}", title_justify="left")
+    t = Table(title="Predicted vs measured peak memory per GPU — " + ", ".join(p.name for p in memory_csvs()),
+              title_justify="left")
     for c in ("row", "layout", "measured GiB", "predicted GiB", "predicted/measured"):
         t.add_column(c, justify="left" if c in ("row", "layout") else "right")
     for r in rows:
@@ -226,7 +261,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--memory", action="store_true",
                    help="instead: predicted vs measured peak memory of the published runs that print it "
-                        "(data/published_memory.csv)")
+                        "(memory_gib of data/published_runs.csv and data/published_memory.csv)")
     p.add_argument("--fit", action="store_true",
                    help="fit the physical efficiency constants to the runs (see autopar/measure/calibration.py)")
     p.add_argument("--cv", action="store_true", help="with --fit: cross-validate by holding out each source")

@@ -31,6 +31,18 @@ it needs for the backward (4 B); the unfused one (plain torch ``log_softmax`` on
 runner) holds the fp32 upcast (4 B), the saved fp32 log-softmax output (4 B) and, at the start of the backward,
 its fp32 gradient (4 B) at once.
 
+PyTorch's loss path (``TrainingSpec.loss_runtime`` 'torch', as torchtitan runs it), per logit element:
+- the trainer drops its bf16 logits before the backward (pytorch/torchtitan@9dec370 train.py: ``del pred``, "need
+  to free to before bwd to avoid peaking memory"), so at the loss backward's peak only fp32 tensors are alive;
+- without TP, ATen's log_softmax saves its fp32 output and its backward holds that output, the nll backward's fp32
+  gradient and its own fp32 result: 12 B;
+- with TP the loss runs through DTensor loss_parallel (torch/distributed/tensor/parallel/loss.py): its
+  ``_nll_loss_and_log_softmax_backward`` computes ``(zeros_like(x) + exp(x)) * grad_output`` in separate fp32 ops
+  beside the saved fp32 log-softmax ``x``: 16 B at its peak;
+- under PP, torch.distributed.pipelining's last stage appends every micro-batch's output (the bf16 logits) to
+  ``output_chunks`` for the step's output merge (torch/distributed/pipelining/stage.py
+  ``_PipelineStageBase.forward_one_chunk``), so M micro-batches' logits stay until the step ends: + M · 2 B.
+
 Buffers: the SP/TP all-gathered input of one linear (b·s/cp·h), EP dispatch/combine buffers (2·b·s/(cp·tp)
 ·k·h), FSDP's unsharded parameters of two layers (current + prefetch) and one layer's unsharded gradient,
 FP8 weight copies (2 B per local parameter, Transformer Engine; none with FP8 primary weights) for FP8 recipes.
@@ -219,6 +231,21 @@ def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec
 
 
 LOGIT_EXTRA_BYTES = {"fused": 4, "unfused": 12}
+# PyTorch's loss path (TrainingSpec.loss_runtime 'torch', module docstring): fp32 bytes per logit element at the
+# loss backward's peak, without TP (ATen log_softmax) and with TP (DTensor loss_parallel's decomposition)
+TORCH_LOSS_BYTES = {"plain": 12, "loss_parallel": 16}
+
+
+def logit_bytes_per_element(st: Stage, L: Layout, tr: TrainingSpec):
+    """Bytes per element of one micro-batch's vocab-parallel logits on the last stage (module docstring, Logits):
+    Megatron's loss path holds the logits (activation dtype) and the loss kernel's :data:`LOGIT_EXTRA_BYTES`;
+    PyTorch's (``loss_runtime`` 'torch') holds :data:`TORCH_LOSS_BYTES` and, under PP, every micro-batch's logits in
+    the activation dtype. ``L.tp`` and ``L.grad_accum`` may be numpy arrays (elementwise result)."""
+    e = tr.activation_bytes
+    if tr.loss_runtime != "torch":
+        return e + LOGIT_EXTRA_BYTES[tr.cross_entropy]
+    loss = where(L.tp > 1, TORCH_LOSS_BYTES["loss_parallel"], TORCH_LOSS_BYTES["plain"])
+    return loss + (e * L.grad_accum if st.pp > 1 else 0.0)
 
 
 def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
@@ -237,7 +264,7 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         layers = (1 - f) * layers + f * resident_offload_layers(st)
     act = mb_tokens * e * (kept * layers + working)
     if st.is_last:
-        act = act + (mb_tokens / (L.cp * L.tp) * prof.vocab * (e + LOGIT_EXTRA_BYTES[tr.cross_entropy])
+        act = act + (mb_tokens / (L.cp * L.tp) * prof.vocab * logit_bytes_per_element(st, L, tr)
                      * (1 + prof.model.mtp_layers))
         if prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight micro-batch
             mtp_layers = prof.model.mtp_layers * minimum(st.pp, L.grad_accum)

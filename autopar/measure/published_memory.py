@@ -1,29 +1,35 @@
-"""Published runs that state their peak memory, predicted by the memory model (``data/published_memory.csv``).
+"""Published runs that state their peak memory, predicted by the memory model.
 
-Each row names its source (repository@commit, file, table) and sets every knob the memory model reads: the layout,
-ZeRO stage, gradient dtype, recompute policy and cross-entropy kernel, with the reason for each choice that is not
-printed in the source in its ``notes``. The prediction is the fullest stage's memory (``Estimate.memory_gib``);
-the measurement is what the source printed (torchtitan prints the CUDA caching allocator's peak reserved memory,
-the maximum over ranks). ``tests/measure/test_published_memory.py`` checks that no prediction is below its
+One home, one reading: a run's peak memory is the ``memory_gib`` column of the runs file it is in, read by the same
+:func:`autopar.measure.validation.row_to_case` as its throughput (its stack, knobs, ZeRO stage, gradient dtype and
+filled-in fields), so the memory check and ``autopar validate`` predict the same layout. ``data/published_runs.csv``
+holds the runs validated for throughput; ``data/published_memory.csv`` (same columns) holds the published runs that
+state their peak memory but are not in the throughput set yet (torchtitan's H200 runs of 2025-06: they carry their
+throughput too, so they can move into published_runs.csv as they are).
+
+The prediction is the fullest stage's memory (``Estimate.memory_gib``); the measurement is what the source printed
+(torchtitan prints the CUDA caching allocator's peak *reserved* memory, ``reserved_bytes.all.peak``, the maximum over
+ranks; metrics.py@9dec370). ``tests/measure/test_published_memory.py`` checks that no prediction is below its
 measurement, and names the rows where it still is.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from autopar.cost import Estimator
-from autopar.specs.layout import Layout
-from autopar.specs.loaders import load_hardware, load_model, read_text_file, zoo_dir
-from autopar.specs.training import TrainingSpec
+from autopar.specs.loaders import zoo_dir
 
 
 def default_csv() -> Path:
     """``published_memory.csv`` beside ``published_runs.csv`` (data/ in a checkout, the wheel's zoo data)."""
     return zoo_dir("data") / "published_memory.csv"
+
+
+def memory_csvs() -> list[Path]:
+    """The files whose ``memory_gib`` cells are checked: the validated runs and the memory-only runs."""
+    from autopar.measure.validation import DEFAULT_CSV
+    return [DEFAULT_CSV, default_csv()]
 
 
 @dataclass(frozen=True)
@@ -33,27 +39,44 @@ class MemoryRow:
     measured_gib: float
     predicted_gib: float
     layout: str
+    regime: dict[str, str]      # autopar.measure.intervals.regime_of: kind, chip generation, stack
 
     @property
     def ratio(self) -> float:
         """predicted / measured peak memory (>= 1: not under-predicted)."""
         return self.predicted_gib / self.measured_gib
 
+    @property
+    def error(self) -> float:
+        """predicted / measured − 1 (negative: under-predicted)."""
+        return self.ratio - 1
 
-def predict_rows(path: Path | None = None) -> list[MemoryRow]:
-    """Every row of the file (default: :func:`default_csv`), predicted."""
+
+def predict_rows(paths: list[Path] | None = None) -> list[MemoryRow]:
+    """Every run of the files (default: :func:`memory_csvs`) that states its peak memory, predicted."""
+    from autopar.measure.intervals import regime_of
+    from autopar.measure.validation import evaluate, load_cases
     out = []
-    text = read_text_file(path or default_csv()).removeprefix("\ufeff")   # the one bounded reader
-    for row in csv.DictReader(io.StringIO(text, newline="")):
-        prec = row["precision"]
-        tr = TrainingSpec(seq_len=int(row["seq_len"]), global_batch=int(row["global_batch"]), precision=prec,
-                          grad_dtype=row["grad_dtype"], cross_entropy=row["cross_entropy"])
-        z = int(row["zero_stage"])
-        layout = Layout(tp=int(row["tp"]), pp=int(row["pp"]), vpp=int(row["vpp"]), cp=int(row["cp"]),
-                        zero_stage=z, fsdp=z == 3, micro_batch=int(row["micro_batch"]),
-                        recompute=row["recompute"])
-        est = Estimator(load_model(row["model"]), load_hardware(row["system"]), tr, int(row["gpus"]))
-        e = est.estimate(layout)
-        out.append(MemoryRow(row["id"], row["source"], float(row["measured_peak_gib"]), e.memory_gib.total,
-                             e.layout.short()))
+    for path in paths or memory_csvs():
+        cases, _ = load_cases(path)
+        for r in evaluate([c for c in cases if c.measured_mem_gib]):
+            c = r.case
+            out.append(MemoryRow(c.row_id, c.row_id.split("-")[0], c.measured_mem_gib, r.predicted_mem_gib,
+                                 c.layout.short(), regime_of(c.model, c.hardware, c.stack)))
+    return out
+
+
+def largest_under_prediction(rows: list[MemoryRow]) -> float:
+    """The largest share by which a prediction fell below its measured peak, ``max(0, −min(error))``: the HBM share
+    a planner must keep free beyond the prediction for every one of these runs to have fitted (a run measured at M
+    and predicted at P = M(1 + e), e < 0, fits when P <= HBM(1 + e))."""
+    return max([0.0] + [-r.error for r in rows])
+
+
+def margins_by_stack(rows: list[MemoryRow]) -> dict[str, dict]:
+    """{stack: {"margin": largest under-prediction of its runs, "runs": how many}} for the error-bars file."""
+    out = {}
+    for st in sorted({r.regime["stack"] for r in rows}):
+        mine = [r for r in rows if r.regime["stack"] == st]
+        out[st] = {"margin": round(largest_under_prediction(mine), 4), "runs": len(mine)}
     return out

@@ -18,7 +18,9 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
 * **stack constants** (``efficiency``): only what no kernel or link measurement sees, :data:`STACK_CONSTANTS`
   (the time per layer a framework spends between kernels), fitted to the stack's own runs within the bounds of
   :class:`autopar.specs.hardware.Efficiency`.
-* **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``).
+* **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``); and who holds
+  the logits around it (``loss_runtime``: Megatron's loss path, or PyTorch's as torchtitan runs it), a memory term
+  (:mod:`autopar.cost.memory`).
 * **recorded, not priced** (no measurement separates them from the fitted per-layer overheads yet; they are
   written by ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``,
   ``all_gather``, ``deepep``, ``hybridep``), CUDA graphs (``none``, ``partial``, ``full_iteration``).
@@ -39,7 +41,8 @@ if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
-               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather", "data_parallel", "optimizer")
+               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather", "loss_runtime", "data_parallel",
+               "optimizer")
 KNOB_RECORDED = ("dispatcher", "cuda_graphs")
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
@@ -61,6 +64,9 @@ class StackKnobs(Spec):
                                                        "parallel-comm / moe_a2a_overlap).")
     cp_overlap: bool = Field(default=True, description="CP ring exchange overlapped with attention.")
     cross_entropy: Literal["fused", "unfused"] = Field(default="fused", description="Loss kernel.")
+    loss_runtime: Literal["megatron", "torch"] = Field(
+        default="megatron", description="Who holds the logits around the loss (memory only): Megatron's loss "
+                                        "path, or PyTorch's as torchtitan runs it (TrainingSpec.loss_runtime).")
     selective_ac: Literal["modules", "op"] = Field(
         default="modules", description="What 'selective' recompute re-runs: Megatron's modules or torchtitan's "
                                        "op-level SAC.")
@@ -95,7 +101,7 @@ class StackKnobs(Spec):
                     ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
                     selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
-                    dp_impl=self.data_parallel, optimizer_impl=self.optimizer)
+                    loss_runtime=self.loss_runtime, dp_impl=self.data_parallel, optimizer_impl=self.optimizer)
 
 
 class StackSpec(Spec):

@@ -96,6 +96,13 @@ class TrainingSpec(Spec):
         description="Loss kernel over the vocabulary: 'fused' (Megatron --cross-entropy-loss-fusion, Transformer "
                     "Engine) or 'unfused' (plain torch log-softmax, as autopar's own runner): sets the HBM traffic "
                     "and the fp32 buffers the last stage holds.")
+    loss_runtime: Literal["megatron", "torch"] = Field(
+        default="megatron",
+        description="Who holds the last stage's logits around the loss (memory only, autopar/cost/memory.py "
+                    "logit_bytes_per_element): 'megatron' (the micro-batch's logits live through its loss backward) "
+                    "or 'torch' (PyTorch's loss path as torchtitan runs it: the trainer drops the bf16 logits before "
+                    "the backward, cross entropy through DTensor loss_parallel under TP, and under PP "
+                    "torch.distributed.pipelining's last stage keeps every micro-batch's output for the step).")
     linear_cp: Literal["all_to_all", "state_pass"] = Field(
         default="all_to_all",
         description="Context parallelism of linear-attention / SSM layers: 'all_to_all' (Megatron-Core's Mamba "
