@@ -17,6 +17,7 @@ them). The last stage adds the LM head (a BF16 GEMM) and its cross-entropy over 
 
 from __future__ import annotations
 
+from autopar.cost.cp import ring_full_share
 from autopar.cost.kernels import Kernels
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.shapes import TP_SPLIT, LayerKind
@@ -142,6 +143,11 @@ def torchao_cast_bytes(kind: LayerKind, L: Layout, tr: TrainingSpec, tokens: flo
     return fwd, bwd
 
 
+# Transformer Engine's MXFP8 quantisation of a GEMM operand: read 2 B, write the rowwise and columnwise FP8 copies
+# 1 + 1 B (their 1/32 E8M0 scales neglected) = 4 B per element: the figure layer_parts uses for every non-'fp8'
+# precision of the FP8 family.
+FP8_CAST_MXFP8_BYTES = 4.0
+
 # Forward kernels re-run by each Megatron-Core recompute module (``--recompute-modules``).
 RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"), "moe": ("moe", "moe_act", "permute"),
                    "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
@@ -178,7 +184,8 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
         add("core_attn", kern.attention_unfused(full * tokens / tp, span, kind.head_dim,
                                                 kind.heads / tp * kind.attn_window * tokens))
     else:
-        add("core_attn", kern.attention(kind.attn_flops * tokens / tp, span, kind.head_dim))
+        add("core_attn", kern.attention(kind.attn_flops * tokens / tp, span, kind.head_dim,
+                                        ring_full_share(L.cp, kind.attn_window, tr.seq_len)))
     e = tr.activation_bytes
     ew = ELEMENTWISE_BYTES[tr.elementwise]
     for name, (fwd, bwd) in kind.membound.items():
@@ -193,7 +200,7 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
         fx, bx = ew.get(name, (1.0, 1.0))
         add(name, (kern.stream(fx * fwd * e * n_tok), kern.stream(bx * bwd * e * n_tok)), scale)
     if kern.fp8:
-        cast_b = FP8_CAST_BYTES[tr.fp8_recipe, tr.elementwise] if tr.precision == "fp8" else 4.0
+        cast_b = FP8_CAST_BYTES[tr.fp8_recipe, tr.elementwise] if tr.precision == "fp8" else FP8_CAST_MXFP8_BYTES
         if tr.precision == "fp8" and tr.fp8_recipe in TORCHAO_WEIGHT_CAST_BYTES:
             fwd_b, bwd_b = torchao_cast_bytes(kind, L, tr, tokens)
             add("fp8_cast", (kern.stream(fwd_b), kern.stream(bwd_b)))
@@ -308,11 +315,17 @@ def gpu_tokens(L: Layout, tr: TrainingSpec) -> float:
 
 
 def head_time(kern: Kernels, prof: ModelProfile, L: Layout, tr: TrainingSpec, tokens: float) -> tuple[float, float]:
-    """(forward, backward) seconds of the LM head GEMM (BF16) and the cross entropy over V/tp logits."""
+    """(forward, backward) seconds of the LM head GEMM and the cross entropy over V/tp logits. The head runs in
+    BF16 under every FP8 recipe, unless ``tr.fp8_lm_head`` (Megatron-Core fp8_output_proj, MXFP8): then at the MXFP8
+    GEMM rate, with Transformer Engine's quantisation of its operands priced as the layers' casts are (4 B per
+    element: the T x h input in the forward pass, the T x V/tp logit gradient in the backward pass)."""
     h, v = prof.hidden, prof.vocab
-    g = kern.gemm(tokens, v / L.tp, h, h * v / L.tp, tr.weight_bytes, tr.grad_bytes, hi=True)
+    fp8 = tr.fp8_lm_head and kern.fp8
+    g = kern.gemm(tokens, v / L.tp, h, h * v / L.tp, tr.weight_bytes, tr.grad_bytes, hi=not fp8)
     ce = kern.stream(CROSS_ENTROPY_BYTES[tr.cross_entropy] * tokens * v / L.tp)
-    return g[0] + ce / 3.0, g[1] + 2.0 * ce / 3.0
+    cast_f = kern.stream(FP8_CAST_MXFP8_BYTES * tokens * h) if fp8 else 0.0
+    cast_b = kern.stream(FP8_CAST_MXFP8_BYTES * tokens * v / L.tp) if fp8 else 0.0
+    return g[0] + ce / 3.0 + cast_f, g[1] + 2.0 * ce / 3.0 + cast_b
 
 
 # Embedding backward, per micro-batch: torch's embedding_dense_backward zero-fills a dense V/tp x h gradient (2 B)
@@ -351,6 +364,22 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
             bwd += prof.mtp_layers * (b + hb)
             rc += prof.mtp_layers * r
     return fwd + bwd + rc + over, fwd + over / 3.0
+
+
+# Share of the calibrated per-layer overheads (efficiency.layer_overhead_us, moe_layer_overhead_us) a run pays, by
+# CUDA-graph mode (TrainingSpec.cuda_graphs). Those constants stand for time no kernel accounts for: the host
+# launching kernels slower than the GPU runs them, and the MoE dispatcher's device-to-host sync. NVIDIA's
+# DeepSeek-V3 GB200 guide (NVIDIA/Megatron-LM docs/discussions/deepseek-v3-gb200-optimization, 2025-11, sec. 2 and
+# 2.3) measures that host overhead as the largest loss of an MXFP8 MoE step (partial CUDA graphs +8.6%, CPU-side
+# work +10%) and, with the attention, router and EP preprocess graphed, still finds "only the routed experts part"
+# host-bound; sec. 3.1: removing the device-host sync lets CUDA graphs cover "the entire model and completely
+# eliminate CPU overhead" (at least +10% more on a proxy model). So:
+#  - none: the whole overhead;
+#  - partial: the whole overhead too (an approximation: which scopes a run graphs is not priced; the routed experts,
+#    the host-bound part the guide names, stay eager in every partial scope list of the Bridge recipes);
+#  - full_iteration: none of it (the replayed graph issues no host work; the GPU-side gap between graph nodes, a few
+#    microseconds per kernel, is not priced: an approximation on the fast side).
+HOST_OVERHEAD_SHARE = {"none": 1.0, "partial": 1.0, "full_iteration": 0.0}
 
 
 def overhead_time(prof: ModelProfile, st: Stage, overhead_s: float, moe_overhead_s: float) -> float:

@@ -19,6 +19,45 @@ with t_xfer one step's transfer (KV forward, KV and dKV backward: 2 x) and T_att
 core's time of that pass from :mod:`autopar.cost.kernels` at the ring's block span s/cp, split evenly over the
 cp blocks (the zig-zag split balances them; an approximation, the stage's attention layers taken alike).
 
+PyTorch's ring attention (``training.cp_ring = 'torch_allgather'``: torch.distributed.tensor.experimental
+context_parallel, as torchtitan runs it; read at pytorch/pytorch@0123248a torch/distributed/tensor/experimental/
+_attention.py, the structure of the 2024-12 torch 1963fc8 the torchtitan tables ran ASSUMED the same; torchtitan
+@9dec370 config_manager.py: ``--experimental.context_parallel_rotate_method`` defaults to 'allgather') is other
+software with the same FLOPs (round-robin load balancing: step 0 a causal call on the two local chunks, every
+other step a full call on half the q or half the kv, 2c² score blocks each, c = s/(2cp)) but another exchange
+and extra HBM traffic:
+
+  * the K and V it passes are what SDPA receives: torchtitan@9dec370 models/llama/model.py (lines 201-209) repeats
+    the KV heads to every query head before F.scaled_dot_product_attention (repeat_kv), so a/tp · (d_qk + d_v)
+    elements per token, not Megatron's g/tp · 2d (4x for Llama 3 8B, 16x for 405B);
+  * K and V are all-gathered once per layer and pass (``_AllGatherRotater``), issued before step 0 and waited at
+    step 1: only step 0's block can hide it, exposed max(0, AG − T_block), AG over cp ranks of cp·KV bytes;
+  * the backward all-gathers K and V again (same exposure) and passes the dK, dV accumulators around the ring
+    in fp32 (``convert_to_f32``; ``_AllToAllRotater``): cp sends of 2·KV bytes (2 x: fp32), each after one step's
+    flash backward and waited after the next, the last one after the loop: (cp − 1)·max(0, t_dkv − T_block)
+    + t_dkv;
+  * the merges are PyTorch elementwise kernels through HBM (``_SDPAMerger``, ``_partial_update``), counted for the
+    rank that runs every step on its whole q (rank cp − 1, the ring waits for it), per element of the local
+    output O (b·s/cp·a/tp·d_v), query Q (…·d_qk) and K or V (b·s/cp·a/tp·d, repeated as above). Eager
+    (``training.elementwise = 'eager'``), one kernel per op:
+      forward: 6 B (block output to fp32) + (cp − 1) x 38 B (out − block_out: 12; x sigmoid(Δlse): 8;
+        out − that: 12; to fp32: 6) + 6 B (result to bf16) per O element, and (cp − 1) x 4 B per K and V
+        element (torch.cat of K and V before each exchange);
+      backward: fp32 zeros for dQ, dK, dV (4 B per element), per step dQ += (10 B per Q element), dK and dV
+        added into half of the fp32 accumulator and re-concatenated (13 B) then concatenated for the send (8 B)
+        per K and V element, K and V concatenated (4 B), and the casts back to bf16 (6 B per element).
+    Compiled: torchtitan compiles each block with fullgraph=True (parallelize_llama.py@9dec370 line 303), so the
+    ring, reached through DTensor's op dispatch inside the block, is traced into the block's graph (a graph break
+    would abort) and Inductor fuses each merge into one pass: ASSUMED read out (4) and the block output (2),
+    write out (4) = 10 B per O element and step; dK/dV's add and both concatenations one pass, read 4 + 2,
+    write 4 = 10 B, plus the K/V concatenation (4 B), per K and V element and step; the rest as eager.
+    With full recomputation the forward's merges run twice (the forward is re-run). Memory-bound at the file's
+    HBM rate.
+
+Both rings run the cp − 1 off-diagonal steps as full (non-causal) blocks, which flash kernels run faster than
+causal ones (the diagonal tiles' masking and the uneven row lengths are gone): :func:`ring_full_share` of the
+attention FLOPs is priced at the hardware file's ``attention_full_ratio`` (:mod:`autopar.cost.kernels`).
+
 Linear-attention and SSM layers (autopar.blocks) keep no KV: each CP rank scans its own s/cp tokens from
 a zero state, and the ranks then pass the d_k x d_v state along the sequence, rank r adding its chunk's
 contribution to what rank r − 1 hands over (LASP, Sun et al. 2024, arXiv 2404.02882, sec. 3: the ring of
@@ -67,10 +106,81 @@ def _ring_step(prof: ModelProfile, L: Layout, tr: TrainingSpec, net: Network) ->
 def cp_ring_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network,
                     passes: int = 3) -> float:
     """The attention ring's transfers of one micro-batch, none hidden: ``passes`` KV volumes per layer and ring
-    step (3: forward KV, backward KV and dKV, whatever the recompute policy)."""
+    step (3: forward KV, backward KV and dKV, whatever the recompute policy). PyTorch's ring
+    (``cp_ring = 'torch_allgather'``): a KV all-gather forward and backward and cp fp32 dKV sends per layer."""
     if L.cp == 1:
         return 0.0
+    if tr.cp_ring == "torch_allgather":
+        ag, dkv = _torch_ring_transfers(prof, L, tr, net)
+        return st.sum(prof, "attn_layers") * (2 * ag + L.cp * dkv)
     return st.sum(prof, "attn_layers") * passes * (L.cp - 1) * _ring_step(prof, L, tr, net)
+
+
+def _torch_ring_transfers(prof: ModelProfile, L: Layout, tr: TrainingSpec, net: Network):
+    """(one KV all-gather, one fp32 dK/dV send) of PyTorch's ring, seconds (module docstring)."""
+    kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * _torch_ring_kv_elems(prof, L) * tr.activation_bytes
+    return (net.time("all_gather", L.cp * kv_bytes, L.cp, L.tp),
+            net.time("send_recv", 2 * kv_bytes, 2, L.tp))     # fp32 accumulators: twice the bf16 bytes
+
+
+def ring_full_share(cp: int, window: float, seq_len: float) -> float:
+    """Share of a causal layer's attention FLOPs a load-balanced ring runs as full (non-causal) blocks: step 0 is
+    the causal block of the rank's own two chunks, each of the cp − 1 other steps a full block of the same 2c²
+    scores (Megatron-Core's zig-zag and PyTorch's round-robin split alike): (cp − 1)/cp. Sliding-window layers
+    are left causal (0)."""
+    if cp <= 1 or window < seq_len:
+        return 0.0
+    return (cp - 1) / cp
+
+
+# PyTorch ring attention's elementwise merges (module docstring): HBM bytes per element of the local output O,
+# query Q and K or V, forward and backward (torch/distributed/tensor/experimental/_attention.py @0123248a).
+TORCH_RING_FWD_FIRST_LAST_B = 6.0 + 6.0     # the first block output to fp32, the merged result back to bf16
+TORCH_RING_KV_CAT_B = 4.0                   # torch.cat of K and V before an exchange: read 2, write 2
+TORCH_RING_BWD_Q_B = 4.0 + 6.0              # fp32 zeros for dQ, the cast back to bf16
+TORCH_RING_BWD_Q_STEP_B = 10.0              # per step: dQ (fp32) += the block's dQ (bf16)
+TORCH_RING_BWD_KV_B = 4.0 + 6.0             # fp32 zeros for dK / dV, the cast back to bf16
+# per further step, by elementwise mode: (forward merge per O element, dK/dV add + concatenations per K/V element)
+TORCH_RING_STEP_B = {
+    # forward: to fp32 6, out − block 12, x sigmoid 8, out − x 12; dK/dV: partial add + re-cat 13, send cat 8
+    "eager": (38.0, 13.0 + 8.0),
+    "compiled": (10.0, 10.0),      # one fused pass each (ASSUMED, docstring): read 4 + 2, write 4
+}
+
+
+def _torch_ring_kv_elems(prof: ModelProfile, L: Layout) -> float:
+    """K and V elements per token PyTorch's ring passes: every local query head's (repeat_kv before SDPA)."""
+    m = prof.model
+    return m.num_attention_heads / L.tp * (m.qk_head_dim + m.v_head_dim)
+
+
+def torch_ring_merge_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec) -> tuple[float, float]:
+    """HBM bytes of PyTorch ring attention's merges in one attention layer for one micro-batch: (forward pass,
+    backward pass); module docstring."""
+    m = prof.model
+    tokens = L.micro_batch * tr.seq_len / L.cp
+    heads = m.num_attention_heads / L.tp
+    o, q = tokens * heads * m.v_head_dim, tokens * heads * m.qk_head_dim
+    kv = tokens * _torch_ring_kv_elems(prof, L)   # K and V elements together
+    steps = L.cp - 1
+    merge, kv_step = TORCH_RING_STEP_B["eager" if tr.elementwise == "eager" else "compiled"]
+    fwd = o * (TORCH_RING_FWD_FIRST_LAST_B + steps * merge) + kv * steps * TORCH_RING_KV_CAT_B
+    bwd = (q * (TORCH_RING_BWD_Q_B + L.cp * TORCH_RING_BWD_Q_STEP_B)
+           + kv * (TORCH_RING_BWD_KV_B + L.cp * (kv_step + TORCH_RING_KV_CAT_B)))
+    return fwd, bwd
+
+
+def _torch_ring(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network, kern: Kernels,
+                f_blk: float, b_blk: float) -> float:
+    """Exposed seconds of PyTorch's all-gather ring attention for the stage's attention layers, one micro-batch
+    (module docstring): KV all-gathers hidden only behind step 0, the fp32 dKV ring, the merges."""
+    ag, dkv = _torch_ring_transfers(prof, L, tr, net)
+    fwd_passes = 2 if L.recompute == "full" else 1
+    per_layer = (fwd_passes * max(0.0, ag - f_blk) + max(0.0, ag - b_blk)
+                 + (L.cp - 1) * max(0.0, dkv - b_blk) + dkv)
+    fb, bb = torch_ring_merge_bytes(prof, L, tr)
+    per_layer += kern.stream(fwd_passes * fb + bb)
+    return st.sum(prof, "attn_layers") * per_layer
 
 
 def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
@@ -83,10 +193,14 @@ def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     step = _ring_step(prof, L, tr, net)
     t = 0.0
     if n_attn:
-        if tr.cp_comm_overlap:
-            tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
-            fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, tr.seq_len / L.cp, m.qk_head_dim)
-            f_blk, b_blk = fwd / (n_attn * L.cp), bwd / (n_attn * L.cp)   # one layer's, one ring step's block
+        tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
+        fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, tr.seq_len / L.cp, m.qk_head_dim,
+                                  ring_full_share(L.cp, tr.seq_len, tr.seq_len))
+        f_blk, b_blk = fwd / (n_attn * L.cp), bwd / (n_attn * L.cp)   # one layer's, one ring step's block
+        if tr.cp_ring == "torch_allgather":
+            t = _torch_ring(prof, st, L, tr, net, kern, f_blk, b_blk) if tr.cp_comm_overlap else \
+                _torch_ring(prof, st, L, tr, net, kern, 0.0, 0.0)
+        elif tr.cp_comm_overlap:
             per_layer = max(0.0, step - f_blk) + max(0.0, 2 * step - b_blk)
             if L.recompute == "full":
                 per_layer += max(0.0, step - f_blk)

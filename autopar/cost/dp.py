@@ -29,6 +29,15 @@ prefetch). Exposed traffic is what does not fit in the compute that can hide it:
 
         exposed per micro-batch = f·(AG + RS) + max(0, (1 − f)·(2·AG + RS) − W_mb)
 
+  * ZeRO-3 / FSDP under PP with ``training.pp_fsdp = 'per_step'`` (torchtitan with torch.distributed.pipelining:
+    pytorch/torchtitan@9dec370 parallelize_llama.py apply_fsdp sets reshard_after_forward = False under PP, "to
+    avoid per-microbatch all-gathers"; torch/distributed/pipelining/stage.py backward_maybe_with_nosync turns
+    gradient sync and resharding off for every micro-batch's backward and runs FSDP's post_backward by hand after
+    the last one): the weights are gathered once per step, under the first micro-batch's forward, and the
+    gradients reduce-scattered once, after the stage's last backward, with nothing of the stage left to hide them:
+
+        exposed per step = f·AG + max(0, (1 − f)·AG − W_fwd) + RS
+
   * Each layer's (bucket's) collective pays its own latency (Network's alpha term): ``units`` per micro-batch
     under FSDP, one per bucket otherwise; this is what makes a large DP group cost more than its bytes.
   * Bandwidth is shared: the window W is what is left of the compute after the same link's other traffic in that
@@ -50,18 +59,12 @@ PyTorch FSDP2 as torchtitan runs it (``training.dp_impl`` fsdp2):
     The copy-in (``torch._foreach_copy_`` of the local shard) and the reduce-scatter copy-in (``torch.cat`` of the
     bf16 gradients into the fp32 buffer) run on FSDP2's own streams beside the compute: not priced (they take HBM
     bandwidth from it, an approximation).
-  * Under pipeline parallelism torchtitan sets reshard_after_forward=False (torchtitan@9dec370
-    parallelisms/parallelize_llama.py apply_fsdp) and torch's pipeline stage keeps the parameters unsharded and
-    the gradients unreduced between micro-batches (pytorch/pytorch@88fa1e71 torch/distributed/pipelining/stage.py
-    ``backward_maybe_with_nosync``: set_reshard_after_backward(False), set_requires_gradient_sync(False) until
-    the last backward, then post_backward of every layer at once): one all-gather and one reduce-scatter per layer
-    per step, not per micro-batch. The gathers prefetch under the first micro-batch's forward (the first layer's
-    exposed); the reduce-scatters start after the stage's last backward, with nothing of that stage left to hide
-    them: exposed. (The 2024-12 torch the published runs used is ASSUMED to behave as the stored version.)
+  * Under PP with ``pp_fsdp = 'per_step'`` (above): one gather per step, so one copy-out.
   * ZeRO-1/2 under FSDP2 (reshard_after_forward False, as ``--emit torchtitan`` writes them): the forward gather
     stays for the backward, but FSDP2 still reshards after each backward and torchtitan reduce-scatters every
     micro-batch (it leaves gradient sync on across accumulation steps, torchtitan 0.3.0 trainer): per micro-batch one
-    gather and one reduce-scatter per layer, exposed as ZeRO-3's; under PP as above.
+    gather and one reduce-scatter per layer, exposed as ZeRO-3's; under PP with ``pp_fsdp = 'per_step'``
+    one of each per step, as ZeRO-3's there (torchtitan's PP rows read as ZeRO-1, fp32 gradients).
 
 Overlap off: everything is exposed. Approximations: the hiding compute of a micro-batch is the stage's kernels
 (recomputation not counted as hiding time), and the expert and dense buffers are bucketed
@@ -117,24 +120,29 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
         # ZeRO-3 / FSDP: per micro-batch, one gather (forward), one gather and one reduce-scatter (backward) per layer
         ag, rs = _times(net, "all_gather", w_bytes, n, stride, units), _times(net, "reduce_scatter", g_bytes, n,
                                                                                stride, units)
-        per_mb = 2 * ag + rs
-        tot3 = M * per_mb
-        exp3 = M * (f_unit * (ag + rs) + _exposed((1.0 - f_unit) * per_mb, w_fwd + w_bwd)) if on else tot3
+        per_step = L.pp > 1 and tr.pp_fsdp == "per_step"
+        if per_step:   # one gather and one reduce-scatter per step (docstring)
+            tot3 = ag + rs
+            exp3 = f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else tot3
+        else:
+            per_mb = 2 * ag + rs
+            tot3 = M * per_mb
+            exp3 = M * (f_unit * (ag + rs) + _exposed((1.0 - f_unit) * per_mb, w_fwd + w_bwd)) if on else tot3
         if fsdp2 and n > 1:
-            # copy-out of every gather on the compute stream; under PP one gather and one reduce-scatter per step
-            piped = L.pp > 1
-            once = ag + rs
-            tot_pp = once
-            exp_pp = f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else once
-            tot3 = where(piped, tot_pp, tot3) + where(piped, 1.0, 2.0 * M) * copy_out
-            exp3 = where(piped, exp_pp, exp3) + where(piped, 1.0, 2.0 * M) * copy_out
+            # copy-out of every gather on the compute stream: twice per micro-batch, or once per step under PP
+            gathers = 1.0 if per_step else 2.0 * M
+            tot3, exp3 = tot3 + gathers * copy_out, exp3 + gathers * copy_out
             # ZeRO-1/2 as FSDP2 runs them (reshard_after_forward False, resharded after each backward, gradients
             # reduce-scattered every micro-batch: torchtitan leaves gradient sync on across accumulation steps):
-            # per micro-batch one gather and one reduce-scatter per layer
-            tot_nr = M * once
-            exp_nr = M * (f_unit * once + _exposed((1.0 - f_unit) * once, w_fwd + w_bwd)) if on else tot_nr
-            tot_f2 = where(piped, tot_pp, tot_nr) + where(piped, 1.0, M) * copy_out
-            exp_f2 = where(piped, exp_pp, exp_nr) + where(piped, 1.0, M) * copy_out
+            # per micro-batch one gather and one reduce-scatter per layer; under PP per step, as ZeRO-3's
+            once = ag + rs
+            if per_step:
+                tot_f2 = once + copy_out
+                exp_f2 = (f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else once) + copy_out
+            else:
+                tot_f2 = M * once + M * copy_out
+                exp_f2 = (M * (f_unit * once + _exposed((1.0 - f_unit) * once, w_fwd + w_bwd)) if on
+                          else M * once) + M * copy_out
         # bucketed ZeRO-0/1/2 (and the HSDP replica all-reduce): one collective per bucket with overlap, one for
         # everything without (Megatron-Core: bucket_size None when --overlap-grad-reduce is off)
         f_b = min(1.0, max(BUCKET_MIN_PARAMS, BUCKET_PER_RANK_PARAMS * n) / params) if on else 1.0

@@ -83,8 +83,9 @@ class Estimator:
         self.net = Network(hardware)
         self.kernels = Kernels(hardware, self.training)
         self.peak = hardware.peak_tflops(self.training.precision) * 1e12
-        self.layer_overhead_s = hardware.efficiency.layer_overhead_us * 1e-6
-        self.moe_overhead_s = hardware.efficiency.moe_layer_overhead_us * 1e-6
+        host = _compute.HOST_OVERHEAD_SHARE[self.training.cuda_graphs]   # CUDA graphs take the host's share
+        self.layer_overhead_s = host * hardware.efficiency.layer_overhead_us * 1e-6
+        self.moe_overhead_s = host * hardware.efficiency.moe_layer_overhead_us * 1e-6
         self.imbalance = (hardware.efficiency.moe_dropless_imbalance if self.training.moe_routing == "dropless"
                           else 1.0)
 

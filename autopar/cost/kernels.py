@@ -95,17 +95,22 @@ class Kernels:
         if hit is None:
             km = self.km
             top = (km.attention_bwd if backward else km.attention_fwd) * km.sustained_attention
-            hit = self._attn[key] = min(1.0, top * self.attn_scale * span / (span + km.attention_half_seq)
+            half = km.attention_half_seq_bwd if backward and km.attention_half_seq_bwd else km.attention_half_seq
+            hit = self._attn[key] = min(1.0, top * self.attn_scale * span / (span + half)
                                         * km.head_dim_factor(head_dim))
         return hit
 
-    def attention(self, flops_fwd: float, span: float, head_dim: float) -> tuple[float, float]:
+    def attention(self, flops_fwd: float, span: float, head_dim: float,
+                  full_share: float = 0.0) -> tuple[float, float]:
         """(forward, backward) seconds of the flash-attention core doing ``flops_fwd`` forward FLOPs over key
-        spans of ``span`` tokens with head dim ``head_dim``."""
+        spans of ``span`` tokens with head dim ``head_dim``; ``full_share`` of the FLOPs run as full
+        (non-causal) blocks, at ``attention_full_ratio`` times the causal rate (a context-parallel ring's
+        off-diagonal steps)."""
         if flops_fwd <= 0:
             return 0.0, 0.0
-        fwd = flops_fwd / (self.attn_peak * self.attn_eff(span, head_dim, False))
-        bwd = ATTN_BWD_FLOP_RATIO * flops_fwd / (self.attn_peak * self.attn_eff(span, head_dim, True))
+        work = flops_fwd * (1.0 - full_share + full_share / self.km.attention_full_ratio)
+        fwd = work / (self.attn_peak * self.attn_eff(span, head_dim, False))
+        bwd = ATTN_BWD_FLOP_RATIO * work / (self.attn_peak * self.attn_eff(span, head_dim, True))
         return fwd, bwd
 
     def attention_unfused(self, flops_fwd: float, span: float, head_dim: float, scores: float,

@@ -25,6 +25,7 @@ Megatron-LM 2021's plain DDP) and each filled field is listed with the row.
 from __future__ import annotations
 
 import csv
+import re
 import io
 import math
 from dataclasses import dataclass, field
@@ -291,7 +292,18 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
     stage = None
     if pp < 1 or vpp < 1:
         raise AutoparInputError(f"pp ({pp}) and vpp ({vpp}) must be at least 1")
-    if model.num_layers % (pp * vpp):
+    # The recipe's own split, where the source states one (Megatron --pipeline-model-parallel-layout), written in
+    # the notes as 'pipeline split A/B/..': transformer layers per pipeline rank, its virtual chunks summed; the LM
+    # head and MTP layers sit on the last rank, as autopar puts them.
+    split_note = re.search(r"pipeline split (\d+(?:/\d+)+)", row.get("notes", "") or "")
+    stated = split_note.group(1) if split_note else ""
+    if stated:
+        stage = tuple(int(x) for x in stated.split("/"))
+        if len(stage) != pp or sum(stage) != model.num_layers or min(stage) < 1:
+            raise AutoparInputError(f"{rid}: notes 'pipeline split {stated}' needs pp = {pp} positive layer counts "
+                                    f"summing to the model's {model.num_layers} layers")
+        notes.append(f"pipeline split stated by the recipe: {stated} layers")
+    elif model.num_layers % (pp * vpp):
         stage = balanced_stage_layers(model.num_layers, pp, vpp)
         notes.append(f"uneven pipeline: {stage[0]}/{stage[1]}../{stage[-1]} layers" if stage else "")
     # "activation offloading required" without the modules: the offloaded share is chosen below like V.
@@ -318,7 +330,7 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
                           _recompute_choices() if choose_rc else [layout.recompute],
                           [k / 8 for k in range(1, 9)] if offload else [0.0])
         for v, policy, share in choices:
-            split = stage if (stage is None or not choose_vpp) else balanced_stage_layers(model.num_layers, pp, v)
+            split = stage if (stage is None or not choose_vpp or stated) else balanced_stage_layers(model.num_layers, pp, v)
             try:
                 cand = resolve_layout(layout.model_copy(update={
                     "vpp": v, "stage_layers": split, "dp": None, "grad_accum": None, "recompute": policy,

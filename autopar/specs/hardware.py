@@ -119,6 +119,12 @@ class AttentionFigures(Spec):
     fwd: float = Field(gt=0, le=1, description="Causal forward achieved/BF16 peak, long span, d=128.")
     bwd: float = Field(gt=0, le=1, description="Causal backward achieved/BF16 peak (2.5x forward FLOPs).")
     half_seq: float = Field(gt=0, le=1_048_576, description="Key span at which the efficiency halves.")
+    half_seq_bwd: float | None = Field(default=None, gt=0, le=1_048_576,
+                                       description="Key span at which the backward's efficiency halves, where it "
+                                                   "saturates more slowly than the forward (None: half_seq).")
+    full_ratio: float = Field(default=1.0, ge=1.0, le=2.0,
+                              description="Rate of full (non-causal) blocks over the causal rate at long spans "
+                                          "(1.0: not measured).")
     source: str = Field(min_length=1, description="Benchmark, machine and date, or citation.")
 
 
@@ -153,7 +159,9 @@ class KernelModel(Spec):
 
         eff_attn(s, d) = attention_{fwd|bwd} · s / (s + attention_half_seq) · attention_head_dim[d]
 
-    of the BF16 peak (attention runs in BF16 under FP8 linear-layer recipes unless the training spec asks for
+    of the BF16 peak (the backward's span factor uses ``attention_half_seq_bwd`` where the file measures it
+    apart: FlashAttention-2's backward saturates more slowly than its forward; attention runs in BF16 under FP8
+    linear-layer recipes unless the training spec asks for
     FP8 attention; then at ``attention_fp8`` of the FP8 peak), with s the keys one query block spans (the
     sequence, the window, or the CP block s/cp) and the head-dim factor interpolated in log2(d) between the
     measured head dims (1.0 at d = 128). Memory-bound kernels stream at ``hbm`` of the HBM peak.
@@ -194,9 +202,17 @@ class KernelModel(Spec):
                                              "2.5x forward), long s, d=128.")
     attention_half_seq: float = Field(default=610.0, gt=0, le=1_048_576,
                                       description="Key span at which attention efficiency halves.")
+    attention_half_seq_bwd: float | None = Field(
+        default=None, gt=0, le=1_048_576,
+        description="Key span at which the backward's attention efficiency halves, where measured apart from the "
+                    "forward's (None: attention_half_seq for both).")
     attention_head_dim: dict[Annotated[int, Field(gt=0, le=limit("head_dim"))], Annotated[float, Field(gt=0)]] = Field(
         default_factory=lambda: {64: 0.768, 128: 1.0, 256: 1.042},
         description="Attention throughput at head dim d relative to d = 128 (measured points).")
+    attention_full_ratio: float = Field(
+        default=1.0, ge=1.0, le=2.0,
+        description="Flash-attention rate on full (non-causal) blocks over the causal rate, at long spans: the "
+                    "off-diagonal steps of a context-parallel ring run full blocks (1.0: not measured, no change).")
     attention_fp8: float | None = Field(default=None, gt=0, le=1,
                                         description="FP8 attention forward achieved/FP8 peak; None = not available.")
     grouped_gemm_kernel: AttentionKernelName = Field(
@@ -284,9 +300,13 @@ class KernelModel(Spec):
         fig, table = _swap_measured("figures for attention kernel", name, self.attention_kernels,
                                     self.attention_kernel, lambda: AttentionFigures(
                                         fwd=self.attention_fwd, bwd=self.attention_bwd,
-                                        half_seq=self.attention_half_seq, source=self.source))
+                                        half_seq=self.attention_half_seq,
+                                        half_seq_bwd=self.attention_half_seq_bwd,
+                                        full_ratio=self.attention_full_ratio, source=self.source))
         return self.model_copy(update={"attention_fwd": fig.fwd, "attention_bwd": fig.bwd,
-                                       "attention_half_seq": fig.half_seq, "attention_kernel": name,
+                                       "attention_half_seq": fig.half_seq,
+                                       "attention_half_seq_bwd": fig.half_seq_bwd,
+                                       "attention_full_ratio": fig.full_ratio, "attention_kernel": name,
                                        "attention_kernels": table})
 
     def head_dim_factor(self, d: float) -> float:

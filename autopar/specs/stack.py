@@ -21,9 +21,11 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
 * **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``); and who holds
   the logits around it (``loss_runtime``: Megatron's loss path, or PyTorch's as torchtitan runs it), a memory term
   (:mod:`autopar.cost.memory`).
-* **recorded, not priced** (no measurement separates them from the fitted per-layer overheads yet; they are
-  written by ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``,
-  ``all_gather``, ``deepep``, ``hybridep``), CUDA graphs (``none``, ``partial``, ``full_iteration``).
+* **CUDA graphs** (``none``, ``partial``, ``full_iteration``): a whole-iteration graph leaves no host launch work,
+  so the per-layer host overhead is not paid (:data:`autopar.cost.compute.HOST_OVERHEAD_SHARE`).
+* **recorded, not priced** (no measurement separates it from the fitted per-layer overheads yet; written by
+  ``--emit`` and listed by ``autopar zoo stacks`` as such): MoE dispatcher (``all_to_all``, ``all_gather``,
+  ``deepep``, ``hybridep``).
 
 Precedence: a flag on the command line > the stack file > TrainingSpec's built-in default.
 """
@@ -41,9 +43,10 @@ if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
-               "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather", "loss_runtime", "data_parallel",
+               "cp_ring", "pp_fsdp", "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather",
+               "loss_runtime", "cuda_graphs", "fp8_output_proj", "data_parallel",
                "optimizer")
-KNOB_RECORDED = ("dispatcher", "cuda_graphs")
+KNOB_RECORDED = ("dispatcher",)
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
 
@@ -63,6 +66,12 @@ class StackKnobs(Spec):
     ep_overlap: bool = Field(default=True, description="EP all-to-all overlapped (Megatron --overlap-moe-expert-"
                                                        "parallel-comm / moe_a2a_overlap).")
     cp_overlap: bool = Field(default=True, description="CP ring exchange overlapped with attention.")
+    cp_ring: Literal["te_p2p", "torch_allgather"] = Field(
+        default="te_p2p", description="Ring attention implementation: Transformer Engine's p2p ring or PyTorch's "
+                                      "all-gather ring (TrainingSpec.cp_ring).")
+    pp_fsdp: Literal["per_microbatch", "per_step"] = Field(
+        default="per_microbatch", description="FSDP traffic under PP: every micro-batch, or once per step "
+                                              "(TrainingSpec.pp_fsdp).")
     cross_entropy: Literal["fused", "unfused"] = Field(default="fused", description="Loss kernel.")
     loss_runtime: Literal["megatron", "torch"] = Field(
         default="megatron", description="Who holds the logits around the loss (memory only): Megatron's loss "
@@ -76,6 +85,9 @@ class StackKnobs(Spec):
                                    "TrainingSpec.fp8_param_gather). Transformer Engine FP8 precisions only (fp8 "
                                    "te, fp8_block, mxfp8): refused with others, as Megatron refuses fp8_param "
                                    "without fp8.")
+    fp8_output_proj: bool = Field(
+        default=False, description="LM head in MXFP8 (Megatron-Core fp8_output_proj; TrainingSpec.fp8_lm_head). "
+                                   "Precision mxfp8 only.")
     data_parallel: Literal["megatron", "fsdp2"] = Field(
         default="megatron", description="Data-parallel implementation: Megatron-Core's DDP / distributed optimizer, "
                                         "or PyTorch FSDP2 as torchtitan sets it up (fp32 reduce-scatter, all-gather "
@@ -85,7 +97,8 @@ class StackKnobs(Spec):
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
-        default="none", description="CUDA graphs (recorded, not priced).")
+        default="none", description="CUDA graphs: full_iteration removes the per-layer host overhead "
+                                     "(TrainingSpec.cuda_graphs).")
 
     @model_validator(mode="after")
     def _check(self) -> "StackKnobs":
@@ -98,10 +111,13 @@ class StackKnobs(Spec):
         """The TrainingSpec switches these knobs set."""
         return dict(elementwise=self.elementwise, attention_impl=self.attention, fp8_recipe=self.fp8_recipe,
                     tp_comm_overlap=self.tp_overlap != "none", dp_comm_overlap=self.dp_overlap,
-                    ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap,
+                    ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap, cp_ring=self.cp_ring,
+                    pp_fsdp=self.pp_fsdp,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
                     selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
-                    loss_runtime=self.loss_runtime, dp_impl=self.data_parallel, optimizer_impl=self.optimizer)
+                    loss_runtime=self.loss_runtime, cuda_graphs=self.cuda_graphs,
+                    fp8_lm_head=self.fp8_output_proj, dp_impl=self.data_parallel,
+                    optimizer_impl=self.optimizer)
 
 
 class StackSpec(Spec):

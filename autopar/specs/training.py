@@ -56,6 +56,19 @@ class TrainingSpec(Spec):
         default=True,
         description="Ring attention overlaps each KV block transfer with the attention block it feeds (Megatron-Core "
                     "p2p context parallelism). Off: the KV exchange is exposed (autopar.cost.cp).")
+    pp_fsdp: Literal["per_microbatch", "per_step"] = Field(
+        default="per_microbatch",
+        description="ZeRO-3/FSDP under pipeline parallelism: 'per_microbatch' (gathers and reduce-scatters every "
+                    "micro-batch, as without PP) or 'per_step' (torchtitan + torch.distributed.pipelining: weights "
+                    "kept unsharded between micro-batches, one gather per step, the gradients reduce-scattered "
+                    "once after the stage's last backward, exposed; autopar.cost.dp).")
+    cp_ring: Literal["te_p2p", "torch_allgather"] = Field(
+        default="te_p2p",
+        description="Which ring attention runs context parallelism: 'te_p2p' (Megatron-Core / Transformer Engine: "
+                    "one KV send per ring step, hidden behind that step's block) or 'torch_allgather' (PyTorch's "
+                    "experimental context_parallel as torchtitan runs it: KV all-gathered once per layer and pass, "
+                    "dK/dV passed around in fp32, the partial outputs merged by unfused elementwise kernels; "
+                    "autopar.cost.cp).")
     elementwise: Literal["fused", "compiled", "eager"] = Field(
         default="fused",
         description="Elementwise kernels (norms, RoPE, SwiGLU): 'fused' (Transformer Engine / Megatron fusions), "
@@ -77,6 +90,18 @@ class TrainingSpec(Spec):
                     "the FP8 ones (the fp32 main weights stay in the distributed optimizer) and the parameter "
                     "all-gather in FP8 bytes (autopar.cost.memory, autopar.cost.dp). Needs an FP8 precision run by "
                     "Transformer Engine (fp8 with fp8_recipe te, fp8_block, mxfp8).")
+    fp8_lm_head: bool = Field(
+        default=False,
+        description="Run the LM-head output projection in MXFP8 (Megatron-Core fp8_output_proj: 'run the LM-head "
+                    "output projection with TE ColumnParallelLinear under MXFP8'; set by Megatron-Bridge's DeepSeek-V3 "
+                    "and gpt-oss MXFP8 performance configs) instead of BF16 (autopar.cost.compute.head_time). "
+                    "Precision mxfp8 only.")
+    cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
+        default="none",
+        description="CUDA graphs: 'none', 'partial' (Transformer Engine graphs of some scopes: attention, router, "
+                    "EP preprocess; the routed experts stay eager) or 'full_iteration' (Megatron-Core's whole "
+                    "forward-backward replayed as one graph: no host launch work, no device-host sync). Priced on "
+                    "the per-layer host overhead (autopar.cost.compute.HOST_OVERHEAD_SHARE).")
     selective_ac: Literal["modules", "op"] = Field(
         default="modules",
         description="What the 'selective' recompute policy re-runs: 'modules' (Megatron-Core: the attention core) "
@@ -134,6 +159,9 @@ class TrainingSpec(Spec):
             raise ValueError(f"fp8_param_gather: needs an FP8 precision run by Transformer Engine (fp8 with "
                              f"fp8_recipe te, fp8_block or mxfp8), not precision {self.precision} with fp8_recipe "
                              f"{self.fp8_recipe}")
+        if self.fp8_lm_head and self.precision != "mxfp8":
+            raise ValueError(f"fp8_lm_head: Megatron-Core runs the LM head in FP8 only under the MXFP8 recipe "
+                             f"(fp8_output_proj), not precision {self.precision}")
         return self
 
     @property

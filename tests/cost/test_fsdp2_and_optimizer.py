@@ -15,7 +15,7 @@ from autopar.specs.training import TrainingSpec
 
 GT = load_hardware("h100_grand_teton")
 MEGATRON = TrainingSpec(seq_len=8192, global_batch=16, dp_comm_overlap=False)
-FSDP2 = MEGATRON.model_copy(update={"dp_impl": "fsdp2"})
+FSDP2 = MEGATRON.model_copy(update={"dp_impl": "fsdp2", "pp_fsdp": "per_step"})   # torchtitan's, as its stack
 HBM = GT.hbm_tbps * 1e12 * GT.kernel_model.hbm
 P = 8.0e9   # parameters of the stage before sharding
 
@@ -46,13 +46,17 @@ def test_fsdp2_copies_out_every_gather_on_the_compute_stream():
     assert exposed_f - exposed_m == pytest.approx(2 * 2 * copy_out, rel=1e-9)   # overlap off: all exposed
 
 
-def test_fsdp2_under_pipelining_gathers_and_reduces_once_per_step():
-    """torch's pipeline stage keeps FSDP2's parameters unsharded and its gradients unreduced between
-    micro-batches: the step's traffic does not grow with the micro-batch count, as the per-micro-batch ZeRO-3 does."""
-    one = _dp(FSDP2, pp=2, grad_accum=1)[1]
-    eight = _dp(FSDP2, pp=2, grad_accum=8)[1]
-    assert eight == pytest.approx(one)
+def test_fsdp2_under_pipelining_gathers_reduces_and_copies_out_once_per_step():
+    """torch's pipeline stage keeps FSDP2's parameters unsharded and its gradients unreduced between micro-batches
+    (pp_fsdp per_step): the step's traffic and copy-out do not grow with the micro-batch count, at ZeRO-3 or at the
+    ZeRO-1 torchtitan's PP rows are read as; without PP they do."""
+    for zero in (1, 3):
+        one = _dp(FSDP2, pp=2, grad_accum=1, zero_stage=zero)[1]
+        assert _dp(FSDP2, pp=2, grad_accum=8, zero_stage=zero)[1] == pytest.approx(one)
     assert _dp(FSDP2, grad_accum=8)[1] > 7 * _dp(FSDP2, grad_accum=1)[1]
+    with_copy, without = _dp(FSDP2, pp=2)[1], _dp(FSDP2.model_copy(update={"dp_impl": "megatron",
+                                                                         "grad_dtype": "fp32"}), pp=2)[1]
+    assert with_copy - without == pytest.approx(2 * 2.0 * P / HBM, rel=1e-9)   # one gather's copy-out
 
 
 def test_foreach_adamw_moves_bytes_op_by_op():

@@ -56,3 +56,40 @@ def test_op_level_sac_sits_between_no_recompute_and_full():
     assert none.step_time_s < op.step_time_s < full.step_time_s
     assert full.memory_gib.total < op.memory_gib.total < none.memory_gib.total
     assert op.memory_gib.total < run("modules", "selective").memory_gib.total
+
+
+def _moe_step(knobs: str, hw: str = "gb200_nvl72") -> float:
+    st = load_stack("megatron_core")
+    k = st.with_knobs(parse_knobs(knobs))
+    tr = TrainingSpec(seq_len=4096, global_batch=256, precision="mxfp8", **k.training_fields())
+    est = Estimator(load_model("qwen3_30b_a3b"), st.on(load_hardware(hw)), tr, 8)
+    return est.estimate(Layout(ep=8, micro_batch=2)).step_time_s
+
+
+def test_full_iteration_cuda_graphs_pay_no_per_layer_host_overhead():
+    # compute.HOST_OVERHEAD_SHARE: a whole-iteration graph takes the host off the critical path; partial graphs leave
+    # the routed experts eager, priced as no graphs
+    hw = load_hardware("gb200_nvl72")
+    est = Estimator(load_model("qwen3_30b_a3b"), hw, TrainingSpec(seq_len=4096, global_batch=256, precision="mxfp8"), 8)
+    lay = est.resolve(Layout(ep=8, micro_batch=2))
+    over = lay.grad_accum * est.stage_overhead_s(est.stages(lay.stage_layers)[0])
+    assert over > 0
+    assert _moe_step("cuda_graphs=partial") == _moe_step("cuda_graphs=none")
+    assert abs(_moe_step("cuda_graphs=none") - _moe_step("cuda_graphs=full_iteration") - over) < 1e-9 * over
+
+
+def test_fp8_lm_head_runs_the_output_projection_at_the_mxfp8_rate():
+    # Megatron-Core fp8_output_proj: the head GEMM at the MXFP8 peak (2x BF16 on Blackwell), its operand casts added
+    import pytest
+    from autopar.cost.compute import head_time
+    from autopar.cost.kernels import Kernels
+    from autopar.cost.layer_sums import ModelProfile
+    model, hw = load_model("deepseek_v3"), load_hardware("gb200_nvl72")
+    times = {}
+    for on in (False, True):
+        tr = TrainingSpec(seq_len=4096, global_batch=256, precision="mxfp8", fp8_lm_head=on)
+        f, b = head_time(Kernels(hw, tr), ModelProfile(model, tr), Layout(), tr, 4096.0)
+        times[on] = f + b
+    assert 0.45 * times[False] < times[True] < 0.65 * times[False]
+    with pytest.raises(ValueError, match="fp8_lm_head"):
+        TrainingSpec(seq_len=4096, global_batch=256, precision="bf16", fp8_lm_head=True)

@@ -114,3 +114,25 @@ def test_fit_write_refreshes_only_calibrated_files_with_four_significant_digits(
     assert not (out / "report_accel_128.yaml").exists()
     eff = yaml.safe_load((out / "h100_sxm.yaml").read_text())["efficiency"]
     assert eff and all(float(f"{v:.4g}") == v for v in eff.values())
+
+
+def test_a_pipeline_split_stated_in_the_notes_prices_the_row(tmp_path):
+    # The DeepSeek-V3 B300 row's recipe splits 61 layers over PP8 as 8x7 + 5 (Bridge layout_map[(8, 1)]); the balanced
+    # split would be 6/8x6/7. A split that does not cover the model's layers is refused with the row named.
+    import csv
+    from autopar.measure.validation import DEFAULT_CSV
+    with open(DEFAULT_CSV, newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = reader.fieldnames, [r for r in reader if r["id"] == "mb2606-dsv3-b300-256-mxfp8"]
+    assert len(rows) == 1 and "pipeline split 8/8/8/8/8/8/8/5" in rows[0]["notes"]
+    bad = dict(rows[0], id="mb2606-dsv3-b300-bad-split",
+               notes=rows[0]["notes"].replace("pipeline split 8/8/8/8/8/8/8/5", "pipeline split 8/8/8/8/8/8/8/6"))
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows([rows[0], bad])
+    cases, skipped = load_cases(path)
+    assert [c.layout.stage_layers for c in cases] == [(8, 8, 8, 8, 8, 8, 8, 5)]
+    assert len(skipped) == 1 and skipped[0][0] == "mb2606-dsv3-b300-bad-split"
+    assert "pipeline split 8/8/8/8/8/8/8/6" in skipped[0][1] and "61 layers" in skipped[0][1]

@@ -1,0 +1,51 @@
+"""FSDP under pipeline parallelism as torchtitan runs it (autopar/cost/dp.py, TrainingSpec.pp_fsdp): one gather
+and one reduce-scatter per step, the reduce-scatter after the stage's last backward and exposed."""
+
+import pytest
+
+from autopar.cost.collectives import Network
+from autopar.cost.dp import dp_time_per_step
+from autopar.specs.layout import Layout
+from autopar.specs.loaders import load_hardware, load_stack
+from autopar.specs.training import TrainingSpec
+
+HW = load_hardware("h100_grand_teton")
+NET = Network(HW)
+PARAMS = 6.2e9          # one 405B PP8 TP8 stage's parameters per GPU before sharding
+
+
+def _dp(mode: str, M: int, on: bool = True, t_fwd: float = 0.5, t_bwd: float = 1.0) -> tuple[float, float]:
+    tr = TrainingSpec(seq_len=8192, global_batch=64 * M, pp_fsdp=mode, dp_comm_overlap=on)
+    L = Layout(tp=8, pp=8, dp=8, micro_batch=1, grad_accum=M, zero_stage=3, fsdp=True)
+    return dp_time_per_step(PARAMS, 0.0, L, tr, HW, NET, t_fwd, t_bwd, units=16)
+
+
+def _ag_rs() -> tuple[float, float]:
+    ag_c, ag_t0 = NET.coefficients("all_gather", 8, 8)
+    rs_c, rs_t0 = NET.coefficients("reduce_scatter", 8, 8)
+    return PARAMS * 2 * ag_c + 16 * ag_t0, PARAMS * 2 * rs_c + 16 * rs_t0
+
+
+def test_torchtitan_gathers_and_reduces_once_per_step_under_pp():
+    assert load_stack("torchtitan").knobs.training_fields()["pp_fsdp"] == "per_step"
+    ag, rs = _ag_rs()
+    for M in (1, 8, 32):
+        _, total = _dp("per_step", M)
+        assert total == pytest.approx(ag + rs)                       # not M x (2 AG + RS)
+        assert _dp("per_microbatch", M)[1] == pytest.approx(M * (2 * ag + rs))
+
+
+def test_the_last_reduce_scatter_is_exposed_whatever_the_window():
+    _, rs = _ag_rs()
+    exposed, _ = _dp("per_step", 8, t_fwd=100.0, t_bwd=100.0)       # a window that hides every gather
+    assert exposed == pytest.approx(_ag_rs()[0] / 16 + rs)           # the first layer's gather + the whole RS
+    off, total = _dp("per_step", 8, on=False)
+    assert off == pytest.approx(total)
+
+
+def test_without_pp_nothing_changes():
+    tr = TrainingSpec(seq_len=8192, global_batch=64, pp_fsdp="per_step")
+    L = Layout(tp=8, dp=8, micro_batch=1, grad_accum=8, zero_stage=3, fsdp=True)
+    per_mb = tr.model_copy(update={"pp_fsdp": "per_microbatch"})
+    assert dp_time_per_step(PARAMS, 0.0, L, tr, HW, NET, 0.5, 1.0, 16) == \
+        dp_time_per_step(PARAMS, 0.0, L, per_mb, HW, NET, 0.5, 1.0, 16)
