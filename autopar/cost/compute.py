@@ -30,6 +30,12 @@ from autopar.specs.training import TrainingSpec
 # backward, bf16: 2 + 2 B, plus the fp32 max/sum statistics re-read: 4 B) or unfused (Megatron's
 # vocab-parallel cross entropy in plain torch: bf16 logits read and upcast to fp32 (2 + 4), max (4), exp and
 # sum (4 + 4), softmax (4 + 4); backward softmax − one-hot (4 + 4) and the bf16 gradient (4 + 2) = 44 B).
+# torchtitan's loss (train.py@9dec370: F.cross_entropy(pred.flatten(0, 1).float(), labels)) counts alike: upcast
+# 2 + 4; log_softmax over a 128K-wide row, too wide for the shared-memory kernel, reads the fp32 row for the max,
+# for the exp-sum and to write the result (4 + 4 + 4 + 4); backward: nll_loss_backward's zero-filled fp32 gradient
+# (4), log_softmax_backward's row-sum pass and its read-read-write (4 + 4 + 4 + 4), the cast back to bf16 (4 + 2) =
+# 48 B, within 10% of the unfused figure (4 B per logit: ~4 ms of Llama 3 8B's 2 x 8192-token micro-batch), so
+# one figure serves both.
 CROSS_ENTROPY_BYTES = {"fused": 8.0, "unfused": 44.0}
 
 # Elementwise kernels by stack (TrainingSpec.elementwise): HBM bytes of each memory-bound op relative to the fused
@@ -48,6 +54,12 @@ CROSS_ENTROPY_BYTES = {"fused": 8.0, "unfused": 44.0}
 #  - compiled (torch.compile / Inductor, torchtitan --training.compile per block): each op chain above becomes one
 #    fused pointwise or reduction kernel reading its inputs and writing its outputs once, as the fused counts (1x;
 #    an approximation: Inductor may split a chain or save an extra fp32 statistic).
+#  Eager kernels stream at the hardware file's ``hbm`` fraction like fused ones: what differs is their bytes, not their
+#  rate. Measured PyTorch eager kernels on large tensors: torch.maximum (fp16, vectorised TensorIterator loop) on
+#  H200 3.37 TB/s of 4.8 = 0.70 at 1024 x 20480 (42 MB; 0.58 at half that; tile-ai/TileOPs issue #512, PyTorch
+#  2.9.1, 2026-03-15), FBGEMM's gather/scatter on H100 SXM 2.54-2.77 TB/s of 3.35 = 0.76-0.83 (pytorch/FBGEMM PR
+#  #3993, 2025-04-20), against the 0.80 the files take from DeepGEMM; a training step's elementwise tensors (one
+#  layer's b·s x h activations: 134 MB for Llama 3 8B at 2 x 8192 tokens, twice that in fp32) are larger still.
 ELEMENTWISE_BYTES = {
     "fused": {},
     "compiled": {"grad_sum_eager": (0.0, 0.0)},   # separate projections' input gradients summed in one fused kernel

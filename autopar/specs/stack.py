@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
                "cp_ring", "pp_fsdp", "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather",
-               "loss_runtime", "cuda_graphs", "fp8_output_proj", "projections")
+               "loss_runtime", "cuda_graphs", "fp8_output_proj", "projections", "data_parallel",
+               "optimizer")
 KNOB_RECORDED = ("dispatcher",)
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
@@ -94,6 +95,12 @@ class StackKnobs(Spec):
     fp8_output_proj: bool = Field(
         default=False, description="LM head in MXFP8 (Megatron-Core fp8_output_proj; TrainingSpec.fp8_lm_head). "
                                    "Precision mxfp8 only.")
+    data_parallel: Literal["megatron", "fsdp2"] = Field(
+        default="megatron", description="Data-parallel implementation: Megatron-Core's DDP / distributed optimizer, "
+                                        "or PyTorch FSDP2 as torchtitan sets it up (fp32 reduce-scatter, all-gather "
+                                        "copy-out on the compute stream).")
+    optimizer: Literal["fused", "foreach"] = Field(
+        default="fused", description="Adam(W) kernels: fused (one pass) or torch's foreach (one pass per op).")
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
@@ -118,7 +125,8 @@ class StackKnobs(Spec):
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
                     selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
                     loss_runtime=self.loss_runtime, cuda_graphs=self.cuda_graphs,
-                    fp8_lm_head=self.fp8_output_proj, projections=self.projections)
+                    fp8_lm_head=self.fp8_output_proj, projections=self.projections,
+                    dp_impl=self.data_parallel, optimizer_impl=self.optimizer)
 
 
 class StackSpec(Spec):
