@@ -34,7 +34,7 @@ def test_gla_kernels_widths_and_stored_activations():
     assert g.stored() == {"qkv": conv + 2 * H * d + H * d + H * d, "attn_out": H * d}
     ins, outs, core = g.gemms()
     assert (ins.k, ins.n, ins.split) == (h, 4 * H * d, "col") and (outs.k, outs.n, outs.split) == (H * d, h, "row")
-    assert (core.k, core.module) == (d, "core_attn") and 2 * core.k * core.n == g.scan_flops()
+    assert (core.k, core.module) == (d, "ssm_scan") and 2 * core.k * core.n == g.scan_flops()
     assert g.fp8_cast_width() == h + 4 * H * d + H * d + h
 
 
