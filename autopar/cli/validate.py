@@ -80,11 +80,20 @@ def run_fit(args: argparse.Namespace) -> int:
                 shutil.copyfile(zoo_dir("hardware") / f"{name}.yaml", target)
             write_efficiency(target, efficiency_for(rep, hw), note)
             out.print(f"wrote the calibrated constants of {name} to {target}")
+        # A stack's own constants go beside the hardware files: into the repository's stacks/ when --out is the
+        # repository's hardware/ folder (a source checkout), else into DIR/stacks/ (a copy of the stack file), so
+        # --out never rewrites a file outside DIR.
+        in_repo = d.resolve() == zoo_dir("hardware").resolve() and not installed_zoo_dir("stacks")
         for st in sorted({c.stack for c in cases}):
             own = stack_efficiency(rep, st)
-            if own and not installed_zoo_dir("stacks"):
-                write_stack_efficiency(zoo_dir("stacks") / f"{st}.yaml", own, note)
-                out.print(f"wrote stack {st}'s own constants to {zoo_dir('stacks') / f'{st}.yaml'}")
+            if not own:
+                continue
+            target = zoo_dir("stacks") / f"{st}.yaml" if in_repo else d / "stacks" / f"{st}.yaml"
+            if not in_repo:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(zoo_dir("stacks") / f"{st}.yaml", target)
+            write_stack_efficiency(target, own, note)
+            out.print(f"wrote stack {st}'s own constants to {target}")
     if args.cv and args.write_intervals:   # after --write: the stored predictions are of the files as written
         _write_intervals(args, runs, out)
     return 0
@@ -271,7 +280,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --fit --cv: write the held-out errors' 80%% bands by regime to data/error_bars.yaml "
                         "(the interval estimate and solve print; autopar/measure/intervals.py)")
     p.add_argument("--write", action="store_true",
-                   help="with --fit: write hardware YAML files with the fitted constants into --out")
+                   help="with --fit: write hardware YAML files with the fitted constants into --out (a stack's own "
+                        "constants into --out/stacks/)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="folder for --write (required; never autopar's installed files; in a source checkout "
                         "--out hardware updates the repository's files)")

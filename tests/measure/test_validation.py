@@ -116,6 +116,28 @@ def test_fit_write_refreshes_only_calibrated_files_with_four_significant_digits(
     assert eff and all(float(f"{v:.4g}") == v for v in eff.values())
 
 
+def test_fit_write_puts_a_stacks_constants_under_out_and_leaves_the_repository_alone(tmp_path, capsys):
+    """A stack's own fitted constants (torchtitan's per-layer overhead) are written to DIR/stacks/ under
+    ``--out DIR``: the stack file autopar loads is not rewritten (it was, before: a write outside --out)."""
+    import yaml
+
+    from autopar.cli.main import main
+    from autopar.measure.validation import DEFAULT_CSV
+    from autopar.specs.loaders import zoo_dir
+    lines = DEFAULT_CSV.read_text().splitlines(keepends=True)
+    csv = tmp_path / "runs.csv"
+    csv.write_text(lines[0] + "".join(ln for ln in lines[1:] if ln.startswith("tt2412-l31-8b-h100gt-8-")))
+    repo_stack = zoo_dir("stacks") / "torchtitan.yaml"
+    before = repo_stack.read_bytes()
+    out = tmp_path / "hw"
+    assert main(["validate", "--csv", str(csv), "--fit", "--write", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.replace("\n", "")     # the console folds long lines at 80 columns
+    assert f"wrote stack torchtitan's own constants to {out / 'stacks' / 'torchtitan.yaml'}" in printed
+    assert repo_stack.read_bytes() == before
+    written = yaml.safe_load((out / "stacks" / "torchtitan.yaml").read_text())
+    assert written["name"] == "torchtitan" and "layer_overhead_us" in written["efficiency"]
+
+
 def test_a_pipeline_split_stated_in_the_notes_prices_the_row(tmp_path):
     # The DeepSeek-V3 B300 row's recipe splits 61 layers over PP8 as 8x7 + 5 (Bridge layout_map[(8, 1)]); the balanced
     # split would be 6/8x6/7. A split that does not cover the model's layers is refused with the row named.
