@@ -25,8 +25,8 @@ SPLITS = ("col", "row", "replicated", "expert_col", "expert_row")
 class Linear:
     """One linear layer: y[T, N] = x[T, K] · W[K, N] per token row; 2·K·N FLOPs per token forward. ``module``
     names the Megatron-Core recompute module that redoes it (``--recompute-modules``): ``core_attn``,
-    ``mla_up_proj``, ``mlp``, ``moe``, ``shared_experts``; ``attn`` and ``router`` belong to none; ``ssm_scan`` (a
-    linear mixer's chunked scan, priced in BF16) is re-run by ``core_attn``."""
+    ``mla_up_proj``, ``mlp``, ``moe``, ``shared_experts``; ``attn``, ``router`` and ``ssm_scan`` (a linear mixer's
+    chunked scan, priced in BF16) belong to none."""
 
     k: int
     n: int

@@ -6,7 +6,7 @@ GEMM out_width -> h; the chunked scan (:meth:`Recurrent.scan_flops`) is priced a
 the same FLOPs with K = its key head dim (Mamba-1: its state size), in part ``ssm_scan`` (:data:`SCAN_MODULE`): its
 tensor-core work, in BF16 under every FP8 recipe (the scans are Triton kernels, mamba_ssm's and
 flash-linear-attention's; Transformer Engine's fp8_autocast quantises only its own Linear / GroupedLinear modules),
-re-run by the ``core_attn`` recompute module as the scan always was. A kind that inventories its scan kernels' HBM
+re-run by full recompute only (:data:`SCAN_MODULE`). A kind that inventories its scan kernels' HBM
 traffic (Mamba-2: :meth:`autopar.blocks.mamba.Mamba2.scan_bytes`) adds it to the same part as memory-bound bytes,
 and the part costs the larger of the two per pass (a roofline; autopar.cost.compute.BF16_PARTS). The sub-block's pre-norm and residual add are counted as
 the attention sub-block counts its own (:data:`NORM_RESIDUAL`).
@@ -24,8 +24,10 @@ from typing import ClassVar
 from autopar.blocks._base import Block, Linear, Rule
 
 _HEADS_NOTE = " (all-to-all context parallel splits heads)"
-# The part (and kernel class) of a linear mixer's chunked scan; selective ``core_attn`` recompute re-runs it
-# (autopar.cost.compute.RECOMPUTE_PARTS).
+# The part (and kernel class) of a linear mixer's chunked scan. No selective recompute module re-runs it, only full
+# recompute: Megatron-Core's MambaLayer is norm, mixer, bias-dropout-add with no checkpointed sub-module
+# (NVIDIA/Megatron-LM@03453aee megatron/core/ssm/mamba_layer.py; the ``core_attn`` checkpoint lives in the softmax
+# Attention module), and its mixer's stored activations stay (:meth:`Recurrent.stored`).
 SCAN_MODULE = "ssm_scan"
 # The mixer sub-block's pre-norm (fused into the input projection, Transformer Engine LayerNormLinear: read h, write
 # h; backward read x, dy, write dx) and its residual add (read 2h, write h each way), elements per token (forward,
@@ -121,8 +123,10 @@ class Recurrent(Block):
         return h + self.in_width() + self.out_width() + h
 
     def stored(self) -> dict[str, float]:
+        """The scan's inputs and its output, all in role ``qkv``: no selective recompute module drops them
+        (:data:`SCAN_MODULE`)."""
         stored_in, stored_out = self.stored_io()
-        return {"qkv": stored_in, "attn_out": stored_out}
+        return {"qkv": stored_in + stored_out}
 
 
 @dataclass(frozen=True)

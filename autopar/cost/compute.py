@@ -137,7 +137,7 @@ def torchao_cast_bytes(kind: LayerKind, L: Layout, tr: TrainingSpec, tokens: flo
 FP8_CAST_MXFP8_BYTES = 4.0
 
 # Forward kernels re-run by each Megatron-Core recompute module (``--recompute-modules``).
-RECOMPUTE_PARTS = {"core_attn": ("core_attn", "ssm_scan"), "mlp": ("mlp", "mlp_act"), "moe": ("moe", "moe_act", "permute"),
+RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"), "moe": ("moe", "moe_act", "permute"),
                    "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
                    "layernorm": ("norm",), "mla_up_proj": ("mla_up_proj",)}
 

@@ -17,7 +17,7 @@ def test_mamba2_parameters_and_flops_nemotron_h_shape():
     C = 64
     assert m.scan_flops() == 2 * 4 * xbc + 8 * 2 * (C / 2) * 128 + 128 * (2 * (C / 2) * 64 + 4 * 128 * 64)
     assert m.state_elems() == 128 * 64 * 128 + 3 * xbc
-    assert m.stored() == {"qkv": xbc + xbc + d_in + 128, "attn_out": d_in}     # conv in, x/B/C, z, dt; output
+    assert m.stored() == {"qkv": xbc + xbc + d_in + 128 + d_in}     # conv in, x/B/C, z, dt; output
 
 
 def test_mamba2_tp_splits_heads_and_groups():

@@ -1,5 +1,5 @@
 """The linear mixers' scan part (autopar/cost/compute.py layer_parts, autopar/blocks/_recurrent.py): BF16 under every
-FP8 recipe, a roofline of its FLOPs and its kernels' HBM bytes, re-run by core_attn recompute, one pre-norm and one
+FP8 recipe, a roofline of its FLOPs and its kernels' HBM bytes, re-run by full recompute only, one pre-norm and one
 residual for parallel mixers."""
 
 from __future__ import annotations
@@ -45,11 +45,16 @@ def test_nano_scan_is_memory_bound_at_its_kernels_bytes():
         assert parts["ssm_scan"] == pytest.approx((fwd_b * scale, bwd_b * scale))
 
 
-def test_selective_core_attn_recompute_reruns_the_scan_forward():
+def test_only_full_recompute_reruns_the_scan_and_selective_keeps_its_activations():
+    """Megatron-Core's MambaLayer checkpoints no sub-module: selective core_attn neither re-runs the scan nor drops
+    what it stores; full recompute does both."""
     est, L, tr, j, parts = _scan("h100_sxm", "fp8")
     sel = L.model_copy(update={"recompute": "selective", "recompute_modules": ("core_attn",)})
-    shares = C.recompute_shares(sel, tr, parts)
-    assert shares.get("ssm_scan") == 1.0 and "attn" not in shares
+    assert "ssm_scan" not in C.recompute_shares(sel, tr, parts)
+    full = L.model_copy(update={"recompute": "full"})
+    assert C.recompute_shares(full, tr, parts)["ssm_scan"] == 1.0
+    block = NANO.mixer_blocks(MAMBA_LAYER)[0]
+    assert set(block.stored()) == {"qkv"} and block.stored()["qkv"] == sum(block.stored_io())
 
 
 def test_parallel_mixers_share_one_pre_norm_and_residual():
