@@ -31,7 +31,8 @@ T_ep) hide behind the partner's backward kernels (2/3 of W, the stage's kernels 
 
     exposed = T_ep / M + max(0, R/2 − 2W/3) + max(0, R/2 − W/3),   R = T_ep · (1 − 1/M)      (else T_ep)
 
-An approximation: the pairing's own slowdown (the two micro-batches' kernels share the SMs) is not counted.
+What hides slows the partner's kernels (they share the SMs): priced once for every term by
+:func:`autopar.cost.overlap.overlap_cost`, applied in :meth:`autopar.cost.Estimator.stage_times`.
 """
 
 from __future__ import annotations
@@ -82,10 +83,12 @@ def ep_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
 
 
 def ep_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
-                           net: Network, imbalance: float = 1.0, window: float = 0.0) -> float:
+                           net: Network, imbalance: float = 1.0, window: float = 0.0,
+                           total: float | None = None) -> float:
     """Exposed EP seconds of one micro-batch: T_ep times ``imbalance`` (the busiest rank's load), less what the
-    partner micro-batch's kernels (``window``, W above) hide where the schedule overlaps at all."""
-    t = ep_comm_seconds(prof, st, L, tr, net) * imbalance
+    partner micro-batch's kernels (``window``, W above) hide where the schedule overlaps at all. ``total``: T_ep ·
+    imbalance when the caller has it already (the estimator prices the hidden part too)."""
+    t = ep_comm_seconds(prof, st, L, tr, net) * imbalance if total is None else total
     if not t or not tr.ep_comm_overlap or ep_overlap_blockers(L, prof.model):
         return t
     m = L.grad_accum

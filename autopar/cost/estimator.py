@@ -9,6 +9,10 @@ Step time (the critical path of the slowest pipeline stage, Narayanan et al. 202
            + exposed p2p                                     (pp_p2p)
            + max over stages of (exposed DP/FSDP + optimizer) (dp, optimizer)
 
+Overlap is not free: each communication term (tp, cp, ep, dp) includes what its hidden part costs the compute it
+hides under (:func:`autopar.cost.overlap.overlap_cost`, the hardware file's measured slowdown per engine), so a
+collective that hides still costs h·s/(1 + s) for h hidden seconds.
+
 Throughput: tokens/s/GPU = B·s / (T_step · N); model TFLOP/s/GPU = F_token · tokens/s/GPU with F_token the
 model's training FLOPs per token (no recomputation; see autopar.specs.model for how causal attention is
 counted); MFU = model TFLOP/s / dense peak of the training precision (PaLM, arXiv 2204.02311 app. B).
@@ -27,6 +31,7 @@ from autopar.cost.ep import ep_comm_seconds, ep_time_per_microbatch
 from autopar.cost.kernels import Kernels
 from autopar.cost.memory import offloaded_activation_bytes, shard_groups, stage_memory, stage_params
 from autopar.cost.offload import offload_time_per_microbatch
+from autopar.cost.overlap import overlap_cost
 from autopar.cost.optimizer import optimizer_time
 from autopar.cost.pipeline import bubble_time, p2p_time
 from autopar.cost.layer_sums import ModelProfile
@@ -74,6 +79,8 @@ class Estimator:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec, gpus: int):
         self.model, self.hardware, self.training, self.gpus = model, hardware, training, gpus
         self.profile = ModelProfile(model, training)
+        # the same training with CP overlap off: what the ring exposes without it (the hidden part's overlap cost)
+        self._no_overlap = training.model_copy(update={"cp_comm_overlap": False})
         self._bind(hardware)
         self._stages: dict[tuple[int, ...], list[Stage]] = {}
 
@@ -124,10 +131,17 @@ class Estimator:
         gemm_w = kern_w = 0.0
         if (L.tp > 1 and tr.tp_comm_overlap) or ((L.ep > 1 or L.etp > 1) and tr.ep_comm_overlap):
             gemm_w, kern_w = _compute.hiding_windows(prof, st, L, tr, self.kernels, self.imbalance)
+        cp = cp_time_per_microbatch(prof, st, L, tr, hw, net, self.kernels)
+        ep_total = ep_comm_seconds(prof, st, L, tr, net) * self.imbalance
+        ep = ep_time_per_microbatch(prof, st, L, tr, hw, net, self.imbalance, kern_w, ep_total)
+        if L.cp > 1 and tr.cp_comm_overlap:   # the ring's hidden transfers slow the attention they hide under
+            cp += overlap_cost(max(0.0, cp_time_per_microbatch(prof, st, L, self._no_overlap, hw, net, self.kernels)
+                                    - cp), hw, "sm", self._link(L.cp, L.tp))
+        if tr.ep_comm_overlap and ep_total > ep:   # the partner micro-batch's kernels run beside the all-to-alls
+            ep += overlap_cost(max(0.0, ep_total - ep), hw, "sm", self._link(L.ep, L.etp))
         return StageTimes(
-            compute=t_tot, tp=tp_time_per_microbatch(prof, st, L, tr, hw, net, gemm_w),
-            cp=cp_time_per_microbatch(prof, st, L, tr, hw, net, self.kernels),
-            ep=ep_time_per_microbatch(prof, st, L, tr, hw, net, self.imbalance, kern_w), forward=t_fwd,
+            compute=t_tot, tp=tp_time_per_microbatch(prof, st, L, tr, hw, net, gemm_w, self.kernels),
+            cp=cp, ep=ep, forward=t_fwd,
             offload=offload_time_per_microbatch(prof, st, L, tr, hw, t_fwd, t_tot) if L.offload_activations else 0.0)
 
     def stage_overhead_s(self, st: Stage) -> float:
@@ -157,11 +171,24 @@ class Estimator:
         if t_fwd is None:
             t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
                                              self.imbalance, self.moe_overhead_s)[1]
-        dp_exposed, _ = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd,
-                                         max(1, st.n_layers), self.link_busy(L, st) if tr.dp_comm_overlap else None)
+        dp_exposed, dp_total = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd,
+                                                max(1, st.n_layers),
+                                                self.link_busy(L, st) if tr.dp_comm_overlap else None)
+        # what hides slows the compute it hides under (NCCL kernels on SMs: autopar.cost.overlap), each sharding
+        # group's share (by parameters) at its own link's rate
+        hidden = dp_total - dp_exposed
+        groups = ((dense, self._link(L.dp * L.cp, L.tp)), (expert, self._link(L.edp, L.ep * L.etp)))
+        for params, link in groups:
+            if params:
+                dp_exposed = dp_exposed + overlap_cost(hidden * (params / (dense + expert)), hw, "sm", link)
         sd, se = shard_groups(L)
         p_local = dense / where(L.zero_stage >= 1, sd, 1) + expert / where(L.zero_stage >= 1, se, 1)
         return dp_exposed, optimizer_time(p_local, tr, hw)
+
+    def _link(self, n: int, stride: int) -> str:
+        """The link a group of n ranks ``stride`` apart runs its collectives on: the network when it spans NVLink
+        domains."""
+        return "network" if self.net.placement(n, stride)[1] > 1 else "nvlink"
 
     def link_busy(self, L: Layout, st: Stage) -> dict[str, float]:
         """Seconds per micro-batch that NVLink and the network carry stage ``st``'s TP, CP and EP traffic (forward

@@ -14,10 +14,14 @@ MEMORY_LEGEND = {
 }
 TIME_LEGEND = {
     "compute": "GEMMs + attention of all micro-batches, recompute included",
-    "tp": "exposed tensor/sequence-parallel collectives (what the GEMMs do not hide)",
-    "cp": "exposed context-parallel exchange (attention KV ring; linear/SSM layers: all-to-all or state pass)",
-    "ep": "exposed expert all-to-all (dispatch + combine; hidden only under Megatron's combined 1F1B)",
-    "dp": "exposed gradient reduce / ZeRO-FSDP gathers (first/last bucket or layer, what the window leaves)",
+    "tp": "exposed tensor/sequence-parallel collectives (what the GEMMs do not hide), + the overlap's cost to the "
+          "compute (async TP: chunked GEMMs, partial sums)",
+    "cp": "exposed context-parallel exchange (attention KV ring; linear/SSM layers: all-to-all or state pass), "
+          "+ the hidden part's cost to the compute",
+    "ep": "exposed expert all-to-all (dispatch + combine; hidden only under Megatron's combined 1F1B), + the hidden "
+          "part's cost to the compute",
+    "dp": "exposed gradient reduce / ZeRO-FSDP gathers (first/last bucket or layer, what the window leaves), + the "
+          "hidden part's cost to the compute",
     "pp_bubble": "pipeline fill + drain: (PP-1)/(VPP*M+PP-1) of the step",
     "pp_p2p": "exposed pipeline send/recv",
     "optimizer": "Adam update (HBM-bandwidth bound)",

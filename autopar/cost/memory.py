@@ -46,6 +46,10 @@ PyTorch's loss path (``TrainingSpec.loss_runtime`` 'torch', as torchtitan runs i
 Buffers: the SP/TP all-gathered input of one linear (b·s/cp·h), EP dispatch/combine buffers (2·b·s/(cp·tp)
 ·k·h), FSDP's unsharded parameters of two layers (current + prefetch) and one layer's unsharded gradient,
 FP8 weight copies (2 B per local parameter, Transformer Engine; none with FP8 primary weights) for FP8 recipes.
+Async TP (``tp_overlap_impl: async_tp``) adds its symmetric-memory workspace, allocated once and kept: the fused
+matmul + reduce-scatter double-buffers one output chunk, 2·(b·s/(cp·tp))·h·e bytes, more than the fused all-gather's
+one input shard (torch ``torch/distributed/_symmetric_memory/__init__.py`` ``_pipelined_produce_and_all2all``:
+``p2p_workspace_size_req = out_chunks[0].numel() * out_chunks[0].element_size() * 2``, ``get_symm_mem_workspace``).
 
 FP8 weights (Transformer Engine): each weight is kept in FP8 twice, row-wise for the forward GEMM and column-wise
 (its transpose) for the backward's data-gradient GEMM, which FP8 tensor cores take only in the TN layout (Hopper)
@@ -293,6 +297,8 @@ def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> 
     mb_tokens = L.micro_batch * tr.seq_len
     e, h = tr.activation_bytes, prof.hidden
     buf = mb_tokens / L.cp * h * e                      # gathered SP/TP input of one linear
+    if tr.tp_comm_overlap and tr.tp_overlap_impl == "async_tp":   # symmetric-memory workspace (docstring)
+        buf = buf + where(L.tp > 1, 2.0 * mb_tokens / (L.cp * L.tp) * h * e, 0.0)
     if prof.is_moe and st.sum(prof, "moe_layers"):
         buf += 2 * mb_tokens / (L.cp * L.tp) * prof.top_k * h * e
     dense, expert = stage_params(prof, st, L)

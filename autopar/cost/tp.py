@@ -22,8 +22,53 @@ ends); the rest hides behind the layer's TP-split GEMMs G (:func:`autopar.cost.c
 
     exposed = T_tp / tp + max(0, T_tp · (tp − 1)/tp − G)        (overlap on; T_tp otherwise)
 
-An approximation: summed over the stage's layers (equal where the layers are alike), and the GEMMs' slowdown
-from sharing the SMs and HBM with the communication kernels is not counted.
+An approximation: summed over the stage's layers (equal where the layers are alike). What hides is not free: the
+compute it hides under runs slower while it does (:func:`autopar.cost.overlap.overlap_cost`, by engine). Transformer
+Engine's all-gathers are ``ring_exchange`` peer copies on the copy engines and its reduce-scatters ``pipeline`` /
+``bulk`` kernels on 16 reserved SMs (TransformerEngine ``transformer_engine/pytorch/module/base.py``
+``initialize_ub`` defaults: ``num_sm`` 1 and ``use_ce`` for ring_exchange, 16 with ``set_sm_margin`` otherwise),
+so the hidden all-gather time pays the ``copy_engine`` slowdown and the hidden reduce-scatter time the ``sm`` one.
+
+Async TP (``training.tp_overlap_impl == 'async_tp'``: PyTorch's ``torch._inductor.fx_passes.micro_pipeline_tp``
+pass under torch.compile, torchtitan ``enable_async_tensor_parallel``; "[Distributed w/ TorchTitan] Introducing
+Async Tensor Parallelism in PyTorch", PyTorch dev-discuss 2024, discuss.pytorch.org/t/209487: ~8% end-to-end on
+Llama 3 8B and 70B) is a graph rewrite, not a library switch, and only what its pattern matcher finds is overlapped
+(torch ``micro_pipeline_tp.py``: ``fuse_all_gather_matmul`` for an all-gather whose output is the left operand of
+matmuls, ``fuse_matmul_reduce_scatter`` for a reduce-scatter whose input is one matmul's output,
+``_find_producer_matmul``):
+
+* forward: the all-gather before the column-parallel GEMMs (one gather for q, k, v or w1, w3) and the
+  reduce-scatter after the row-parallel GEMM; the backward's all-gather of the output gradient before the
+  row-parallel input-gradient GEMM;
+* NOT the backward's reduce-scatter after the column-parallel input-gradient GEMMs: its input is the SUM of the
+  q, k, v (w1, w3) input gradients, an add, not a matmul, so it stays a plain NCCL reduce-scatter, all exposed;
+* FP8 with a recipe that quantises after the all-gather (rowwise: "all-gather happens in high precision",
+  torchtitan ``enable_float8_tensorwise_tp``; and the other FP8 families): the gathered tensor feeds a cast, not a
+  matmul, so only the forward reduce-scatters are fused (pytorch/pytorch issue #149990, 2025-03-25: async TP under
+  rowwise scales fuses matmul -> reduce-scatter, not all-gather -> matmul). Tensorwise casts before the gather: as
+  BF16.
+
+Each fused op runs its GEMM as tp GEMMs of M/tp rows, one per shard (``_fused_all_gather_matmul_impl``,
+``_fused_matmul_reduce_scatter_impl``), on two streams, pulling each peer's shard with a peer ``copy_`` (the
+copy engines; ``torch.distributed._symmetric_memory._pipelined_multi_all_gather_and_consume`` and
+``_pipelined_produce_and_all2all``). The local shard is consumed first (all-gather) or produced last
+(reduce-scatter), so the tp − 1 remote transfers hide behind the other tp − 1 chunks' GEMMs. Priced:
+
+    exposed = T_u + max(0, T_m − G_m · (tp − 1)/tp)                       T_m + T_u = T_tp; G_m = G · T_m / T_tp
+            + Σ_fused GEMMs (tp · t(M/tp) − t(M))                        the chunks' lower efficiency (gemm_half_m)
+            + n_rs · stream((M·h + M·h/tp) · e)                          each fused reduce-scatter ends in a sum of
+                                                                          the tp stacked partials (torch.sum: read all,
+                                                                          write one shard), an HBM pass NCCL did
+                                                                          inside its kernel
+            + overlap_cost(hidden part of T_m, copy_engine)
+
+with T_m the fused collectives' share of T_tp (per block and pass an all-gather and a reduce-scatter of equal
+volume; under tensorwise FP8 the all-gather moves half the reduce-scatter's bytes), T_u the rest, M = b·s/cp
+tokens, h the hidden size and e the activation bytes. The last stage's LM-head gather (and its backward reduce-
+scatter, one matmul) counts as fused. A TP group that spans NVLink domains cannot map its peers' memory (symmetric
+memory needs peer access): there async TP is priced as no overlap. Approximations: the window G_m is G's share by
+volume; the symmetric-memory barriers (two per step) are not counted; op-SAC's recomputed matmuls are not counted as
+chunked.
 
 FP8 tensorwise with torchao (``fp8_recipe: tensorwise``): torchtitan's Float8ColwiseParallel / Float8RowwiseParallel
 cast before the sequence-parallel all-gathers, so each all-gather moves 1-byte elements and each reduce-scatter
@@ -40,7 +85,10 @@ so not hidden by async TP (:func:`fp8_amax_seconds`).
 from __future__ import annotations
 
 from autopar.cost.collectives import Network
+from autopar.cost.compute import TP_GEMM_PARTS, gpu_tokens
+from autopar.cost.kernels import FP8_FAMILY, Kernels
 from autopar.cost.layer_sums import ModelProfile
+from autopar.cost.overlap import overlap_cost
 from autopar.cost.stage import Stage
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout
@@ -71,11 +119,6 @@ def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
 # A fused QKV or gate-up GEMM counts once (torchtitan's separate wq, wk, wv and w1, w3 weights cast apart: an
 # undercount of 3 weight amaxes per Llama layer).
 FP8_AMAX_PER_LINEAR, FP8_AMAX_RECOMPUTE, FP8_AMAX_BYTES = 3, 2, 4.0
-# Share of T_tp that async TP leaves unfused under torchao rowwise scaling: the all-gathers, half of each all-reduce's
-# all-gather + reduce-scatter pair (Korthikanti et al. 2022 sec. 4.2.2) (tp_time_per_microbatch).
-ROWWISE_UNFUSED_SHARE = 0.5
-
-
 def fp8_amax_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network) -> float:
     """Seconds of one micro-batch's torchao tensorwise amax all-reduces over the TP group (module docstring):
     n_lin · (3 + 2 if recomputing) latency-bound all-reduces of one fp32 scalar, n_lin the stage's TP-split linears."""
@@ -87,18 +130,77 @@ def fp8_amax_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
     return n_lin * per * net.time("all_reduce", FP8_AMAX_BYTES, L.tp, 1)
 
 
+def _ag_share(tr: TrainingSpec) -> float:
+    """The all-gather's share of one all-gather + reduce-scatter pair's time (tensorwise FP8 gathers 1-byte
+    elements: 0.5 / (0.5 + 1))."""
+    return 1.0 / 3.0 if tr.precision == "fp8" and tr.fp8_recipe == "tensorwise" else 0.5
+
+
+def async_tp_fuses_all_gather(tr: TrainingSpec) -> bool:
+    """Whether async TP's pattern matcher fuses the all-gathers: the gathered tensor must feed the matmul itself,
+    not an FP8 cast after the gather (module docstring)."""
+    return tr.precision not in FP8_FAMILY or (tr.precision == "fp8" and tr.fp8_recipe == "tensorwise")
+
+
+def async_tp_fused_share(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
+    """T_m / T_tp: the share of the stage's TP collective time async TP fuses with a matmul (module docstring)."""
+    passes = 3 if L.recompute == "full" else 2
+    fwd = passes - 1
+    a = _ag_share(tr)
+    per_block = fwd * (1.0 - a) + ((fwd + 1) * a if async_tp_fuses_all_gather(tr) else 0.0)
+    blocks = st.sum(prof, "tp_blocks")
+    last = 1.0 if st.is_last else 0.0
+    total = passes * blocks + last
+    return (per_block * blocks + last) / total if total else 0.0
+
+
+def async_tp_compute_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels) -> float:
+    """Seconds async TP adds to a micro-batch's kernels on stage ``st``: its fused GEMMs run as tp chunks of M/tp
+    rows, and each fused reduce-scatter ends in a memory-bound sum of the tp partials (module docstring)."""
+    tokens = gpu_tokens(L, tr)
+    tp, wb, gb = L.tp, tr.weight_bytes, tr.grad_bytes
+    fwd = 2 if L.recompute == "full" else 1            # forward passes with fused collectives
+    ag = async_tp_fuses_all_gather(tr)
+    extra = 0.0
+    for j, count in prof.kind_counts(st.first, st.last):
+        for lin in prof.kinds[j].linears:
+            if lin.module not in TP_GEMM_PARTS or lin.split not in ("col", "row"):
+                continue
+            n, k = (lin.n / tp, lin.k) if lin.split == "col" else (lin.n, lin.k / tp)
+            whole = kern.gemm(tokens, n, k, lin.params / tp, wb, gb)[0]
+            chunked = tp * kern.gemm(tokens / tp, n, k, lin.params / tp, wb, gb)[0]
+            # column-parallel: forward (fused all-gather) only; row-parallel: forward (fused reduce-scatter) and the
+            # backward's input-gradient GEMM of the same shape (fused all-gather of the output gradient)
+            times = (fwd if ag else 0) if lin.split == "col" else fwd + (1 if ag else 0)
+            extra += count * times * (chunked - whole)
+    n_rs = fwd * st.sum(prof, "tp_blocks") + (1.0 if st.is_last else 0.0)
+    extra += n_rs * kern.stream((1.0 + 1.0 / tp) * tokens * prof.hidden * tr.activation_bytes)
+    return extra
+
+
 def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
-                           net: Network, gemm_window: float = 0.0) -> float:
-    """Exposed TP seconds of one micro-batch; ``gemm_window``: the stage's TP-split GEMM seconds (G above)."""
+                           net: Network, gemm_window: float = 0.0, kern: Kernels | None = None) -> float:
+    """Exposed TP seconds of one micro-batch, with what the overlap costs the compute (module docstring);
+    ``gemm_window``: the stage's TP-split GEMM seconds (G above); ``kern``: the kernel prices (async TP's chunked
+    GEMMs and partial sums; needed when ``tr.tp_overlap_impl`` is 'async_tp')."""
     t = tp_comm_seconds(prof, st, L, tr, net)
     amax = fp8_amax_seconds(prof, st, L, tr, net)
     if not t or not tr.tp_comm_overlap:
         return t + amax
-    exposed = 0.0
-    if tr.precision == "fp8" and tr.fp8_recipe == "rowwise":
-        # torch's async-TP pass fuses matmul -> reduce-scatter under rowwise scales but not all-gather -> matmul (the
-        # rowwise quantisation sits between them): the all-gather half of the volume stays exposed (pytorch/pytorch
-        # issue #149990, 2025-03-25, open; torchtitan's 2025-06 tables: async TP gains +4..6% under rowwise against
-        # +9..10% under bf16)
-        exposed, t = t * ROWWISE_UNFUSED_SHARE, t * (1.0 - ROWWISE_UNFUSED_SHARE)
-    return exposed + t / L.tp + max(0.0, t * (L.tp - 1) / L.tp - gemm_window) + amax
+    tp = L.tp
+    link = "network" if net.placement(tp, 1)[1] > 1 else "nvlink"
+    if tr.tp_overlap_impl == "async_tp":
+        if link == "network":
+            # symmetric memory maps peers' buffers over NVLink: a TP group across domains runs plain NCCL
+            return t + amax
+        if kern is None:
+            raise ValueError("async TP pricing needs the kernel prices (kern)")
+        t_m = t * async_tp_fused_share(prof, st, L, tr)
+        exposed_m = max(0.0, t_m - gemm_window * (t_m / t) * (tp - 1) / tp)
+        return ((t - t_m) + exposed_m + async_tp_compute_seconds(prof, st, L, tr, kern)
+                + overlap_cost(t_m - exposed_m, hw, "copy_engine", link) + amax)
+    exposed = t / tp + max(0.0, t * (tp - 1) / tp - gemm_window)
+    a = _ag_share(tr)
+    hidden = t - exposed
+    return (exposed + overlap_cost(hidden * a, hw, "copy_engine", link)
+            + overlap_cost(hidden * (1.0 - a), hw, "sm", link) + amax)

@@ -144,6 +144,19 @@ def _swap_measured(what: str, name: str, measured: dict, own_name: str, own: Cal
     return fig, {**{k: v for k, v in measured.items() if k != name}, own_name: own()}
 
 
+class OverlapSlowdown(Spec):
+    """How much slower compute runs while a collective runs beside it (autopar.cost.overlap), by the engine that
+    moves the collective's bytes: (overlapped compute time / the same compute alone) − 1."""
+
+    sm: float = Field(ge=0, le=1, description="Collectives run by SM kernels (NCCL, RCCL, Transformer Engine "
+                                               "userbuffers' pipeline and bulk methods).")
+    copy_engine: float = Field(ge=0, le=1, description="Peer copies on the copy engines (cudaMemcpyAsync: Transformer "
+                                                        "Engine ring_exchange, PyTorch async TP).")
+
+    def __getitem__(self, engine: str) -> float:
+        return getattr(self, engine)
+
+
 class KernelModel(Spec):
     """Achieved fractions of the datasheet peaks, by kernel class, from microbenchmarks (measured with
     ``autopar profile hardware``, or published: ``source`` names them). Nothing here is fitted to training runs.
@@ -272,6 +285,12 @@ class KernelModel(Spec):
     host_link: Annotated[float, FitBound(0.3, 1.0, "achieved / PCIe or C2C bandwidth of pinned host copies")] = Field(
         default=0.8, gt=0, le=1,
         description="Pinned GPU<->host copies' achieved/peak bandwidth (activation offload).")
+    overlap_slowdown: OverlapSlowdown = Field(
+        default_factory=lambda: OverlapSlowdown(sm=0.189, copy_engine=0.0),
+        description="Slowdown of compute while a collective runs hidden under it, by the engine that moves the "
+                    "bytes (autopar.cost.overlap). H100 default: sm 0.189, the mean of Lee et al. 2025 (arXiv "
+                    "2507.03114) over A100/H100/MI250/MI210; copy_engine 0.0, not measured (no SM is taken; the HBM "
+                    "and power share is not counted).")
 
     @field_validator("attention_window")
     @classmethod

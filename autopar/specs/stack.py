@@ -103,7 +103,9 @@ class StackKnobs(Spec):
     def training_fields(self) -> dict[str, object]:
         """The TrainingSpec switches these knobs set."""
         return dict(elementwise=self.elementwise, attention_impl=self.attention, fp8_recipe=self.fp8_recipe,
-                    tp_comm_overlap=self.tp_overlap != "none", dp_comm_overlap=self.dp_overlap,
+                    tp_comm_overlap=self.tp_overlap != "none",
+                    tp_overlap_impl="async_tp" if self.tp_overlap == "async_tp" else "userbuffers",
+                    dp_comm_overlap=self.dp_overlap,
                     ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap, cp_ring=self.cp_ring,
                     pp_fsdp=self.pp_fsdp,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,

@@ -42,6 +42,12 @@ class TrainingSpec(Spec):
         description="Framework overlaps TP/SP communication with the GEMMs (Megatron --tp-comm-overlap, Transformer "
                     "Engine userbuffers; on in NVIDIA's dense performance recipes). Off: every TP collective is "
                     "exposed; on: what the layer's TP-split GEMMs can cover is hidden (autopar.cost.tp).")
+    tp_overlap_impl: Literal["userbuffers", "async_tp"] = Field(
+        default="userbuffers",
+        description="How TP overlap runs when tp_comm_overlap is on: 'userbuffers' (Transformer Engine: every "
+                    "all-gather and reduce-scatter pipelined with its GEMM) or 'async_tp' (PyTorch's torch.compile "
+                    "micro-pipelined TP: only the all-gather->matmul and matmul->reduce-scatter pairs its pattern "
+                    "matcher finds, each GEMM split into TP chunks; autopar.cost.tp). Set by the stack's tp_overlap.")
     dp_comm_overlap: bool = Field(
         default=True,
         description="Framework overlaps data-parallel traffic with compute (Megatron --overlap-grad-reduce / "

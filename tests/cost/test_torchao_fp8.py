@@ -98,7 +98,7 @@ def test_tensorwise_tp_pays_one_amax_all_reduce_per_cast():
     from autopar.cost.tp import fp8_amax_seconds, tp_time_per_microbatch
 
     def est(recipe: str, tp_overlap: bool = False) -> Estimator:
-        t = tr(recipe).model_copy(update={"tp_comm_overlap": tp_overlap})
+        t = tr(recipe).model_copy(update={"tp_comm_overlap": tp_overlap, "tp_overlap_impl": "async_tp"})
         return Estimator(LLAMA8B, GT, t, 8)
 
     lay = Layout(tp=8, sequence_parallel=True, micro_batch=1, recompute="full")
@@ -114,23 +114,31 @@ def test_tensorwise_tp_pays_one_amax_all_reduce_per_cast():
     assert fp8_amax_seconds(e.profile, st, Layout(tp=1), e.training, e.net) == 0.0
     # async TP hides the bulk collectives behind the GEMMs, never the amax reductions
     a = est("tensorwise", tp_overlap=True)
-    assert tp_time_per_microbatch(a.profile, st, lay, a.training, a.hardware, a.net, gemm_window=1e9) >= \
-        n_lin * 5 * one
+    assert tp_time_per_microbatch(a.profile, st, lay, a.training, a.hardware, a.net, gemm_window=1e9,
+                                  kern=a.kernels) >= n_lin * 5 * one
 
 
 def test_async_tp_under_rowwise_leaves_the_all_gathers_exposed():
     # pytorch/pytorch#149990: the async-TP pass fuses matmul -> reduce-scatter under rowwise scales, not
-    # all-gather -> matmul; with an unbounded GEMM window tensorwise exposes one chunk (T_tp / tp), rowwise the
-    # all-gather half plus one chunk of the reduce-scatter half
+    # all-gather -> matmul (autopar/cost/tp.py async_tp_fused_share). With an unbounded GEMM window the fused
+    # collectives hide entirely; what stays is the unfused share, async TP's chunked GEMMs and partial sums, and the
+    # amax reductions: under rowwise at least the all-gather half of T_tp, more than under tensorwise
     from autopar.cost import Estimator
-    from autopar.cost.tp import fp8_amax_seconds, tp_comm_seconds, tp_time_per_microbatch
+    from autopar.cost.tp import (async_tp_compute_seconds, async_tp_fused_share, fp8_amax_seconds, tp_comm_seconds,
+                                 tp_time_per_microbatch)
 
     lay = Layout(tp=8, sequence_parallel=True, micro_batch=1, recompute="full")
+    exposed = {}
     for recipe in ("tensorwise", "rowwise"):
-        e = Estimator(LLAMA8B, GT, tr(recipe).model_copy(update={"tp_comm_overlap": True}), 8)
+        e = Estimator(LLAMA8B, GT, tr(recipe).model_copy(update={"tp_comm_overlap": True,
+                                                                 "tp_overlap_impl": "async_tp"}), 8)
         (st,) = e.stages((LLAMA8B.num_layers,))
         t = tp_comm_seconds(e.profile, st, lay, e.training, e.net)
         amax = fp8_amax_seconds(e.profile, st, lay, e.training, e.net)
-        got = tp_time_per_microbatch(e.profile, st, lay, e.training, e.hardware, e.net, gemm_window=1e9)
-        want = t / 8 + amax if recipe == "tensorwise" else t / 2 + t / 2 / 8
-        assert got == pytest.approx(want)
+        got = tp_time_per_microbatch(e.profile, st, lay, e.training, e.hardware, e.net, gemm_window=1e9,
+                                     kern=e.kernels)
+        share = async_tp_fused_share(e.profile, st, lay, e.training)
+        extra = async_tp_compute_seconds(e.profile, st, lay, e.training, e.kernels)
+        assert got == pytest.approx(t * (1 - share) + extra + amax)
+        exposed[recipe] = (got - extra - amax) / t
+    assert exposed["rowwise"] >= 0.5 > exposed["tensorwise"]

@@ -29,8 +29,6 @@ KNOWN_UNDER = {
     "tt2412-l31-8b-h100gt-8-cp8-seq256k": _CP8K,
     "tt2412-l31-70b-h100gt-256-2d": "FSDP 32 x TP 8 at 131K tokens per GPU: 4.5 GiB short, where the async-TP run of "
                                     "the same layout measured 4.3 GiB less; not explained",
-    "tt2412-l31-70b-h100gt-256-2d-asynctp": "0.2 GiB (0.3%) short; async TP's symmetric-memory workspaces "
-                                            "(torch's fused all-gather-matmul) are not counted",
     "tt2412-l31-405b-h100gt-512-1f1b": _PP405,
     "tt2412-l31-405b-h100gt-512-cp1-seq32k": _PP405,
     "tt2412-l31-405b-h100gt-512-cp2-seq64k": _PP405,
