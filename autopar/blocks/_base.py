@@ -25,12 +25,16 @@ SPLITS = ("col", "row", "replicated", "expert_col", "expert_row")
 class Linear:
     """One linear layer: y[T, N] = x[T, K] · W[K, N] per token row; 2·K·N FLOPs per token forward. ``module``
     names the Megatron-Core recompute module that redoes it (``--recompute-modules``): ``core_attn``,
-    ``mla_up_proj``, ``mlp``, ``moe``, ``shared_experts``; ``attn`` and ``router`` belong to none."""
+    ``mla_up_proj``, ``mlp``, ``moe``, ``shared_experts``; ``attn`` and ``router`` belong to none.
+    ``shares_input``: this GEMM reads the same input tensor as the GEMM listed just before it (a stack that runs
+    separate projections: torchtitan's wk and wv after wq, w3 after w1), so a quantisation of that input is done
+    once for both (:func:`autopar.cost.compute.torchao_cast_bytes`)."""
 
     k: int
     n: int
     split: str
     module: str
+    shares_input: bool = False
 
     @property
     def params(self) -> int:
@@ -118,7 +122,18 @@ class Block:
 
     # ---- kernels ----
     def gemms(self) -> tuple[Linear, ...]:
+        """The GEMMs as Megatron-Core launches them (fused projections: one QKV GEMM, one gate-up GEMM)."""
         return ()
+
+    def separate_gemms(self) -> tuple[Linear, ...]:
+        """The GEMMs as a stack with one ``nn.Linear`` per projection launches them (``TrainingSpec.projections``
+        ``separate``): the same FLOPs and weights as :meth:`gemms`, in smaller GEMMs. A block whose projections no
+        stack splits apart answers :meth:`gemms`."""
+        return self.gemms()
+
+    def launched_gemms(self, projections: str = "fused") -> tuple[Linear, ...]:
+        """The GEMMs a stack launches for this block: :meth:`gemms` (``fused``) or :meth:`separate_gemms`."""
+        return self.separate_gemms() if projections == "separate" else self.gemms()
 
     def membound(self) -> dict[str, tuple[float, float]]:
         """Memory-bound elements per token, (forward, backward), by entry of ``cost.shapes.TP_SPLIT``."""

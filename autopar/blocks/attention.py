@@ -9,6 +9,13 @@ touch i keys, so over a sequence of length s the average context is s/2 (FlashAt
 masked half; Megatron-Core's ``num_floating_point_operations`` after 2024). A sliding window w gives
 min(w, s/2); chunked attention (Llama 4: a token sees the earlier tokens of its chunk of c) gives c/2 when c < s.
 
+GEMMs: Megatron-Core fuses Q, K and V into one column-parallel GEMM h -> (a + 2g)·d (``linear_qkv``, a Transformer
+Engine ``TELayerNormColumnParallelLinear``; megatron/core/transformer/attention.py SelfAttention), then O a·d -> h
+row-parallel. A stack with separate projections (``TrainingSpec.projections``; torchtitan's ``wq``, ``wk``, ``wv``)
+launches Q h -> a·d, K and V h -> g·d each: the same FLOPs in three GEMMs whose N is smaller (K and V under GQA at
+TP 8: g·d/8, 128 for Llama 3), priced each at its own shape by the kernel model (autopar.cost.kernels). MLA's
+projections (autopar.blocks.mla) are separate GEMMs in both stacks.
+
 Memory-bound kernels (elements per token, forward and backward, one HBM pass per kernel; Megatron-Core
 ``megatron/core/transformer``): the sub-block's norm reads x, writes y (2h) and backward reads x, dy, writes dx
 (3h); its residual add 3h each way; RoPE on the rotary dims of Q and K reads and writes (a+g)·d each way (Su et
@@ -116,9 +123,21 @@ class Attention(Block):
         h, a, g, d = self.hidden, self.heads, self.kv_heads, self.head_dim
         return [Linear(h, (a + 2 * g) * d, "col", "attn"), Linear(a * d, h, "row", "attn")]
 
+    def _separate_projections(self) -> list[Linear]:
+        """Q, K, V as three GEMMs on one input (torchtitan@9dec370 torchtitan/models/llama/model.py Attention: wq
+        h -> a·d, wk and wv h -> g·d, each an ``nn.Linear``), then O."""
+        h, a, g, d = self.hidden, self.heads, self.kv_heads, self.head_dim
+        return [Linear(h, a * d, "col", "attn"), Linear(h, g * d, "col", "attn", shares_input=True),
+                Linear(h, g * d, "col", "attn", shares_input=True), Linear(a * d, h, "row", "attn")]
+
+    def _gate(self) -> list[Linear]:
+        return [Linear(self.hidden, self.heads * self.v_dim, "col", "attn")] if self.output_gate else []
+
     def gemms(self) -> tuple[Linear, ...]:
-        gate = [Linear(self.hidden, self.heads * self.v_dim, "col", "attn")] if self.output_gate else []
-        return tuple(self._projections() + gate)
+        return tuple(self._projections() + self._gate())
+
+    def separate_gemms(self) -> tuple[Linear, ...]:
+        return tuple(self._separate_projections() + self._gate())
 
     def rope_width(self) -> int:
         return (self.heads + self.kv_heads) * self.head_dim if self.rope else 0

@@ -121,6 +121,10 @@ class MLA(Attention):
                     Linear(h, hi, "replicated", "attn")]
         return lin
 
+    def _separate_projections(self) -> list[Linear]:
+        """MLA's projections are separate GEMMs in Megatron-Core and torchtitan alike (wq_a/wq_b, wkv_a/wkv_b, wo)."""
+        return self._projections()
+
     def rope_width(self) -> int:
         return (self.heads + 1) * self.qk_rope_head_dim
 

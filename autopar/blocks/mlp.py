@@ -1,7 +1,9 @@
 """The dense MLP: gated (SwiGLU/GeGLU, 3 matrices; Shazeer 2020, arXiv 2002.05202) or plain (2 matrices, GELU).
 
 Parameters: gated 3·h·f (gate, up, down), plain 2·h·f; with biases + n_in·f + h (n_in = 2 gated, 1 plain).
-GEMMs: h -> n_in·f column-parallel, f -> h row-parallel, recompute module ``mlp``. Memory-bound kernels (elements
+GEMMs: h -> n_in·f column-parallel (Megatron-Core ``linear_fc1`` with ``gated_linear_unit``: gate and up in one
+GEMM), f -> h row-parallel, recompute module ``mlp``; a stack with separate projections (``TrainingSpec.projections``;
+torchtitan's ``w1``, ``w3``, ``w2``) launches gate and up as two h -> f GEMMs. Memory-bound kernels (elements
 per token, forward and backward, one HBM pass each): the sub-block's norm 2h / 3h and residual add 3h / 3h (see
 :mod:`autopar.blocks.attention`); the activation of a gated MLP (Megatron's fused bias-swiglu) reads 2f, writes f
 forward, reads 2f and df, writes 2f backward -> (3f, 5f); plain GELU (2f, 3f). Stored: the MLP's internals,
@@ -60,6 +62,13 @@ class MLP(Block):
     def gemms(self) -> tuple[Linear, ...]:
         h, f = self.hidden, self.ffn
         return Linear(h, self.n_in * f, "col", "mlp"), Linear(f, h, "row", "mlp")
+
+    def separate_gemms(self) -> tuple[Linear, ...]:
+        """Gate and up as two GEMMs on one input (torchtitan@9dec370 torchtitan/models/llama/model.py FeedForward:
+        w2(silu(w1 x) * w3 x), each an ``nn.Linear``), then down; a plain MLP has one input GEMM either way."""
+        h, f = self.hidden, self.ffn
+        ins = [Linear(h, f, "col", "mlp", shares_input=j > 0) for j in range(self.n_in)]
+        return (*ins, Linear(f, h, "row", "mlp"))
 
     def membound(self) -> dict[str, tuple[float, float]]:
         h, f = self.hidden, self.ffn

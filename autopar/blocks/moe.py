@@ -4,7 +4,8 @@ Parameters: router h·E; shared experts n_s MLPs of width f_s; routed experts E 
 flag: GPT-OSS), sharded by EP·ETP, everything else by TP. Forward FLOPs per token: 2·(router + shared + k
 routed experts' weights). GEMMs: the router replicated on every TP rank; shared experts column/row-parallel
 (Megatron-Core ``SharedExpertMLP``, recompute module ``shared_experts``); routed experts expert-column/row by ETP
-(module ``moe``). Memory-bound (elements per token, forward and backward): norm and residual as the MLP's; the
+(module ``moe``), gate and up fused in one grouped GEMM (Megatron-Core ``TEGroupedMLP`` linear_fc1) or, in a stack
+with separate projections, two (torchtitan). Memory-bound (elements per token, forward and backward): norm and residual as the MLP's; the
 experts' activation k·(3f_e, 5f_e) gated or k·(2f_e, 3f_e) plain (module ``moe_act``) and the shared experts' the
 same over n_s·f_s; token permutation (Megatron ``permute``/``unpermute``): each routed copy written once and read
 once by the weighted sum, each way -> 2·k·h forward, 2·k·h backward. Stored: shared internals n_s·f_s·(n_in+1),
@@ -103,16 +104,31 @@ class MoE(Block):
         """Shared experts are a TP-split MLP; the routed tokens travel by the expert all-to-all instead."""
         return self.num_shared > 0
 
-    def gemms(self) -> tuple[Linear, ...]:
+    def _gemms(self, separate: bool) -> tuple[Linear, ...]:
         h, n_in, r = self.hidden, self.expert.n_in, self.routed_width
+
+        def inputs(k: int, f: int, split: str, module: str) -> list[Linear]:
+            if not separate:
+                return [Linear(k, n_in * f, split, module)]
+            return [Linear(k, f, split, module, shares_input=j > 0) for j in range(n_in)]
+
         lin = [Linear(h, self.num_experts, "replicated", "router")]
         if self.num_shared:
             fs = self.num_shared * self.shared_ffn
-            lin += [Linear(h, n_in * fs, "col", "shared_experts"), Linear(fs, h, "row", "shared_experts")]
+            lin += [*inputs(h, fs, "col", "shared_experts"), Linear(fs, h, "row", "shared_experts")]
         if self.latent:
             lin += [Linear(h, self.latent, "replicated", "moe"), Linear(self.latent, h, "replicated", "moe")]
         fe = self.expert_ffn
-        return tuple(lin + [Linear(r, n_in * fe, "expert_col", "moe"), Linear(fe, r, "expert_row", "moe")])
+        return tuple(lin + [*inputs(r, fe, "expert_col", "moe"), Linear(fe, r, "expert_row", "moe")])
+
+    def gemms(self) -> tuple[Linear, ...]:
+        return self._gemms(separate=False)
+
+    def separate_gemms(self) -> tuple[Linear, ...]:
+        """Gated experts with gate and up as two GEMMs on one input (pytorch/torchtitan@0adca686
+        torchtitan/models/moe.py: the shared experts are a FeedForward of w1, w2, w3 nn.Linear; the routed experts
+        run silu(grouped_mm(x, w1)) * grouped_mm(x, w3), then grouped_mm(h, w2))."""
+        return self._gemms(separate=True)
 
     def membound(self) -> dict[str, tuple[float, float]]:
         h, k, fe, r = self.hidden, self.top_k, self.expert_ffn, self.routed_width

@@ -30,6 +30,12 @@ from autopar.specs.training import TrainingSpec
 # backward, bf16: 2 + 2 B, plus the fp32 max/sum statistics re-read: 4 B) or unfused (Megatron's
 # vocab-parallel cross entropy in plain torch: bf16 logits read and upcast to fp32 (2 + 4), max (4), exp and
 # sum (4 + 4), softmax (4 + 4); backward softmax − one-hot (4 + 4) and the bf16 gradient (4 + 2) = 44 B).
+# torchtitan's loss (train.py@9dec370: F.cross_entropy(pred.flatten(0, 1).float(), labels)) counts alike: upcast
+# 2 + 4; log_softmax over a 128K-wide row, too wide for the shared-memory kernel, reads the fp32 row for the max,
+# for the exp-sum and to write the result (4 + 4 + 4 + 4); backward: nll_loss_backward's zero-filled fp32 gradient
+# (4), log_softmax_backward's row-sum pass and its read-read-write (4 + 4 + 4 + 4), the cast back to bf16 (4 + 2) =
+# 48 B, within 10% of the unfused figure (4 B per logit: ~4 ms of Llama 3 8B's 2 x 8192-token micro-batch), so
+# one figure serves both.
 CROSS_ENTROPY_BYTES = {"fused": 8.0, "unfused": 44.0}
 
 # Elementwise kernels by stack (TrainingSpec.elementwise): HBM bytes of each memory-bound op relative to the fused
@@ -48,9 +54,15 @@ CROSS_ENTROPY_BYTES = {"fused": 8.0, "unfused": 44.0}
 #  - compiled (torch.compile / Inductor, torchtitan --training.compile per block): each op chain above becomes one
 #    fused pointwise or reduction kernel reading its inputs and writing its outputs once, as the fused counts (1x;
 #    an approximation: Inductor may split a chain or save an extra fp32 statistic).
+#  Eager kernels stream at the hardware file's ``hbm`` fraction like fused ones: what differs is their bytes, not their
+#  rate. Measured PyTorch eager kernels on large tensors: torch.maximum (fp16, vectorised TensorIterator loop) on
+#  H200 3.37 TB/s of 4.8 = 0.70 at 1024 x 20480 (42 MB; 0.58 at half that; tile-ai/TileOPs issue #512, PyTorch
+#  2.9.1, 2026-03-15), FBGEMM's gather/scatter on H100 SXM 2.54-2.77 TB/s of 3.35 = 0.76-0.83 (pytorch/FBGEMM PR
+#  #3993, 2025-04-20), against the 0.80 the files take from DeepGEMM; a training step's elementwise tensors (one
+#  layer's b·s x h activations: 134 MB for Llama 3 8B at 2 x 8192 tokens, twice that in fp32) are larger still.
 ELEMENTWISE_BYTES = {
     "fused": {},
-    "compiled": {},
+    "compiled": {"grad_sum_eager": (0.0, 0.0)},   # separate projections' input gradients summed in one fused kernel
     "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "mlp_act": (5 / 3, 1.6), "moe_act": (5 / 3, 1.6),
               "shared_act": (5 / 3, 1.6)},
 }
@@ -99,8 +111,10 @@ ROWWISE_RESCALE_BYTES = 4.0
 def torchao_cast_bytes(kind: LayerKind, L: Layout, tr: TrainingSpec, tokens: float) -> tuple[float, float]:
     """(forward, backward) HBM bytes of torchao Float8Linear's quantisation kernels (``fp8_recipe`` tensorwise or
     rowwise) in one layer's dense GEMMs for ``tokens`` = T tokens per GPU: each linear (as :mod:`autopar.blocks`
-    lists it; a fused QKV or gate-up GEMM is one operand: torch.compile's common-subexpression pass quantises a shared
-    input once, an approximation for eager mode) casts its input (forward) and its output gradient (backward) over its
+    lists it; a fused QKV or gate-up GEMM is one operand, and separate projections on one input (``shares_input``:
+    torchtitan's wk, wv after wq) quantise it once: torchtitan's tensorwise TP plan casts the module input once
+    (PrepareFloat8ModuleInput) and torch.compile's common-subexpression pass merges the identical casts, an
+    approximation for eager mode) casts its input (forward) and its output gradient (backward) over its
     local width, its weight both ways (:data:`TORCHAO_WEIGHT_CAST_BYTES`), and under rowwise rescales its backward GEMM
     outputs (:data:`ROWWISE_RESCALE_BYTES`). Where TP gathers an operand (a column-parallel input, a row-parallel
     output gradient) every GPU holds all T tokens of it; tensorwise under SP casts the T/tp shard and transposes the
@@ -124,7 +138,7 @@ def torchao_cast_bytes(kind: LayerKind, L: Layout, tr: TrainingSpec, tokens: flo
             m, k, n, gin, gout = tokens / tp, lin.k, lin.n, False, False
         else:
             continue
-        fwd += operand(m, k, gin) + w_fwd * k * n
+        fwd += (0.0 if lin.shares_input else operand(m, k, gin)) + w_fwd * k * n
         bwd += operand(m, n, gout) + w_bwd * k * n
         if recipe == "rowwise":
             bwd += ROWWISE_RESCALE_BYTES * (m * k + k * n)
@@ -183,7 +197,9 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
         if split == "sp":
             n_tok = tokens / tp if L.sp else tokens
         elif split == "routed":
-            n_tok = tokens / tp * (etp if name == "permute" else 1)
+            n_tok = tokens / tp * (etp if name in ("permute", "expert_grad_sum") else 1)
+        elif split == "full":
+            n_tok = tokens
         else:
             n_tok = tokens / tp
         scale = imbalance if split == "routed" else 1.0
@@ -390,7 +406,8 @@ KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense
                 "router": "dense GEMM", "moe": "grouped GEMM (experts)", "core_attn": "attention core",
                 "norm": "memory-bound", "residual": "memory-bound", "rope": "memory-bound", "mlp_act": "memory-bound",
                 "shared_act": "memory-bound", "moe_act": "memory-bound", "permute": "memory-bound",
-                "fp8_cast": "memory-bound"}
+                "fp8_cast": "memory-bound", "grad_sum": "memory-bound", "grad_sum_eager": "memory-bound",
+                "expert_grad_sum": "memory-bound"}
 
 
 def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,

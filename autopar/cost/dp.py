@@ -44,6 +44,28 @@ prefetch). Exposed traffic is what does not fit in the compute that can hide it:
     time (TP collectives on NVLink, the EP all-to-all and CP ring on whichever link their groups span, forward and
     backward): W = max(0, compute − busy(link)), link = the network when the group spans NVLink domains.
 
+PyTorch FSDP2 as torchtitan runs it (``training.dp_impl`` fsdp2):
+
+  * Gradients are reduce-scattered in fp32 (``TrainingSpec.reduce_bytes``: torchtitan@9dec370's
+    mixed_precision_reduce 'float32'), twice the bytes of a bf16 reduction.
+  * Each all-gather is copied out of the flat gather buffer into the unsharded parameters by
+    ``torch.split_with_sizes_copy`` on the compute stream (pytorch/pytorch@01d66d21
+    torch/distributed/_composable/fsdp/_fsdp_collectives.py ``foreach_all_gather_copy_out``, called from
+    ``FSDPParamGroup.wait_for_unshard`` on the current stream): it reads and writes the gathered parameters once,
+    2·w bytes per parameter per gather at the HBM rate, time the compute stream spends and nothing hides:
+
+        copy-out = gathers · 2 · w · P / (hbm_tbps · 1e12 · kernel_model.hbm)
+
+    The copy-in (``torch._foreach_copy_`` of the local shard) and the reduce-scatter copy-in (``torch.cat`` of the
+    bf16 gradients into the fp32 buffer) run on FSDP2's own streams beside the compute: not priced (they take HBM
+    bandwidth from it, an approximation).
+  * Under PP with ``pp_fsdp = 'per_step'`` (above): one gather per step, so one copy-out.
+  * ZeRO-1/2 under FSDP2 (reshard_after_forward False, as ``--emit torchtitan`` writes them): the forward gather
+    stays for the backward, but FSDP2 still reshards after each backward and torchtitan reduce-scatters every
+    micro-batch (it leaves gradient sync on across accumulation steps, torchtitan 0.3.0 trainer): per micro-batch one
+    gather and one reduce-scatter per layer, exposed as ZeRO-3's; under PP with ``pp_fsdp = 'per_step'``
+    one of each per step, as ZeRO-3's there (torchtitan's PP rows read as ZeRO-1, fp32 gradients).
+
 Overlap off: everything is exposed. Approximations: the hiding compute of a micro-batch is the stage's kernels
 (recomputation not counted as hiding time), and the expert and dense buffers are bucketed
     separately.
@@ -84,24 +106,43 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
     busy = busy or {}
     units = max(1, units)
     f_unit = 1.0 / units
+    fsdp2 = tr.dp_impl == "fsdp2"
+    hbm = hw.hbm_tbps * 1e12 * hw.kernel_model.hbm   # B/s of memory-bound kernels
     total = exposed = 0.0
     for (group, n, stride), params in zip(_groups(L), (dense, expert)):
         if params == 0:
             continue
-        g_bytes, w_bytes = params * tr.grad_bytes, params * tr.param_gather_bytes   # FP8 under fp8_param_gather
+        g_bytes, w_bytes = params * tr.reduce_bytes, params * tr.param_gather_bytes   # FP8 under fp8_param_gather
         replicate = (L.dp * L.cp if group == "dense" else L.edp) // n if L.hsdp_shard else 1
+        copy_out = 2.0 * w_bytes / hbm if fsdp2 else 0.0   # one gather's copy-out: read + write (docstring)
         load = busy.get("network" if net.placement(n, stride)[1] > 1 else "nvlink", 0.0)
         w_fwd, w_bwd = maximum(t_fwd_mb - load / 3.0, 0.0), maximum(t_bwd_mb - 2.0 * load / 3.0, 0.0)
         # ZeRO-3 / FSDP: per micro-batch, one gather (forward), one gather and one reduce-scatter (backward) per layer
         ag, rs = _times(net, "all_gather", w_bytes, n, stride, units), _times(net, "reduce_scatter", g_bytes, n,
                                                                                stride, units)
-        if L.pp > 1 and tr.pp_fsdp == "per_step":   # one gather and one reduce-scatter per step (docstring)
+        per_step = L.pp > 1 and tr.pp_fsdp == "per_step"
+        if per_step:   # one gather and one reduce-scatter per step (docstring)
             tot3 = ag + rs
             exp3 = f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else tot3
         else:
             per_mb = 2 * ag + rs
             tot3 = M * per_mb
             exp3 = M * (f_unit * (ag + rs) + _exposed((1.0 - f_unit) * per_mb, w_fwd + w_bwd)) if on else tot3
+        if fsdp2 and n > 1:
+            # copy-out of every gather on the compute stream: twice per micro-batch, or once per step under PP
+            gathers = 1.0 if per_step else 2.0 * M
+            tot3, exp3 = tot3 + gathers * copy_out, exp3 + gathers * copy_out
+            # ZeRO-1/2 as FSDP2 runs them (reshard_after_forward False, resharded after each backward, gradients
+            # reduce-scattered every micro-batch: torchtitan leaves gradient sync on across accumulation steps):
+            # per micro-batch one gather and one reduce-scatter per layer; under PP per step, as ZeRO-3's
+            once = ag + rs
+            if per_step:
+                tot_f2 = once + copy_out
+                exp_f2 = (f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else once) + copy_out
+            else:
+                tot_f2 = M * once + M * copy_out
+                exp_f2 = (M * (f_unit * once + _exposed((1.0 - f_unit) * once, w_fwd + w_bwd)) if on
+                          else M * once) + M * copy_out
         # bucketed ZeRO-0/1/2 (and the HSDP replica all-reduce): one collective per bucket with overlap, one for
         # everything without (Megatron-Core: bucket_size None when --overlap-grad-reduce is off)
         f_b = min(1.0, max(BUCKET_MIN_PARAMS, BUCKET_PER_RANK_PARAMS * n) / params) if on else 1.0
@@ -116,6 +157,8 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
         tot12 = t_grad + t_param if n > 1 else 0.0
         if n > 1:
             exp12 = _bucketed(t_grad, f_b, w_bwd) + _bucketed(t_param, f_b, w_fwd) if on else tot12
+            if fsdp2:   # ZeRO-1/2 as FSDP2 without resharding after forward (above); ZeRO-0 stays the all-reduce
+                tot12, exp12 = where(z == 0, tot12, tot_f2), where(z == 0, exp12, exp_f2)
         else:
             exp12 = 0.0
         total = total + where(z >= 3, tot3, tot12)

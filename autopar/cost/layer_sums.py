@@ -123,7 +123,7 @@ class ModelProfile:
         self.kind_of: list[int] = []
         index: dict[tuple, int] = {}
         for i in range(m.num_layers):
-            lk = layer_kind(m, i, s)
+            lk = layer_kind(m, i, s, training.projections)
             j = index.setdefault(lk.key(), len(self.kinds))
             if j == len(self.kinds):
                 self.kinds.append(lk)

@@ -13,7 +13,8 @@ can redo exactly the kernels it names: ``core_attn``, ``mla_up_proj``, ``mlp``, 
 Memory-bound bytes (elements per token, forward and backward) come from the blocks (:mod:`autopar.blocks`; each
 block file counts its kernels op by op, one HBM pass each, with sources) and add up per entry of ``TP_SPLIT``:
 ``norm`` and ``residual`` (the attention and channel sub-blocks' own), ``rope``, ``mlp_act``, ``shared_act``,
-``moe_act``, ``permute``. Also:
+``moe_act``, ``permute``; and ``grad_sum``, ``grad_sum_eager``, ``expert_grad_sum`` where a stack runs separate
+projections on one input (autograd adds their input gradients, :func:`_grad_sums`). Also:
 
 * FP8 recipes (Transformer Engine): every GEMM input activation is cast to FP8 with its transpose for the
   weight-gradient GEMM (``cast_transpose``: read 2 B, write 2 x 1 B) in forward, and every output gradient the
@@ -54,16 +55,63 @@ class LayerKind:
                 tuple(sorted(self.membound.items())), self.fp8_cast_width, self.fp8_cast_width_expert)
 
 
-# Which memory-bound entries are split by TP (sequence-parallel regions are split only when SP is on).
+# Which memory-bound entries are split by TP (sequence-parallel regions are split only when SP is on; "full": every
+# TP rank runs it over all T tokens and the whole hidden width).
 TP_SPLIT = {"rope": "tp", "mlp_act": "tp", "shared_act": "tp", "norm": "sp", "residual": "sp",
-            "moe_act": "routed", "permute": "routed"}
+            "moe_act": "routed", "permute": "routed", "grad_sum": "full", "grad_sum_eager": "full",
+            "expert_grad_sum": "routed"}
+
+# Autograd's sum of input gradients where n separate projections read one input (a GEMM and the ones after it with
+# Linear.shares_input): each writes its own input gradient (T x K; before TP's reduce-scatter / all-reduce every TP rank
+# holds a partial sum over all T tokens and the whole width K), and autograd adds them (PyTorch autograd
+# InputBuffer::accumulate). Elements per token per unit of K, backward only: one kernel reading the n gradients and
+# writing their sum, n + 1 (what torch.compile's Inductor makes of the chain of adds, a pointwise fusion), ``grad_sum``;
+# eager runs n - 1 adds of read 2, write 1, 3(n - 1), the excess 2n - 4 over the one kernel being ``grad_sum_eager``
+# (torchtitan's q, k, v: 6 against 4; w1, w3: 3 either way), which compiled elementwise kernels do not pay
+# (autopar.cost.compute.ELEMENTWISE_BYTES). A fused GEMM writes one input gradient and needs neither.
 
 
-def layer_kind(m: ModelSpec, i: int, seq_len: int) -> LayerKind:
+def _grad_sums(linears: tuple[Linear, ...], top_k: int) -> dict[str, tuple[float, float]]:
+    """(forward, backward) elements per token of the input-gradient sums of ``linears`` (see the comment above):
+    ``grad_sum`` and ``grad_sum_eager`` for TP-split GEMMs, ``expert_grad_sum`` for routed-expert GEMMs (k routed copies
+    per token, counted where the tokens' permutation is; their groups are gate and up, n = 2, where eager and one
+    kernel move the same)."""
+    groups: list[list[Linear]] = []
+    for lin in linears:
+        if lin.shares_input and groups:
+            groups[-1].append(lin)
+        else:
+            groups.append([lin])
+    one = eager = expert = 0.0
+    for g in groups:
+        n, k = len(g), g[0].k
+        if n < 2:
+            continue
+        if g[0].split.startswith("expert"):
+            expert += (n + 1) * k
+        else:
+            one += (n + 1) * k
+            eager += (2 * n - 4) * k
+    out = {}
+    if one:
+        out["grad_sum"] = (0.0, one)
+    if eager:
+        out["grad_sum_eager"] = (0.0, eager)
+    if expert:
+        out["expert_grad_sum"] = (0.0, top_k * expert)
+    return out
+
+
+def layer_kind(m: ModelSpec, i: int, seq_len: int, projections: str = "fused") -> LayerKind:
     """Inventory of layer ``i`` of ``m`` at sequence length ``seq_len``: the GEMMs, memory-bound bytes and FP8
     cast widths of its blocks (:mod:`autopar.blocks`), in order (token mixers, softmax attention first; then the
     channel mixer). A layer with parallel mixers (Falcon-H1) lists the kernels of each; a layer without softmax
-    attention has no attention core (its heads and head dim are the model's, for the key only)."""
+    attention has no attention core (its heads and head dim are the model's, for the key only).
+
+    ``projections`` (``TrainingSpec.projections``): the GEMMs as the stack launches them, ``fused`` (Megatron-Core:
+    one QKV, one gate-up GEMM) or ``separate`` (torchtitan: one GEMM per projection, :meth:`Block.separate_gemms`);
+    each listed GEMM is priced at its own shape (:func:`autopar.cost.compute.layer_parts`), and the GEMMs that share
+    an input add autograd's sum of their input gradients (:func:`_grad_sums`)."""
     channel = m.channel_block(i)
     blocks = (*m.mixer_blocks(i), *((channel,) if channel is not None else ()))
     att = next((b for b in blocks if b.keeps_kv), None)
@@ -76,7 +124,9 @@ def layer_kind(m: ModelSpec, i: int, seq_len: int) -> LayerKind:
         cast += b.fp8_cast_width()
         cast_exp += b.fp8_cast_width_expert()
     routed = channel if channel is not None and channel.routed else None
-    return LayerKind(linears=tuple(lin for b in blocks for lin in b.gemms()),
+    linears = tuple(lin for b in blocks for lin in b.launched_gemms(projections))
+    membound.update(_grad_sums(linears, routed.top_k if routed else 0))
+    return LayerKind(linears=linears,
                      attn_flops=att.attention_core_flops(seq_len) if att else 0.0,
                      attn_ctx=max(att.context(seq_len) if att else 0.0, 1.0), heads=m.num_attention_heads,
                      attn_window=att.span(seq_len) if att else float(seq_len), head_dim=m.qk_head_dim,

@@ -116,18 +116,23 @@ def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
 # torchao tensorwise amax all-reduces per TP-split linear and micro-batch: forward, the input's and the weight's cast;
 # backward, the output gradient's (the backward weight cast reuses the forward amax: pytorch/ao
 # torchao/testing/training/roofline_utils.py, tensorwise weight, kernel 4). Recomputation re-runs the forward two.
-# A fused QKV or gate-up GEMM counts once (torchtitan's separate wq, wk, wv and w1, w3 weights cast apart: an
-# undercount of 3 weight amaxes per Llama layer).
+# Each GEMM as the stack launches it counts (TrainingSpec.projections: torchtitan's separate wq, wk, wv and w1, w3
+# cast their weights and output gradients apart); a GEMM that shares its input with the one before it
+# (Linear.shares_input) shares that input's cast and amax, one forward all-reduce fewer (two when recomputing).
 FP8_AMAX_PER_LINEAR, FP8_AMAX_RECOMPUTE, FP8_AMAX_BYTES = 3, 2, 4.0
 def fp8_amax_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network) -> float:
     """Seconds of one micro-batch's torchao tensorwise amax all-reduces over the TP group (module docstring):
-    n_lin · (3 + 2 if recomputing) latency-bound all-reduces of one fp32 scalar, n_lin the stage's TP-split linears."""
+    n_lin · (3 + 2 if recomputing) − n_shared · (1 + 1 if recomputing) latency-bound all-reduces of one fp32 scalar,
+    n_lin the stage's TP-split linears, n_shared those sharing their input with the one before."""
     if L.tp == 1 or tr.precision != "fp8" or tr.fp8_recipe != "tensorwise":
         return 0.0
-    n_lin = sum(count * sum(lin.split in ("col", "row") for lin in prof.kinds[j].linears)
-                for j, count in prof.kind_counts(st.first, st.last))
-    per = FP8_AMAX_PER_LINEAR + (FP8_AMAX_RECOMPUTE if L.recompute != "none" else 0)
-    return n_lin * per * net.time("all_reduce", FP8_AMAX_BYTES, L.tp, 1)
+    split = [(count, lin) for j, count in prof.kind_counts(st.first, st.last) for lin in prof.kinds[j].linears
+             if lin.split in ("col", "row")]
+    n_lin = sum(count for count, _ in split)
+    n_shared = sum(count for count, lin in split if lin.shares_input)
+    rc = L.recompute != "none"
+    n_ar = n_lin * (FP8_AMAX_PER_LINEAR + (FP8_AMAX_RECOMPUTE if rc else 0)) - n_shared * (2 if rc else 1)
+    return n_ar * net.time("all_reduce", FP8_AMAX_BYTES, L.tp, 1)
 
 
 def _ag_share(tr: TrainingSpec) -> float:

@@ -34,6 +34,9 @@ How autopar's layout maps onto torchtitan's:
   expressed and gets a note instead of a config.
 - Recompute: none -> ``activation_checkpoint=None``; full -> ``FullAC.Config()``; Megatron's "selective" and module
   lists -> torchtitan's op-level ``SelectiveAC.Config()``, the nearest it has (note).
+- Optimizer: torchtitan 0.2.2 and 0.3.0 default to fused AdamW (``optimizer.implementation = "fused"``); where the
+  prediction priced torch's foreach AdamW (``TrainingSpec.optimizer_impl``, the torchtitan stack's default: its
+  2024-12 published runs used it) the emitted config sets ``implementation = "foreach"``, so the run is the one priced.
 - Precision other than bf16 and activation offload have no config field (model converters / a wrapper); a note says so.
 - Hybrid models (Mamba, linear attention, parallel or mixer-less layers) are refused (:func:`hybrid_refusal`): torchtitan
   0.2.2 ships no such model (its models: llama3, llama3_ft, llama4, deepseek_v3, qwen3, gpt_oss, flux, moe), and
@@ -245,6 +248,9 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
         lines += ["        compile=replace(", "            base.compile,", "            enable=True,",
                   *(["            enable_async_tensor_parallel=True,"] if async_tp else []),
                   '            components=sorted({*base.compile.components, "model"}),', "        ),"]
+    if training.optimizer_impl != "fused":   # torchtitan's default is fused: write only what the prediction differs in
+        lines += ["        optimizer=replace(", "            base.optimizer,",
+                  f"            implementation={training.optimizer_impl!r},", "        ),"]
     lines.append("    )")
     return "\n".join(lines) + "\n"
 
@@ -278,5 +284,7 @@ def _toml_v022(layout: Layout, model: ModelSpec, training: TrainingSpec) -> str:
     doc = {"parallelism": par, "activation_checkpoint": ac_section,
            "training": {"local_batch_size": _local_batch(L), "global_batch_size": training.global_batch,
                         "seq_len": training.seq_len}}
+    if training.optimizer_impl != "fused":   # [optimizer] implementation, default "fused" in 0.2.2 (job_config.py)
+        doc["optimizer"] = {"implementation": training.optimizer_impl}
     header = _header(L, model, notes, "0.2.2")
     return "\n".join(header) + "\n\n" + tomli_w.dumps(doc, multiline_strings=False)

@@ -21,6 +21,9 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
 * **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``); and who holds
   the logits around it (``loss_runtime``: Megatron's loss path, or PyTorch's as torchtitan runs it), a memory term
   (:mod:`autopar.cost.memory`).
+* **projections**: ``fused`` (Megatron-Core's one QKV GEMM and one gate-up GEMM) or ``separate`` (one GEMM per
+  projection, torchtitan): the same FLOPs in smaller GEMMs, each priced at its own shape on the chip file's GEMM
+  curve (:mod:`autopar.cost.shapes`).
 * **CUDA graphs** (``none``, ``partial``, ``full_iteration``): a whole-iteration graph leaves no host launch work,
   so the per-layer host overhead is not paid (:data:`autopar.cost.compute.HOST_OVERHEAD_SHARE`).
 * **recorded, not priced** (no measurement separates it from the fitted per-layer overheads yet; written by
@@ -44,7 +47,8 @@ if TYPE_CHECKING:
 
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
                "cp_ring", "pp_fsdp", "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather",
-               "loss_runtime", "cuda_graphs", "fp8_output_proj")
+               "loss_runtime", "cuda_graphs", "fp8_output_proj", "projections", "data_parallel",
+               "optimizer")
 KNOB_RECORDED = ("dispatcher",)
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
@@ -84,9 +88,19 @@ class StackKnobs(Spec):
                                    "TrainingSpec.fp8_param_gather). Transformer Engine FP8 precisions only (fp8 "
                                    "te, fp8_block, mxfp8): refused with others, as Megatron refuses fp8_param "
                                    "without fp8.")
+    projections: Literal["fused", "separate"] = Field(
+        default="fused", description="Attention and MLP input projections: fused (Megatron-Core linear_qkv, "
+                                     "linear_fc1) or separate GEMMs (torchtitan wq/wk/wv, w1/w3), each priced at its "
+                                     "own shape.")
     fp8_output_proj: bool = Field(
         default=False, description="LM head in MXFP8 (Megatron-Core fp8_output_proj; TrainingSpec.fp8_lm_head). "
                                    "Precision mxfp8 only.")
+    data_parallel: Literal["megatron", "fsdp2"] = Field(
+        default="megatron", description="Data-parallel implementation: Megatron-Core's DDP / distributed optimizer, "
+                                        "or PyTorch FSDP2 as torchtitan sets it up (fp32 reduce-scatter, all-gather "
+                                        "copy-out on the compute stream).")
+    optimizer: Literal["fused", "foreach"] = Field(
+        default="fused", description="Adam(W) kernels: fused (one pass) or torch's foreach (one pass per op).")
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
@@ -111,7 +125,8 @@ class StackKnobs(Spec):
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
                     selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
                     loss_runtime=self.loss_runtime, cuda_graphs=self.cuda_graphs,
-                    fp8_lm_head=self.fp8_output_proj)
+                    fp8_lm_head=self.fp8_output_proj, projections=self.projections,
+                    dp_impl=self.data_parallel, optimizer_impl=self.optimizer)
 
 
 class StackSpec(Spec):

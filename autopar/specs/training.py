@@ -140,6 +140,25 @@ class TrainingSpec(Spec):
                     "and GatedDeltaNet CP: an all-to-all swaps the sequence split for a head split around the "
                     "scan, so heads must divide by tp·cp) or 'state_pass' (each CP rank scans its own tokens and "
                     "the recurrent states are passed along the sequence: LASP, autopar's runner).")
+    projections: Literal["fused", "separate"] = Field(
+        default="fused",
+        description="How the stack launches the attention and MLP input projections: 'fused' (Megatron-Core: one "
+                    "QKV GEMM, one gate-up GEMM) or 'separate' (torchtitan: wq, wk, wv and w1, w3 as their own "
+                    "nn.Linear): the same FLOPs in smaller GEMMs, each priced at its own shape "
+                    "(autopar.blocks Block.separate_gemms, autopar.cost.shapes).")
+    dp_impl: Literal["megatron", "fsdp2"] = Field(
+        default="megatron",
+        description="Data-parallel implementation: 'megatron' (Megatron-Core DDP / distributed optimizer: gradients "
+                    "reduced in grad_dtype from contiguous buffers, parameters gathered in place) or 'fsdp2' "
+                    "(PyTorch fully_shard as torchtitan@9dec370 sets it up: gradients reduce-scattered in fp32, "
+                    "its mixed_precision_reduce, and each all-gather copied out into the unsharded parameters on "
+                    "the compute stream; autopar.cost.dp).")
+    optimizer_impl: Literal["fused", "foreach"] = Field(
+        default="fused",
+        description="Adam(W) kernels: 'fused' (one pass over parameter, gradient and moments: Megatron's / "
+                    "Transformer Engine's FusedAdam, torch fused=True) or 'foreach' (torch.optim.AdamW's default "
+                    "multi-tensor path, one pass per elementwise op, as torchtitan@9dec370 runs it; "
+                    "autopar.cost.optimizer).")
     activation_dtype: Literal["bf16", "fp16", "fp32"] = Field(
         default="bf16", description="Dtype activations are stored in (FP8 recipes still store most in bf16).")
 
@@ -166,6 +185,13 @@ class TrainingSpec(Spec):
     def fp8_primary_weights(self) -> bool:
         """``fp8_param_gather`` in effect: the weights are FP8 tensors with no bf16 copy (autopar.cost.memory)."""
         return self.fp8_param_gather and self.fp8_params_te
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes per element of the data-parallel gradient reduction and of the reduced gradient the optimizer
+        reads: fp32 under ``dp_impl`` fsdp2 (torchtitan@9dec370 config_manager.py --training.mixed_precision_reduce,
+        default and only choice 'float32', handed to FSDP2's MixedPrecisionPolicy(reduce_dtype)), else grad_dtype."""
+        return 4 if self.dp_impl == "fsdp2" else self.grad_bytes
 
     @property
     def param_gather_bytes(self) -> int:

@@ -58,3 +58,14 @@ def test_cp_ring_carries_the_local_kv_heads():
     """K and V of max(g/tp, 1) heads per token: 8 KV heads over tp 2 -> 4; over tp 16 -> 1 (replicated)."""
     a = llama3_8b()
     assert a.ring_elems(2) == 2 * 4 * 128 and a.ring_elems(16) == 2 * 1 * 128
+
+
+def test_separate_projections_are_torchtitans_wq_wk_wv():
+    """torchtitan@9dec370 models/llama/model.py: wq h -> a·d, wk and wv h -> g·d on one input, then wo; the same
+    weights as Megatron-Core's fused linear_qkv + linear_proj."""
+    a = llama3_8b(output_gate=True)
+    q, k, v, o, gate = a.separate_gemms()
+    assert [(g.k, g.n, g.split, g.shares_input) for g in (q, k, v, o)] == [
+        (4096, 4096, "col", False), (4096, 1024, "col", True), (4096, 1024, "col", True), (4096, 4096, "row", False)]
+    assert gate == a.gemms()[-1]                                            # the gate is its own GEMM either way
+    assert sum(g.params for g in a.separate_gemms()) == sum(g.params for g in a.gemms())

@@ -66,3 +66,17 @@ def test_a_model_layer_is_the_sum_of_its_blocks():
     assert m.layer_forward_flops_per_token(0, 4096) == (2.0 * (att.gemm_params() + mamba.gemm_params())
                                                         + att.attention_core_flops(4096) + mamba.scan_flops()
                                                         + mlp.forward_flops())
+
+
+@pytest.mark.parametrize("block", ONE_OF_EACH, ids=lambda b: b.kind)
+def test_separate_projections_keep_every_blocks_flops_and_weights(block):
+    """TrainingSpec.projections 'separate' changes how the GEMMs are cut, never what they compute: the same weights
+    (so the same 2·K·N FLOPs per token) in valid splits, and only a GEMM after another may share its input."""
+    fused, separate = block.launched_gemms("fused"), block.launched_gemms("separate")
+    assert fused == block.gemms() and separate == block.separate_gemms()
+    assert sum(lin.params for lin in separate) == sum(lin.params for lin in fused)
+    assert {lin.split for lin in separate} <= set(SPLITS) and len(separate) >= len(fused)
+    assert not separate[0].shares_input and not any(lin.shares_input for lin in fused)
+    for prev, lin in zip(separate, separate[1:]):
+        if lin.shares_input:
+            assert (lin.k, lin.split, lin.module) == (prev.k, prev.split, prev.module)

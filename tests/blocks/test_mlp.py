@@ -22,3 +22,12 @@ def test_kernels_membound_stored_and_rule():
     assert m.fp8_cast_width() == 4096 + 2 * 14336 + 14336 + 4096
     (rule,) = m.rules()
     assert rule.problem(tp=8) is None and rule.problem(tp=5) == "ffn_hidden_size (14336) not divisible by tp (5)"
+
+
+def test_separate_projections_are_torchtitans_w1_w3_w2():
+    """torchtitan@9dec370 models/llama/model.py FeedForward: w2(silu(w1 x) * w3 x): two h -> f GEMMs on one input."""
+    w1, w3, w2 = MLP(hidden=4096, ffn=14336).separate_gemms()
+    assert [(g.k, g.n, g.split, g.shares_input) for g in (w1, w3, w2)] == [
+        (4096, 14336, "col", False), (4096, 14336, "col", True), (14336, 4096, "row", False)]
+    plain = MLP(hidden=768, ffn=3072, gated=False)
+    assert plain.separate_gemms() == plain.gemms()                          # one input GEMM: nothing to separate

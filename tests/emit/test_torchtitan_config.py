@@ -131,3 +131,19 @@ def test_hybrid_models_are_refused(version):
         torchtitan_config(layout, model, TRAIN, H100_CAL, version=version)
     llama = torchtitan_config(resolve_layout(Layout(tp=2), LLAMA3_8B, TRAIN, 8), LLAMA3_8B, TRAIN, H100_CAL)
     assert "def autopar_config" in llama
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_the_emitted_optimizer_is_the_one_priced(impl):
+    """torchtitan 0.2.2 and 0.3.0 default to fused AdamW; a prediction that priced torch's foreach AdamW (the torchtitan
+    stack's default, as its 2024-12 runs ran) writes implementation 'foreach', a field the 0.3.0 wheel has."""
+    import tomllib
+    layout = resolve_layout(Layout(fsdp=True), LLAMA3_8B, TRAIN, 8)
+    tr = TRAIN.model_copy(update={"optimizer_impl": impl})
+    kw = _replace_kwargs(torchtitan_config(layout, LLAMA3_8B, tr, H100_CAL))
+    toml = tomllib.loads(torchtitan_config(layout, LLAMA3_8B, tr, version="0.2.2"))
+    if impl == "fused":
+        assert "optimizer" not in kw and "optimizer" not in toml
+    else:
+        assert kw["optimizer"] == {"implementation": "foreach"} == toml["optimizer"]
+        assert set(kw["optimizer"]) <= set(FIXTURE["fields"]["OptimizersContainer.Config"])

@@ -67,10 +67,12 @@ def test_memory_terms_over_arrays_equal_the_scalar_calls(moe, layers, kv, mtp, g
 
 
 @settings(max_examples=5, deadline=None)
-@given(moe=st.booleans(), layers=st.sampled_from([8, 13]), gpus=st.sampled_from([8, 32]), gb=st.sampled_from([16, 96]))
-def test_time_terms_over_knob_arrays_equal_the_scalar_calls(moe, layers, gpus, gb):
+@given(moe=st.booleans(), layers=st.sampled_from([8, 13]), gpus=st.sampled_from([8, 32]), gb=st.sampled_from([16, 96]),
+       fsdp2=st.booleans())
+def test_time_terms_over_knob_arrays_equal_the_scalar_calls(moe, layers, gpus, gb, fsdp2):
     model, hw = _model(moe, layers, 4, 0), load_hardware("h100_sxm")
-    tr = TrainingSpec(seq_len=2048, global_batch=gb)
+    torch_dp = {"dp_impl": "fsdp2", "optimizer_impl": "foreach"} if fsdp2 else {}   # torchtitan's DP and optimizer
+    tr = TrainingSpec(seq_len=2048, global_batch=gb, **torch_dp)
     space = build_space(model, hw, tr, gpus, SearchOptions())
     est = Estimator(model, hw, tr, gpus)
     mbs, vpp, zero = np.array(space.mbs), np.array(space.vpp), np.array(space.zero)

@@ -159,6 +159,32 @@ def test_h100_variants_carry_their_datasheet_columns():
         assert "ASSUMED" in card.kernel_model.source     # H100 SXM fractions, not measured on this part
 
 
+def test_power_capped_h100s_sustain_the_measured_rate_per_watt():
+    """The sustained BF16 GEMM rate (peak x gemm x sustained_gemm) of the power-capped GH100 parts is the linear
+    reading in board power of the measured MSMF of the same die (stas00/ml-engineering@fe12f4e4: H200 NVL 665
+    TFLOP/s at 600 W, H200 SXM 755 at ~686 W drawn), at each part's cap: Grand Teton 500 W, NVL 400 W, PCIe 350 W.
+    A lower cap never sustains more, and no capped part sustains more than the 700 W SXM."""
+    def sustained(h):
+        return h.peak_tflops_bf16 * h.kernel_model.gemm["bf16"] * h.kernel_model.sustained_gemm
+
+    def measured_line(watts):
+        return 665 + (755 - 665) * (watts - 600) / (686 - 600)
+
+    parts = {name: load_hardware(name) for name in ("h100_pcie", "h100_nvl", "h100_grand_teton", "h100_sxm")}
+    for name, watts in (("h100_grand_teton", 500), ("h100_nvl", 400), ("h100_pcie", 350)):
+        assert sustained(parts[name]) == pytest.approx(measured_line(watts), rel=0.005), name
+    # attention runs at the SM clock the GEMMs sustain (assumed, cited in each file): that clock is the sustained GEMM
+    # rate over the SXM's short-run best (794.5 TFLOP/s at its 1980 MHz boost); the attention figures are fractions of
+    # 989 TFLOP/s at a locked 1830 MHz, applied to each file's own peak
+    for name in ("h100_grand_teton", "h100_nvl"):
+        h = parts[name]
+        clock_mhz = 1980 * sustained(h) / 794.5
+        assert h.peak_tflops_bf16 * h.kernel_model.sustained_attention == pytest.approx(989 * clock_mhz / 1830,
+                                                                                       rel=0.005), name
+    rates = [sustained(h) for h in parts.values()]
+    assert rates == sorted(rates)
+
+
 @pytest.mark.parametrize("precision", ["fp8", "fp8_block", "mxfp8", "nvfp4"])
 def test_a100_has_no_fp8_tensor_cores(precision):
     with pytest.raises(AutoparInputError, match=rf"a100_80gb.*no {precision}"):
