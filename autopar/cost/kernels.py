@@ -9,7 +9,9 @@ Every kernel is priced by what the hardware does with it, not by one "efficiency
   M x K x N, weight gradient K x N x M; Narayanan et al. 2021, arXiv 2104.04473 sec. 5.1: backward = 2x
   forward), whose shape factors are the same product.
 * **Grouped GEMM** (routed experts): the same, per local expert of M_e tokens, times ``grouped_gemm`` of the
-  precision.
+  precision; where the kernel runs one GEMM per expert (``kernel_model.grouped_gemm_waves``: Transformer Engine's
+  multi-stream cuBLAS GroupedLinear), times the share of SMs those GEMMs keep busy, per GEMM of the pass: forward
+  output M_e x N, input gradient M_e x K, weight gradient K x N (:class:`autopar.specs.hardware.GroupedWaves`).
 * **Attention core** (QK^T, softmax, AV in one flash kernel; Dao 2023, arXiv 2307.08691): forward F at
   eff_attn(span, d) of the attention peak, backward 2.5·F (FlashAttention-2 sec. 4: the backward runs 5 GEMMs
   to the forward's 2) at the backward efficiency.
@@ -73,6 +75,8 @@ class Kernels:
         self.fp8 = tr.precision in FP8_FAMILY
         self.half_m, self.half_nk = km.gemm_half_m, km.gemm_half_nk
         self.grouped_max = km.grouped_max(tr.precision)
+        waves = km.grouped_gemm_waves
+        self.waves = waves if waves is not None and waves.kernel == km.grouped_gemm_kernel else None
         self.cache: dict = {}   # compute.layer_parts results, keyed by the layout axes they depend on
         self._attn: dict = {}
 
@@ -92,8 +96,14 @@ class Kernels:
         flops = 2.0 * m * n * k * (weight_elems / (n * k) if grouped else 1.0)
         rate = (self.peak_hi if hi else self.peak) * eff
         bw = self.hbm_bytes_per_s
-        return (max(flops / (rate * (1.0 if hi else self.fwd_gemm_rate)), weight_elems * wb / bw),
-                max(2.0 * flops / rate, weight_elems * (wb + gb) / bw))
+        fwd_occ, bwd_gemms = 1.0, 2.0      # backward: input-gradient and weight-gradient GEMMs, each the forward's
+        if grouped and self.waves is not None:
+            experts = weight_elems / (n * k)
+            occ = self.waves.occupancy
+            fwd_occ = occ(m, n, experts)
+            bwd_gemms = 1.0 / occ(m, k, experts) + 1.0 / occ(k, n, experts)
+        return (max(flops / (rate * fwd_occ * (1.0 if hi else self.fwd_gemm_rate)), weight_elems * wb / bw),
+                max(bwd_gemms * flops / rate, weight_elems * (wb + gb) / bw))
 
     def attn_eff(self, span: float, head_dim: float, backward: bool) -> float:
         key = (span, head_dim, backward)

@@ -131,6 +131,37 @@ class AttentionFigures(Spec):
 AttentionKernelName = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,32}$")]
 
 
+class GroupedWaves(Spec):
+    """A grouped GEMM run as one dense GEMM per local expert, ``streams`` of them at a time (Transformer Engine's
+    GroupedLinear, which Megatron-Core's ``--moe-grouped-gemm`` runs: one cuBLASLt GEMM per expert, round-robin
+    over TE's compute streams). Each GEMM runs at the dense curve of its own shape, but a small per-expert GEMM has
+    too few output tiles to fill the chip: with T = ceil(M/tile_m)·ceil(N/tile_n) tiles per GEMM and
+    c = min(streams, local experts)·T tiles in flight, the SMs are busy
+
+        occupancy = c / (ceil(c / sms) · sms)
+
+    of the time (the last wave's idle SMs; Volkov-style wave quantisation). An approximation: CTAs of concurrent
+    streams are taken to pack the idle SMs perfectly, and one tile shape stands for cuBLAS's heuristic choice."""
+
+    kernel: AttentionKernelName = Field(description="The grouped-GEMM implementation this models (the name in "
+                                                    "grouped_gemm_kernel / grouped_gemm_kernels).")
+    streams: int = Field(ge=1, le=64, description="GEMMs in flight at once (CUDA streams the kernel cycles over).")
+    tile_m: int = Field(ge=16, le=1024, description="Output tile rows (tokens) of one CTA.")
+    tile_n: int = Field(ge=16, le=1024, description="Output tile columns of one CTA.")
+    sms: int = Field(ge=1, le=1024, description="Streaming multiprocessors on the chip (datasheet).")
+    source: str = Field(min_length=1, description="Where streams, tile and SM count come from.")
+
+    def occupancy(self, m: float, n: float, experts: float) -> float:
+        """Share of the chip's SMs busy over the grouped GEMM of ``experts`` local experts, each an (m x n) output
+        (m tokens, n columns)."""
+        import math
+        if m <= 0 or n <= 0:
+            return 1.0
+        c = min(self.streams, max(1, round(experts))) * math.ceil(m / self.tile_m - 1e-9) * math.ceil(
+            n / self.tile_n - 1e-9)
+        return c / (math.ceil(c / self.sms) * self.sms)
+
+
 def _swap_measured(what: str, name: str, measured: dict, own_name: str, own: Callable[[], object]):
     """For KernelModel.with_*_kernel: implementation ``name``'s entry of ``measured`` (figures of named
     implementations) and the table after the swap (that entry out, the model's own figures ``own()`` in under
@@ -168,7 +199,9 @@ class KernelModel(Spec):
     of the precision's peak: large GEMMs reach ``gemm``; a small dimension leaves tiles and SMs idle (a
     saturating curve per dimension; the token dimension M saturates sooner than the weight dimensions, whose
     tiles are deeper). A grouped GEMM (routed experts) runs at ``grouped_gemm[precision]`` times a dense GEMM of
-    one expert's shape (the quantisation kernels of FP8/MXFP8 recipes are priced apart, as memory-bound casts). The flash-attention core runs at
+    one expert's shape (the quantisation kernels of FP8/MXFP8 recipes are priced apart, as memory-bound casts),
+    and, where the selected kernel runs one GEMM per expert (``grouped_gemm_waves``), times the share of SMs its
+    per-expert GEMMs keep busy (:class:`GroupedWaves`). The flash-attention core runs at
 
         eff_attn(s, d) = attention_{fwd|bwd} · s / (s + attention_half_seq) · attention_head_dim[d]
 
@@ -248,6 +281,10 @@ class KernelModel(Spec):
         default_factory=dict,
         description="Measured grouped-GEMM figures of named implementations on this chip (same meaning as "
                     "grouped_gemm); a software stack selects one with with_grouped_gemm_kernel().")
+    grouped_gemm_waves: GroupedWaves | None = Field(
+        default=None,
+        description="Where the grouped-GEMM kernel runs one GEMM per expert: its wave model (streams, tile, SMs), "
+                    "applied on top of grouped_gemm while that kernel is the selected one (None: no such model).")
     attention_kernel: AttentionKernelName = Field(
         default="fa3",
         description="The attention implementation (fa2, fa3, fa4, cudnn, ...) that attention_fwd, attention_bwd and "
@@ -407,6 +444,10 @@ class Efficiency(Spec):
         description="Time per MoE layer and micro-batch (forward + backward) on top of layer_overhead_us: the "
                     "router's, permutation's and dispatcher's extra launches and the dispatcher's host "
                     "synchronisation on the tokens per expert (calibrated), microseconds.")
+    # Fitted, not measured: no published router-load statistic (busiest EP rank / mean) was found for the rows that
+    # see it. One value is physics enough for them: Megatron-MoE model zoo Qwen3-235B on 256 H100, dropless / forced
+    # balance 1.245, 1.21, 1.15, 1.09 at 16K-128K, all at 4,096 tokens per GPU per micro-batch (CP grows with the
+    # sequence), so the busiest rank's excess is the same and only its share of the step falls as attention grows.
     moe_dropless_imbalance: Annotated[float, FitBound(1.0, 2.5, "busiest/mean expert rank; 2.5 is beyond what "
                                                                 "load-balancing losses leave in published traces",
                                                       RUNS)] = Field(

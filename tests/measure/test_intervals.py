@@ -119,11 +119,11 @@ def test_validate_reports_the_out_of_sample_coverage_and_when_the_file_is_stale(
     cov = json.loads(capsys.readouterr().out)["interval_coverage"]
     assert (cov["inside"], cov["runs"]) == iv.holdout_coverage(iv.stored_runs())
     assert cov["stated"] == iv.SHARE and "leave-one-source-out" in cov["method"]
-    # a file written for another model: every stored prediction 10% off today's
+    # a file written for another model: every stored prediction 100x today's (no model change comes near that)
     import csv
     rows = list(csv.DictReader(iv.runs_path().open()))
     for r in rows:
-        r["predicted"] = str(float(r["predicted"]) * 1.1)
+        r["predicted"] = str(float(r["predicted"]) * 100.0)
     stale = tmp_path / "bars_runs.csv"
     with stale.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
