@@ -199,7 +199,9 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
                                                 kind.heads / tp * kind.attn_window * tokens))
     else:
         add("core_attn", kern.attention(kind.attn_flops * tokens / tp, span, kind.head_dim,
-                                        ring_full_share(L.cp, kind.attn_window, tr.seq_len)))
+                                        ring_full_share(L.cp, kind.attn_window, tr.seq_len),
+                                        window=kind.window if kind.window < tr.seq_len else 0,
+                                        seq=tr.seq_len / L.cp))
     e = tr.activation_bytes
     ew = ELEMENTWISE_BYTES[tr.elementwise]
     for name, (fwd, bwd) in kind.membound.items():

@@ -49,9 +49,11 @@ class LayerKind:
     membound: dict[str, tuple[float, float]] = field(default_factory=dict)
     fp8_cast_width: float = 0.0  # sum of input + output widths of the layer's non-expert GEMMs (elements)
     fp8_cast_width_expert: float = 0.0   # the same for one routed copy through the expert GEMMs
+    window: int = 0              # sliding window w (keys) of a windowed attention layer, 0 for none: picks the
+                                 # hardware file's measured windowed-attention rates (autopar.cost.kernels)
 
     def key(self) -> tuple:
-        return (self.linears, self.attn_flops, self.attn_window, self.head_dim, self.is_moe,
+        return (self.linears, self.attn_flops, self.attn_window, self.head_dim, self.window, self.is_moe,
                 tuple(sorted(self.membound.items())), self.fp8_cast_width, self.fp8_cast_width_expert)
 
 
@@ -144,6 +146,7 @@ def layer_kind(m: ModelSpec, i: int, seq_len: int, projections: str = "fused") -
                      attn_flops=att.attention_core_flops(seq_len) if att else 0.0,
                      attn_ctx=max(att.context(seq_len) if att else 0.0, 1.0), heads=m.num_attention_heads,
                      attn_window=att.span(seq_len) if att else float(seq_len), head_dim=m.qk_head_dim,
+                     window=(att.window or 0) if att else 0,
                      is_moe=routed is not None, top_k=routed.top_k if routed else 0,
                      num_experts=routed.num_experts if routed else 0, membound=membound, fp8_cast_width=float(cast),
                      fp8_cast_width_expert=float(cast_exp))
