@@ -86,6 +86,16 @@ and the breakdown reports the excess of the copy, if any, under buffers. This is
 little activation memory (a few layers of a 405B model on one node at DP 1) were under-predicted by. FSDP
 (ZeRO-3) reduce-scatters into fp32 shards directly: no copy is counted there.
 
+FSDP2's root module (``TrainingSpec.dp_impl`` fsdp2 at ZeRO-3): torchtitan@9dec370 parallelize_llama.py
+``apply_fsdp`` wraps each TransformerBlock and then the whole model (``fully_shard(model, ...)``), whose own
+parameters are the token embedding, the final norm and the output head. FSDP2 never reshards the root after its
+forward (torch/distributed/_composable/fsdp/_fsdp_state.py@1963fc8 ``FSDPState._lazy_init``: "For the root, do not
+reshard after forward since for training, the parameters would be freed and all-gathered immediately":
+``post_forward_mesh_info = None``), and the root's post-backward runs only after the embedding's backward, so the
+root's unsharded bf16 parameters, ``weight_bytes`` per (embedding + head)/tp parameter on the stages that hold them,
+are gathered for the whole forward and backward, beside the per-layer gathers above (:func:`fsdp2_root_bytes`).
+Under PP torchtitan keeps every FSDP2 unit gathered (``pp_fsdp`` per_step, priced as ZeRO-1): nothing extra there.
+
 Reserve: ``hardware.reserve_gib`` (CUDA context, NCCL, allocator) plus ``hardware.fragmentation`` of the
 rest (caching-allocator fragmentation).
 """
@@ -304,12 +314,22 @@ def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> 
     dense, expert = stage_params(prof, st, L)
     per_layer = (dense + expert) / max(st.n_layers, 1)
     buf = buf + where(L.zero_stage >= 3, per_layer * (2 * tr.weight_bytes + tr.grad_bytes), 0.0)
+    if tr.dp_impl == "fsdp2":   # the FSDP2 root module's parameters, gathered all step (docstring)
+        buf = buf + where(L.zero_stage >= 3, fsdp2_root_bytes(prof, st, L, tr), 0.0)
     if tr.precision in _FP8 and tr.fp8_recipe in TORCHAO_RECIPES:   # one layer's transient casts (docstring)
         buf = buf + FP8_WEIGHT_COPY_BYTES * per_layer
     elif tr.precision in _FP8 and not tr.fp8_primary_weights:   # FP8 weight copies, row-wise and column-wise
         # (docstring): 2 B per local parameter; with FP8 primary weights the weights themselves are those copies
         buf = buf + FP8_WEIGHT_COPY_BYTES * (dense + expert) / where(L.zero_stage >= 3, shard_groups(L)[0], 1)
     return buf
+
+
+def fsdp2_root_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
+    """Bytes of FSDP2's root-module parameters (token embedding on the first stage, output head on the last; the
+    final norm's h parameters are left out) held unsharded for the whole step (module docstring): weight_bytes per
+    parameter of this TP rank. ``L.tp`` may be a numpy array (elementwise result)."""
+    root = (prof.embedding_params if st.is_first else 0.0) + (prof.head_params if st.is_last else 0.0)
+    return tr.weight_bytes * root / L.tp
 
 
 FP8_WEIGHT_COPY_BYTES = 2.0   # row-wise + column-wise FP8 copy of each weight (module docstring)
