@@ -448,6 +448,12 @@ class HardwareSpec(Spec):
         default=None, gt=0, le=limit("hbm_gib"),
         description="Host DRAM per GPU on the reference server (total / GPUs per node), GiB; "
                     "room for offloaded activations.")
+    host_us_per_expert_fwd: float | None = Field(
+        default=None, ge=0, le=1000,
+        description="Host (CPU) time to issue one local expert's forward work in a grouped MLP (PyTorch/TE "
+                    "dispatch, allocations, cuBLAS launches), microseconds; measured, cited in the hardware file. "
+                    "Prices the MoE layer's host-bound launches after the dispatcher's device-to-host sync "
+                    "(autopar.cost.compute.moe_host_time); None = not measured for this host, not priced.")
     nvlink_latency_us: float = Field(default=3.0, ge=0, description="Per-step latency (alpha) inside the domain, us.")
     scaleout_latency_us: float = Field(default=8.0, ge=0, description="Per-step latency across the network, us.")
     reserve_gib: float = Field(default=3.0, ge=0, le=limit("hbm_gib"),
