@@ -386,6 +386,8 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
 #    the host-bound part the guide names, stay eager in every partial scope list of the Bridge recipes);
 #  - full_iteration: none of it (the replayed graph issues no host work; the GPU-side gap between graph nodes, a few
 #    microseconds per kernel, is not priced: an approximation on the fast side).
+# The same share scales the routed experts' priced host launches (:func:`moe_host_time`, the Estimator's
+# host_expert_s): a full-iteration graph has no sync and issues no per-expert work from the host.
 HOST_OVERHEAD_SHARE = {"none": 1.0, "partial": 1.0, "full_iteration": 0.0}
 
 

@@ -402,7 +402,9 @@ class Efficiency(Spec):
         default=0.0, ge=0, le=10_000,
         description="Time per MoE layer and micro-batch (forward + backward) on top of layer_overhead_us: the "
                     "router's, permutation's and dispatcher's extra launches and the dispatcher's host "
-                    "synchronisation on the tokens per expert (calibrated), microseconds.")
+                    "synchronisation on the tokens per expert (calibrated), microseconds. The routed experts' "
+                    "launches after that sync are priced apart (host_us_per_expert_fwd, "
+                    "autopar.cost.compute.moe_host_time).")
     # Fitted, not measured: no published router-load statistic (busiest EP rank / mean) was found for the rows that
     # see it. One value is physics enough for them: Megatron-MoE model zoo Qwen3-235B on 256 H100, dropless / forced
     # balance 1.245, 1.21, 1.15, 1.09 at 16K-128K, all at 4,096 tokens per GPU per micro-batch (CP grows with the
