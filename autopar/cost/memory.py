@@ -43,6 +43,24 @@ PyTorch's loss path (``TrainingSpec.loss_runtime`` 'torch', as torchtitan runs i
   ``output_chunks`` for the step's output merge (torch/distributed/pipelining/stage.py
   ``_PipelineStageBase.forward_one_chunk``), so M micro-batches' logits stay until the step ends: + M · 2 B.
 
+torch.distributed.pipelining's stage buffers (``loss_runtime`` 'torch', the PyTorch pipeline runtime torchtitan drives;
+torch/distributed/pipelining/stage.py, read at pytorch/pytorch@0138610, the same structure as the Dec 2024 release
+the torchtitan tables ran): ``_prepare_backward_infra`` creates, for every micro-batch of the step, a gradient-receive
+buffer per stage output (``_create_grad_recv_info``: ``_make_tensor_from_meta``, i.e. ``torch.empty``) on every
+stage but the last; the forward infra likewise one activation-receive buffer per micro-batch on every stage but the
+first; both are kept from one step to the next (``clear_runtime_states`` drops only their ``.grad``).
+``forward_one_chunk`` keeps each micro-batch's stage output in ``fwd_cache`` until its backward
+(``self.fwd_cache[fwd_chunk_id] = (output_tuple, flatten_input_tensors)``), unlike Megatron, which frees its sent
+outputs' storage (``deallocate_output_tensor``). Each is one stage-boundary tensor, b·s/(cp·tp)·h elements with SP
+(torchtitan's blocks hand on their sequence-sharded local output), b·s/cp·h without. With v model chunks per rank,
+M micro-batches and c in-flight chunks (:func:`inflight_layer_microbatches` · v), a rank holds
+
+    v·M − M·[last rank]                 gradient-receive buffers,
+    max(v·M − M·[first rank] − c, 0)    activation-receive buffers beyond the c already counted as stored layer inputs,
+    c·(1 − [last rank]/v)               kept stage outputs (the last stage's output is its logits, counted above)
+
+boundary tensors (:func:`pipeline_boundary_tensors`; exact for v = 1, an approximation for interleaved ranks).
+
 Buffers: the SP/TP all-gathered input of one linear (b·s/cp·h), EP dispatch/combine buffers (2·b·s/(cp·tp)
 ·k·h), FSDP's unsharded parameters of two layers (current + prefetch) and one layer's unsharded gradient,
 FP8 weight copies (2 B per local parameter, Transformer Engine; none with FP8 primary weights) for FP8 recipes.
@@ -102,7 +120,7 @@ rest (caching-allocator fragmentation).
 
 from __future__ import annotations
 
-from autopar.cost._select import minimum, where
+from autopar.cost._select import maximum, minimum, where
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.result import GIB, MemoryBreakdown
 from autopar.cost.stage import Stage
@@ -283,7 +301,22 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         if prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight micro-batch
             mtp_layers = prof.model.mtp_layers * minimum(st.pp, L.grad_accum)
             act = act + mb_tokens * e * (kept / max(st.n_layers, 1)) * mtp_layers
+    if tr.loss_runtime == "torch" and st.pp > 1:   # torch.distributed.pipelining's stage buffers (docstring)
+        boundary = mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden * e
+        act = act + boundary * pipeline_boundary_tensors(st, L)
     return act
+
+
+def pipeline_boundary_tensors(st: Stage, L: Layout):
+    """Stage-boundary tensors torch.distributed.pipelining holds on this rank beyond the stored layer inputs (module
+    docstring): gradient- and activation-receive buffers of every micro-batch and the in-flight stage outputs.
+    ``L.grad_accum`` and ``L.vpp`` may be numpy arrays (elementwise result)."""
+    M, v = L.grad_accum, L.vpp
+    c = inflight_layer_microbatches(st, L) * v
+    grad = v * M - (M if st.is_last else 0)
+    recv = maximum(v * M - (M if st.is_first else 0) - c, 0.0)
+    out = c * (1.0 - (1.0 / v if st.is_last else 0.0))
+    return grad + recv + out
 
 
 def resident_offload_layers(st: Stage) -> float:
