@@ -39,6 +39,13 @@ PyTorch's loss path (``TrainingSpec.loss_runtime`` 'torch', as torchtitan runs i
 - with TP the loss runs through DTensor loss_parallel (torch/distributed/tensor/parallel/loss.py): its
   ``_nll_loss_and_log_softmax_backward`` computes ``(zeros_like(x) + exp(x)) * grad_output`` in separate fp32 ops
   beside the saved fp32 log-softmax ``x``: 16 B at its peak;
+- the final norm runs outside the compiled blocks (torchtitan@9dec370 ``apply_compile`` compiles each
+  TransformerBlock only) and in eager RMSNorm (torchtitan/models/norms.py@9dec370 ``RMSNorm``:
+  ``self._norm(x.float()).type_as(x) * self.weight``) autograd keeps the fp32 upcast x (saved by ``pow`` and ``mul``,
+  4 B) and the bf16 normalised tensor (saved by the weight ``mul``, 2 B) per element of its (sequence-parallel) input
+  until the head's backward: :data:`TORCH_FINAL_NORM_BYTES` per token·h on the last stage, per micro-batch whose
+  loss backward has not run (one: the loss backward follows its forward), beside the head's saved input (the
+  gathered-input buffer);
 - under PP, torch.distributed.pipelining's last stage appends every micro-batch's output (the bf16 logits) to
   ``output_chunks`` for the step's output merge (torch/distributed/pipelining/stage.py
   ``_PipelineStageBase.forward_one_chunk``), so M micro-batches' logits stay until the step ends: + M · 2 B.
@@ -113,6 +120,13 @@ reshard after forward since for training, the parameters would be freed and all-
 root's unsharded bf16 parameters, ``weight_bytes`` per (embedding + head)/tp parameter on the stages that hold them,
 are gathered for the whole forward and backward, beside the per-layer gathers above (:func:`fsdp2_root_bytes`).
 Under PP torchtitan keeps every FSDP2 unit gathered (``pp_fsdp`` per_step, priced as ZeRO-1): nothing extra there.
+
+FSDP2's shards (``dp_impl`` fsdp2 at ZeRO-3): torchtitan@9dec370 builds the model in fp32 and hands it to
+``fully_shard`` with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``; FSDP2 keeps each sharded
+parameter in its own dtype (the fp32 shard is what AdamW updates: the master weights of ``optimizer_bytes``) and
+makes bf16 only as the all-gather's input and output (torch/distributed/_composable/fsdp/_fsdp_param.py
+``FSDPParam``: ``_sharded_param_data`` in the original dtype, cast to ``param_dtype`` for the all-gather). So no bf16
+shard is held beside it: the weights term is 0 and the gathered bf16 layers are the buffers above.
 
 Reserve: ``hardware.reserve_gib`` (CUDA context, NCCL, allocator) plus ``hardware.fragmentation`` of the
 rest (caching-allocator fragmentation).
@@ -257,6 +271,8 @@ def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec
     sd, se = shard_groups(L)
     z = L.zero_stage
     w = tr.weight_bytes * (dense / where(z >= 3, sd, 1) + expert / where(z >= 3, se, 1))
+    if tr.dp_impl == "fsdp2":   # FSDP2's shard is the fp32 master, counted in o (module docstring)
+        w = where(z >= 3, 0.0, w)
     g = tr.grad_bytes * (dense / where(z >= 2, sd, 1) + expert / where(z >= 2, se, 1))
     o = tr.optimizer_bytes * (dense / where(z >= 1, sd, 1) + expert / where(z >= 1, se, 1))
     return w, g, o
@@ -266,6 +282,7 @@ LOGIT_EXTRA_BYTES = {"fused": 4, "unfused": 12}
 # PyTorch's loss path (TrainingSpec.loss_runtime 'torch', module docstring): fp32 bytes per logit element at the
 # loss backward's peak, without TP (ATen log_softmax) and with TP (DTensor loss_parallel's decomposition)
 TORCH_LOSS_BYTES = {"plain": 12, "loss_parallel": 16}
+TORCH_FINAL_NORM_BYTES = 6   # eager final RMSNorm: fp32 upcast (4 B) + bf16 normalised output (2 B) per element
 
 
 def logit_bytes_per_element(st: Stage, L: Layout, tr: TrainingSpec):
@@ -301,6 +318,8 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         if prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight micro-batch
             mtp_layers = prof.model.mtp_layers * minimum(st.pp, L.grad_accum)
             act = act + mb_tokens * e * (kept / max(st.n_layers, 1)) * mtp_layers
+    if tr.loss_runtime == "torch" and st.is_last:   # the eager final norm's saved tensors (docstring)
+        act = act + mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden * TORCH_FINAL_NORM_BYTES
     if tr.loss_runtime == "torch" and st.pp > 1:   # torch.distributed.pipelining's stage buffers (docstring)
         boundary = mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden * e
         act = act + boundary * pipeline_boundary_tensors(st, L)
