@@ -25,7 +25,8 @@ SPLITS = ("col", "row", "replicated", "expert_col", "expert_row")
 class Linear:
     """One linear layer: y[T, N] = x[T, K] · W[K, N] per token row; 2·K·N FLOPs per token forward. ``module``
     names the Megatron-Core recompute module that redoes it (``--recompute-modules``): ``core_attn``,
-    ``mla_up_proj``, ``mlp``, ``moe``, ``shared_experts``; ``attn`` and ``router`` belong to none.
+    ``mla_up_proj``, ``mlp``, ``moe``, ``shared_experts``; ``attn``, ``router`` and ``ssm_scan`` (a linear mixer's
+    chunked scan, priced in BF16) belong to none.
     ``shares_input``: this GEMM reads the same input tensor as the GEMM listed just before it (a stack that runs
     separate projections: torchtitan's wk and wv after wq, w3 after w1), so a quantisation of that input is done
     once for both (:func:`autopar.cost.compute.torchao_cast_bytes`)."""

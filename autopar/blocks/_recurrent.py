@@ -3,9 +3,13 @@ scan reads, a chunked scan, an output projection, and a split by heads (Mamba-1:
 
 Kernels: the input projections are one column-parallel GEMM h -> in_width, the output projection a row-parallel
 GEMM out_width -> h; the chunked scan (:meth:`Recurrent.scan_flops`) is priced as one more column-parallel GEMM of
-the same FLOPs with K = its key head dim (Mamba-1: its state size), in recompute module ``core_attn`` — an
-approximation until the scan has a kernel class of its own. The sub-block's norm and residual bytes are not
-counted for these mixers (as the estimates have always done; the attention and channel sub-blocks count theirs).
+the same FLOPs with K = its key head dim (Mamba-1: its state size), in part ``ssm_scan`` (:data:`SCAN_MODULE`): its
+tensor-core work, in BF16 under every FP8 recipe (the scans are Triton kernels, mamba_ssm's and
+flash-linear-attention's; Transformer Engine's fp8_autocast quantises only its own Linear / GroupedLinear modules),
+re-run by full recompute only (:data:`SCAN_MODULE`). A kind that inventories its scan kernels' HBM
+traffic (Mamba-2: :meth:`autopar.blocks.mamba.Mamba2.scan_bytes`) adds it to the same part as memory-bound bytes,
+and the part costs the larger of the two per pass (a roofline; autopar.cost.compute.BF16_PARTS). The sub-block's pre-norm and residual add are counted as
+the attention sub-block counts its own (:data:`NORM_RESIDUAL`).
 
 Under all-to-all context parallelism (Megatron-Core ``MambaContextParallel``, ``GatedDeltaNet``) the input
 projections' output and the scan's output are swapped between a sequence and a head split: in_width + out_width
@@ -20,6 +24,15 @@ from typing import ClassVar
 from autopar.blocks._base import Block, Linear, Rule
 
 _HEADS_NOTE = " (all-to-all context parallel splits heads)"
+# The part (and kernel class) of a linear mixer's chunked scan. No selective recompute module re-runs it, only full
+# recompute: Megatron-Core's MambaLayer is norm, mixer, bias-dropout-add with no checkpointed sub-module
+# (NVIDIA/Megatron-LM@03453aee megatron/core/ssm/mamba_layer.py; the ``core_attn`` checkpoint lives in the softmax
+# Attention module), and its mixer's stored activations stay (:meth:`Recurrent.stored`).
+SCAN_MODULE = "ssm_scan"
+# The mixer sub-block's pre-norm (fused into the input projection, Transformer Engine LayerNormLinear: read h, write
+# h; backward read x, dy, write dx) and its residual add (read 2h, write h each way), elements per token (forward,
+# backward): the same counts as the softmax-attention sub-block's (autopar.blocks.attention).
+NORM_RESIDUAL = (("norm", 2.0, 3.0), ("residual", 3.0, 3.0))
 # MixerSpec fields that belong to one kind only, and the message when another kind sets them.
 _OWNED = {"state_size": "state_size is a mamba2 field, not {k}'s",
           "gate_low_rank": "gate_low_rank is a gla / kda field, not {k}'s",
@@ -90,15 +103,30 @@ class Recurrent(Block):
     def gemms(self) -> tuple[Linear, ...]:
         h, kdim = self.hidden, self.core_gemm_k()
         return (Linear(h, self.in_width(), "col", "attn"), Linear(self.out_width(), h, "row", "attn"),
-                Linear(kdim, int(round(self.scan_flops() / (2.0 * kdim))), "col", "core_attn"))
+                Linear(kdim, int(round(self.scan_flops() / (2.0 * kdim))), "col", SCAN_MODULE))
+
+    def scan_bytes(self) -> tuple[float, float]:
+        """(forward, backward) HBM traffic of the scan's own kernels per token, in 2-byte units (an fp32 tensor counts
+        2 per element); 0 where a kind has no kernel inventory yet (its scan is priced by its FLOPs alone)."""
+        return 0.0, 0.0
+
+    def membound(self) -> dict[str, tuple[float, float]]:
+        h = self.hidden
+        out = {name: (f * h, b * h) for name, f, b in NORM_RESIDUAL}
+        fwd, bwd = self.scan_bytes()
+        if fwd or bwd:
+            out[SCAN_MODULE] = (fwd, bwd)
+        return out
 
     def fp8_cast_width(self) -> int:
         h = self.hidden
         return h + self.in_width() + self.out_width() + h
 
     def stored(self) -> dict[str, float]:
+        """The scan's inputs and its output, all in role ``qkv``: no selective recompute module drops them
+        (:data:`SCAN_MODULE`)."""
         stored_in, stored_out = self.stored_io()
-        return {"qkv": stored_in, "attn_out": stored_out}
+        return {"qkv": stored_in + stored_out}
 
 
 @dataclass(frozen=True)

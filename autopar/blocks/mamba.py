@@ -89,6 +89,59 @@ class Mamba2(HeadMixer):
     def state_elems(self) -> int:
         return self.heads * self.head_dim * self.state_size + self.conv_tail()
 
+    def scan_bytes(self) -> tuple[float, float]:
+        """(forward, backward) HBM traffic per token of the kernels Megatron-Core's training path runs around the
+        SSD scan, in 2-byte units (bf16 tensors 1 per element, fp32 2), tensor by tensor from what each kernel
+        reads and writes once: ``MambaMixer._ssm_training`` (NVIDIA/Megatron-LM@00bebb45
+        megatron/core/ssm/mamba_mixer.py) calls ``mamba_split_conv1d_scan_combined`` without its norm (the z gate
+        is applied inside the scan), then its grouped RMSNorm; the kernels are state-spaces/mamba@e9594ce1
+        mamba_ssm/ops/triton/ssd_combined.py ``MambaSplitConv1dScanCombinedFn`` and
+        ``_mamba_chunk_scan_combined_fwd/_bwd`` (ssd_chunk_state.py, ssd_state_passing.py, ssd_bmm.py,
+        ssd_chunk_scan.py), causal_conv1d's ``causal_conv1d_fwd/bwd``.
+
+        Per token: d = H·P (x, z, y), g = G·N (B or C), xbc = d + 2g (the conv channels), H (dt, dA_cumsum, one
+        each per head), S = H·P·N / C (the chunk states: one H x P x N state per chunk of C tokens), Q = G·C (the
+        chunk's C·B^T scores per group).
+
+        Forward: conv1d reads and writes xbc (2·xbc); _chunk_cumsum_fwd reads dt, writes dA_cumsum and dt fp32
+        (5H); _chunk_state_fwd reads B, x, dt, dA_cumsum, writes the states in fp32 (g + d + 4H + 2S);
+        _state_passing_fwd reads them and writes bf16 (3S); _bmm_chunk_fwd reads C, B, writes CB fp32 (2g + 2Q);
+        _chunk_scan_fwd reads CB, x, dt, dA_cumsum, C, states, z and writes the gated and ungated outputs
+        (2Q + 4d + g + 4H + S); the RMSNorm reads and writes y (2d).
+        = 2·xbc + 7d + 4g + 13H + 6S + 4Q.
+
+        Backward: the RMSNorm's (read y, dy, write dy: 3d); conv1d re-run (2·xbc); the scan's backward first
+        re-runs cumsum, CB, the chunk states and state passing (2H + 5H, 2g + 2Q, g + d + 4H + 2S, 3S); then
+        _chunk_scan_bwd_dz (x, z, out, dout in; dz, dout out: 6d), _chunk_scan_bwd_dstates (g + 2H + d + S),
+        _state_passing_bwd (states and dstates in and out: 4S), _chunk_scan_chunk_state_bwd_dx (3d + g + 6H + 2Q
+        + S), _chunk_state_bwd_db (d + 6H + S + 3g: dB in fp32, one split at training sizes), _chunk_scan_bwd_dC
+        (S + 4H + d + 3g), _chunk_scan_bwd_dcb (2d + 4H + 2Q), two _bmm_chunk_bwd (8g + 4Q), the reverse cumsum of
+        ddA (6H), _chunk_scan_bwd_ddAcs_stable (2d + 6H + 2Q), _chunk_cumsum_bwd (7H); conv1d's backward (3·xbc).
+        = 5·xbc + 20d + 19g + 52H + 13S + 12Q.
+
+        Not counted here: the layout copies around the call (:meth:`membound`'s ``batch_major``), the per-chunk
+        final states
+        and D/dt_bias reductions (per sequence, not per token). An approximation on the fast side: the kernels
+        are priced at the hardware's memory-bound rate, and the PyTorch blog "Accelerating Mamba2 with Kernel
+        Fusion" (pytorch.org, 2025) finds the unfused SSD "mostly bottlenecked by memory bandwidth and latency"."""
+        H, G, N, P, C = self.heads, self.n_groups, self.state_size, self.head_dim, self.chunk_size
+        d, g = H * P, G * N
+        xbc, S, Q = d + 2 * g, H * P * N / C, G * C
+        fwd = 2 * xbc + 7 * d + 4 * g + 13 * H + 6 * S + 4 * Q
+        bwd = 5 * xbc + 20 * d + 19 * g + 52 * H + 13 * S + 12 * Q
+        return float(fwd), float(bwd)
+
+    def membound(self) -> dict[str, tuple[float, float]]:
+        """The recurrent sub-block's own (norm, residual, scan) and ``batch_major``: ``MambaMixer._ssm_training``
+        turns the projection output from Megatron's sequence-major [s, b, ·] into batch-major [b, s, ·] and the
+        scan's output back (``rearrange(...).contiguous()``), each a read and a write of in_width and d_in
+        elements, and autograd copies their gradients back the same way; with one sequence per micro-batch the
+        two layouts are the same memory and nothing is copied (autopar.cost.compute prices it for b > 1 only)."""
+        out = super().membound()
+        copy = 2.0 * (self.in_width() + self.d_inner)
+        out["batch_major"] = (copy, copy)
+        return out
+
     def stored_io(self) -> tuple[float, float]:
         G, N, d = self.n_groups, self.state_size, self.d_inner
         return self.conv_channels() + (d + 2 * G * N) + d + self.heads, d

@@ -114,9 +114,9 @@ def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpu
                    help="sequences per step (default: by model size, GPT-3 Table 2.1 scaling: 0.5M-4M tokens)")
     g.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
                    help=f"GEMM precision (default: {DEFAULT_PRECISION})")
-    g.add_argument("--grad-dtype", choices=("bf16", "fp32"), default="bf16",
+    g.add_argument("--grad-dtype", choices=("bf16", "fp32"), default=None,
                    help="gradient buffer dtype (default: bf16 as Megatron-Core; fp32 = "
-                        "--accumulate-allreduce-grads-in-fp32)")
+                        "--accumulate-allreduce-grads-in-fp32; a stack running FSDP2, torchtitan, reduces in fp32)")
     g.add_argument("--stack", default=None,
                    help=f"software stack: zoo name (see `autopar zoo stacks`) or YAML (default: the --emit target's, "
                         f"else {DEFAULT_STACK}, Megatron-Core as NVIDIA's recipes run it)")
@@ -199,12 +199,22 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
     args.stack_spec, args.stack_knobs = stack, knobs
     training = build_spec(TrainingSpec, dict(
         seq_len=args.seq_len, global_batch=gb, precision=args.precision,
-        grad_dtype="fp16" if args.precision == "fp16" and args.grad_dtype == "bf16" else args.grad_dtype,
+        **_grad_dtype(args, knobs.training_fields()),
         weight_dtype="fp16" if args.precision == "fp16" else "bf16",
         linear_cp=getattr(args, "linear_cp", "all_to_all"),
         **{**knobs.training_fields(), **overlap_fields(args)}), "training flags")   # --overlap over the stack's
     hw.peak_tflops(training.precision)  # fails early, naming the precision, if the chip lacks it
     return model, hw, training, notes
+
+
+def _grad_dtype(args: argparse.Namespace, fields: dict) -> dict:
+    """--grad-dtype as TrainingSpec takes it: as given; unset, the stack's (TrainingSpec makes FSDP2's fp32 itself)
+    else bf16, fp16 under --precision fp16."""
+    if args.grad_dtype is not None:
+        return {"grad_dtype": args.grad_dtype}
+    if fields.get("dp_impl") == "fsdp2":
+        return {}
+    return {"grad_dtype": "fp16" if args.precision == "fp16" else "bf16"}
 
 
 def _finite(obj: object) -> object:

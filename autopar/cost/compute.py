@@ -156,6 +156,15 @@ RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"), "moe"
                    "layernorm": ("norm",), "mla_up_proj": ("mla_up_proj",)}
 
 
+# Parts whose tensor-core work runs in BF16 under every FP8 recipe: a linear mixer's chunked scan (Triton kernels of
+# mamba_ssm / flash-linear-attention, outside Transformer Engine's fp8_autocast modules; autopar.blocks._recurrent).
+# Its "GEMM" is column-split like the heads it runs over. Where the block also counts the scan kernels' HBM bytes
+# (a memory-bound entry of the same name), the part costs the larger of the two per pass: a roofline (Williams,
+# Waterman & Patterson 2009) over the scan's kernels taken together, an approximation on the fast side where one
+# kernel is compute-bound and another memory-bound.
+BF16_PARTS = ("ssm_scan",)
+
+
 def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tokens: float,
                 imbalance: float) -> dict[str, tuple[float, float]]:
     """(forward, backward) seconds of each part of one layer for ``tokens`` = b·s/cp tokens per GPU."""
@@ -169,8 +178,11 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
         cur[1] += fb[1] * scale
 
     m_exp = tokens * kind.top_k * ep * etp / (tp * kind.num_experts) if kind.is_moe else 0.0
+    scan: dict[str, tuple[float, float]] = {}   # BF16_PARTS' tensor-core seconds, met by their bytes below
     for lin in kind.linears:
-        if lin.split == "col":
+        if lin.module in BF16_PARTS:
+            scan[lin.module] = kern.gemm(tokens, lin.n / tp, lin.k, lin.params / tp, wb, gb, hi=True)
+        elif lin.split == "col":
             add(lin.module, kern.gemm(tokens, lin.n / tp, lin.k, lin.params / tp, wb, gb))
         elif lin.split == "row":
             add(lin.module, kern.gemm(tokens, lin.n, lin.k / tp, lin.params / tp, wb, gb))
@@ -187,10 +199,14 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
                                                 kind.heads / tp * kind.attn_window * tokens))
     else:
         add("core_attn", kern.attention(kind.attn_flops * tokens / tp, span, kind.head_dim,
-                                        ring_full_share(L.cp, kind.attn_window, tr.seq_len)))
+                                        ring_full_share(L.cp, kind.attn_window, tr.seq_len),
+                                        window=kind.window if kind.window < tr.seq_len else 0,
+                                        seq=tr.seq_len / L.cp))
     e = tr.activation_bytes
     ew = ELEMENTWISE_BYTES[tr.elementwise]
     for name, (fwd, bwd) in kind.membound.items():
+        if name == "batch_major" and L.micro_batch == 1:   # one sequence: [s, 1, ·] is [1, s, ·], no copy
+            continue
         split = TP_SPLIT[name]
         if split == "sp":
             n_tok = tokens / tp if L.sp else tokens
@@ -202,7 +218,13 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
             n_tok = tokens / tp
         scale = imbalance if split == "routed" else 1.0
         fx, bx = ew.get(name, (1.0, 1.0))
-        add(name, (kern.stream(fx * fwd * e * n_tok), kern.stream(bx * bwd * e * n_tok)), scale)
+        fb = (kern.stream(fx * fwd * e * n_tok), kern.stream(bx * bwd * e * n_tok))
+        if name in scan:   # the same kernels' FLOPs and bytes: a roofline, the larger of the two
+            g = scan.pop(name)
+            fb = (max(fb[0], g[0]), max(fb[1], g[1]))
+        add(name, fb, scale)
+    for name, fb in scan.items():   # a scan without a byte inventory: its FLOPs alone
+        add(name, fb)
     if kern.fp8:
         cast_b = FP8_CAST_BYTES[tr.fp8_recipe, tr.elementwise] if tr.precision == "fp8" else FP8_CAST_MXFP8_BYTES
         if tr.precision == "fp8" and tr.fp8_recipe in TORCHAO_WEIGHT_CAST_BYTES:
@@ -402,10 +424,11 @@ def overhead_time(prof: ModelProfile, st: Stage, overhead_s: float, moe_overhead
 # Kernel class of each part of a layer (for reports: where the compute time goes).
 KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense GEMM", "shared_experts": "dense GEMM",
                 "router": "dense GEMM", "moe": "grouped GEMM (experts)", "core_attn": "attention core",
+                "ssm_scan": "SSM / linear-attention scan",
                 "norm": "memory-bound", "residual": "memory-bound", "rope": "memory-bound", "mlp_act": "memory-bound",
                 "shared_act": "memory-bound", "moe_act": "memory-bound", "permute": "memory-bound",
                 "fp8_cast": "memory-bound", "grad_sum": "memory-bound", "grad_sum_eager": "memory-bound",
-                "expert_grad_sum": "memory-bound"}
+                "expert_grad_sum": "memory-bound", "batch_major": "memory-bound"}
 
 
 def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,

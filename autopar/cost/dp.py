@@ -46,7 +46,7 @@ prefetch). Exposed traffic is what does not fit in the compute that can hide it:
 
 PyTorch FSDP2 as torchtitan runs it (``training.dp_impl`` fsdp2):
 
-  * Gradients are reduce-scattered in fp32 (``TrainingSpec.reduce_bytes``: torchtitan@9dec370's
+  * Gradients are reduce-scattered in fp32 (``TrainingSpec.grad_bytes``, fp32 under fsdp2: torchtitan@9dec370's
     mixed_precision_reduce 'float32'), twice the bytes of a bf16 reduction.
   * Each all-gather is copied out of the flat gather buffer into the unsharded parameters by
     ``torch.split_with_sizes_copy`` on the compute stream (pytorch/pytorch@01d66d21
@@ -112,7 +112,7 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
     for (group, n, stride), params in zip(_groups(L), (dense, expert)):
         if params == 0:
             continue
-        g_bytes, w_bytes = params * tr.reduce_bytes, params * tr.param_gather_bytes   # FP8 under fp8_param_gather
+        g_bytes, w_bytes = params * tr.grad_bytes, params * tr.param_gather_bytes   # FP8 under fp8_param_gather
         replicate = (L.dp * L.cp if group == "dense" else L.edp) // n if L.hsdp_shard else 1
         copy_out = 2.0 * w_bytes / hbm if fsdp2 else 0.0   # one gather's copy-out: read + write (docstring)
         load = busy.get("network" if net.placement(n, stride)[1] > 1 else "nvlink", 0.0)

@@ -62,9 +62,15 @@ class Kernels:
                 raise AutoparInputError(f"hardware '{hw.name}': fp8_attention needs kernel_model.attention_fp8")
             self.attn_peak = hw.peak_tflops("fp8") * 1e12
             self.attn_scale = km.attention_fp8 / km.attention_fwd
+            # the backward's own FP8 figure where the file measures it (cuDNN's MXFP8 backward gains little
+            # over BF16, unlike its forward), else the forward's ratio
+            self.attn_scale_bwd = (km.attention_fp8_bwd / km.attention_bwd if km.attention_fp8_bwd
+                                   else self.attn_scale)
+            self.attn_precision = tr.precision
         else:
             self.attn_peak = self.peak_hi
-            self.attn_scale = 1.0
+            self.attn_scale = self.attn_scale_bwd = 1.0
+            self.attn_precision = "bf16"
         self.hbm_bytes_per_s = hw.hbm_tbps * 1e12 * km.hbm
         self.fp8 = tr.precision in FP8_FAMILY
         self.half_m, self.half_nk = km.gemm_half_m, km.gemm_half_nk
@@ -106,18 +112,27 @@ class Kernels:
             km = self.km
             top = (km.attention_bwd if backward else km.attention_fwd) * km.sustained_attention
             half = km.attention_half_seq_bwd if backward and km.attention_half_seq_bwd else km.attention_half_seq
-            hit = self._attn[key] = min(1.0, top * self.attn_scale * span / (span + half)
-                                        * km.head_dim_factor(head_dim))
+            scale = self.attn_scale_bwd if backward else self.attn_scale
+            hit = self._attn[key] = min(1.0, top * scale * span / (span + half) * km.head_dim_factor(head_dim))
         return hit
 
     def attention(self, flops_fwd: float, span: float, head_dim: float,
-                  full_share: float = 0.0) -> tuple[float, float]:
+                  full_share: float = 0.0, window: int = 0, seq: float = 0.0) -> tuple[float, float]:
         """(forward, backward) seconds of the flash-attention core doing ``flops_fwd`` forward FLOPs over key
         spans of ``span`` tokens with head dim ``head_dim``; ``full_share`` of the FLOPs run as full
         (non-causal) blocks, at ``attention_full_ratio`` times the causal rate (a context-parallel ring's
-        off-diagonal steps)."""
+        off-diagonal steps). A sliding-window layer (``window`` > 0 keys, over sequences of ``seq`` tokens)
+        whose window and head dim the hardware file measured (``kernel_model.attention_window``, in the
+        precision the core runs in) is priced at those measured rates times ``sustained_attention``: a windowed
+        kernel's rate is set by how it tiles the band (cuDNN on GB300, window 128, d = 64: 167 TFLOP/s forward
+        in BF16, its MXFP8 backward 45), which the span curve does not see."""
         if flops_fwd <= 0:
             return 0.0, 0.0
+        if window and not full_share:
+            rates = self.km.window_rates(self.attn_precision, window, int(head_dim), seq)
+            if rates is not None:
+                s = 1e12 * self.km.sustained_attention
+                return flops_fwd / (rates[0] * s), ATTN_BWD_FLOP_RATIO * flops_fwd / (rates[1] * s)
         work = flops_fwd * (1.0 - full_share + full_share / self.km.attention_full_ratio)
         fwd = work / (self.attn_peak * self.attn_eff(span, head_dim, False))
         bwd = ATTN_BWD_FLOP_RATIO * work / (self.attn_peak * self.attn_eff(span, head_dim, True))

@@ -54,8 +54,9 @@ class LayerSums:
     act_norm_in: list[float]       # inputs of the layer's norms (h each); split by SP
     act_norm_out: list[float]      # outputs of the norms = inputs of the mixer and MLP linears (h each); split by SP
     act_qkv: list[float]           # Q, K, V (MLA: latents and up-projected Q, K, V; linear/SSM mixers: the scan's
-    #                                inputs q, k, v, gates / x, B, C, dt, z and the conv input); split by TP
-    act_attn_out: list[float]      # attention / scan output (a·d_v); split by TP; dropped by selective recompute
+    #                                inputs q, k, v, gates / x, B, C, dt, z, the conv input and the scan's output,
+    #                                which no selective recompute drops: autopar.blocks._recurrent); split by TP
+    act_attn_out: list[float]      # softmax attention output (a·d_v); split by TP; dropped by selective recompute
     act_mla_up: list[float]        # MLA up-projected Q, K, V (dropped by mla_up_proj recompute)
     act_mlp: list[float]           # dense MLP internals (gated: 3f, plain: 2f); split by TP
     act_shared: list[float]        # shared-expert internals; split by TP

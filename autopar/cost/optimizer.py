@@ -2,7 +2,7 @@
 achievable HBM bandwidth (as the example analysis report models AdamW).
 
 P_local is the parameters this GPU updates: its stage share divided by the ZeRO group when z >= 1. Bytes per
-parameter, with g the reduced gradient (``TrainingSpec.reduce_bytes``), o the optimizer state (master weight and
+parameter, with g the reduced gradient (``TrainingSpec.grad_bytes``, fp32 under fsdp2), o the optimizer state (master weight and
 both moments, ``optimizer_bytes``), s one moment, m the master weight (the parameter itself when there is none) and
 w the model weight:
 
@@ -33,7 +33,7 @@ from autopar.specs.training import DTYPE_BYTES, TrainingSpec
 def optimizer_bytes_per_param(tr: TrainingSpec) -> float:
     """HBM bytes the optimizer step (and torch's gradient clipping on the foreach path) moves per local parameter
     (module docstring)."""
-    g = tr.reduce_bytes
+    g = tr.grad_bytes
     if tr.optimizer_impl == "foreach":
         s = DTYPE_BYTES[tr.optimizer_state_dtype]
         m = DTYPE_BYTES["fp32"] if tr.master_weights_dtype == "fp32" else tr.weight_bytes

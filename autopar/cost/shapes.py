@@ -12,9 +12,11 @@ can redo exactly the kernels it names: ``core_attn``, ``mla_up_proj``, ``mlp``, 
 
 Memory-bound bytes (elements per token, forward and backward) come from the blocks (:mod:`autopar.blocks`; each
 block file counts its kernels op by op, one HBM pass each, with sources) and add up per entry of ``TP_SPLIT``:
-``norm`` and ``residual`` (the attention and channel sub-blocks' own), ``rope``, ``mlp_act``, ``shared_act``,
-``moe_act``, ``permute``; and ``grad_sum``, ``grad_sum_eager``, ``expert_grad_sum`` where a stack runs separate
-projections on one input (autograd adds their input gradients, :func:`_grad_sums`). Also:
+``norm`` and ``residual`` (the token-mixer and channel sub-blocks' own), ``rope``, ``mlp_act``, ``shared_act``,
+``moe_act``, ``permute``, ``ssm_scan`` (a linear mixer's scan kernels, split by heads), ``batch_major`` (copies
+between the [s, b, ·] and [b, s, ·] layouts, paid only when the micro-batch holds more than one sequence); and
+``grad_sum``, ``grad_sum_eager``, ``expert_grad_sum`` where a stack runs separate projections on one input (autograd
+adds their input gradients, :func:`_grad_sums`). Also:
 
 * FP8 recipes (Transformer Engine): every GEMM input activation is cast to FP8 with its transpose for the
   weight-gradient GEMM (``cast_transpose``: read 2 B, write 2 x 1 B) in forward, and every output gradient the
@@ -47,9 +49,11 @@ class LayerKind:
     membound: dict[str, tuple[float, float]] = field(default_factory=dict)
     fp8_cast_width: float = 0.0  # sum of input + output widths of the layer's non-expert GEMMs (elements)
     fp8_cast_width_expert: float = 0.0   # the same for one routed copy through the expert GEMMs
+    window: int = 0              # sliding window w (keys) of a windowed attention layer, 0 for none: picks the
+                                 # hardware file's measured windowed-attention rates (autopar.cost.kernels)
 
     def key(self) -> tuple:
-        return (self.linears, self.attn_flops, self.attn_window, self.head_dim, self.is_moe,
+        return (self.linears, self.attn_flops, self.attn_window, self.head_dim, self.window, self.is_moe,
                 tuple(sorted(self.membound.items())), self.fp8_cast_width, self.fp8_cast_width_expert)
 
 
@@ -57,7 +61,9 @@ class LayerKind:
 # TP rank runs it over all T tokens and the whole hidden width).
 TP_SPLIT = {"rope": "tp", "mlp_act": "tp", "shared_act": "tp", "norm": "sp", "residual": "sp",
             "moe_act": "routed", "permute": "routed", "grad_sum": "full", "grad_sum_eager": "full",
-            "expert_grad_sum": "routed"}
+            "expert_grad_sum": "routed", "ssm_scan": "tp", "batch_major": "tp"}
+# Entries a layer's token mixers share when it has several in parallel (one pre-norm, one residual add).
+SHARED_BY_MIXERS = ("norm", "residual")
 
 # Autograd's sum of input gradients where n separate projections read one input (a GEMM and the ones after it with
 # Linear.shares_input): each writes its own input gradient (T x K; before TP's reduce-scatter / all-reduce every TP rank
@@ -115,12 +121,24 @@ def layer_kind(m: ModelSpec, i: int, seq_len: int, projections: str = "fused") -
     att = next((b for b in blocks if b.keeps_kv), None)
     membound = {"norm": (0.0, 0.0), "residual": (0.0, 0.0), "rope": (0.0, 0.0)}
     cast = cast_exp = 0.0
+    # Parallel token mixers (Falcon-H1) read one pre-norm and add one residual: the largest of their counts.
+    shared: dict[str, tuple[float, float]] = {}
+    for b in m.mixer_blocks(i):
+        for name in SHARED_BY_MIXERS:
+            f, bw = b.membound().get(name, (0.0, 0.0))
+            f0, b0 = shared.get(name, (0.0, 0.0))
+            shared[name] = (max(f0, f), max(b0, bw))
     for b in blocks:
         for name, (fwd, bwd) in b.membound().items():
+            if b is not channel and name in SHARED_BY_MIXERS:
+                continue
             f0, b0 = membound.get(name, (0.0, 0.0))
             membound[name] = (f0 + fwd, b0 + bwd)
         cast += b.fp8_cast_width()
         cast_exp += b.fp8_cast_width_expert()
+    for name, (fwd, bwd) in shared.items():
+        f0, b0 = membound[name]
+        membound[name] = (f0 + fwd, b0 + bwd)
     routed = channel if channel is not None and channel.routed else None
     linears = tuple(lin for b in blocks for lin in b.launched_gemms(projections))
     membound.update(_grad_sums(linears, routed.top_k if routed else 0))
@@ -128,6 +146,7 @@ def layer_kind(m: ModelSpec, i: int, seq_len: int, projections: str = "fused") -
                      attn_flops=att.attention_core_flops(seq_len) if att else 0.0,
                      attn_ctx=max(att.context(seq_len) if att else 0.0, 1.0), heads=m.num_attention_heads,
                      attn_window=att.span(seq_len) if att else float(seq_len), head_dim=m.qk_head_dim,
+                     window=(att.window or 0) if att else 0,
                      is_moe=routed is not None, top_k=routed.top_k if routed else 0,
                      num_experts=routed.num_experts if routed else 0, membound=membound, fp8_cast_width=float(cast),
                      fp8_cast_width_expert=float(cast_exp))

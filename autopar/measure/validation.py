@@ -244,26 +244,20 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
     if model.is_moe and not kernels["ep_comm_overlap"] and _int(row, "ep", 1) > 1:
         notes.append("EP comm overlap n/f: off")
     fsdp = _int(row, "fsdp")
-    grads = half
-    if fsdp == 1 and pp > 1 and stack.name == "torchtitan":
+    if fsdp == 1 and pp > 1 and kernels.get("dp_impl") == "fsdp2" and kernels.get("pp_fsdp") == "per_step":
         # torchtitan's FSDP2 under PP keeps each stage's parameters gathered (parallelize_llama.py@9dec370
         # apply_fsdp: reshard_after_forward = False when pp_enabled) and the pipeline schedule skips the gradient
         # reduce-scatter until the last micro-batch (torch.distributed.pipelining stage.py backward_maybe_with_nosync:
         # set_requires_gradient_sync(False), set_reshard_after_backward(False)), so FSDP2 accumulates the unsharded
-        # gradients in its reduce dtype, float32 (FSDPParam.to_accumulated_grad_if_needed; torchtitan's
-        # mixed_precision_reduce, config_manager.py@9dec370: float32, its only choice). In autopar's terms that is
-        # ZeRO-1 with fp32 gradients: unsharded bf16 weights and fp32 gradients, sharded optimizer state, one
-        # all-gather and one fp32 reduce-scatter per step.
-        zero, grads = 1, "fp32"
+        # gradients in its reduce dtype, float32 (FSDPParam.to_accumulated_grad_if_needed; the fp32 itself is the
+        # stack's data_parallel=fsdp2, TrainingSpec). In autopar's terms that is ZeRO-1 with fp32 gradients: unsharded
+        # bf16 weights and fp32 gradients, sharded optimizer state, one all-gather and one fp32 reduce-scatter per
+        # step (cost/dp.py prices it under pp_fsdp per_step).
+        zero = 1
         notes.append("FSDP2 under PP: parameters kept gathered, fp32 gradients accumulated unsharded (ZeRO-1, fp32 "
                      "grads)")
     elif fsdp == 1:
         zero = 2 if "not resharded" in row.get("notes", "") else 3
-        if stack.name == "torchtitan":
-            # FSDP2 with torchtitan's mixed_precision_reduce = float32 (config_manager.py@9dec370, its only choice):
-            # the sharded gradients are fp32 and the reduce-scatter runs in fp32
-            grads = "fp32"
-            notes.append("FSDP2 reduce dtype: fp32 gradients")
     elif src == "mlm21":
         zero = 0          # 2021 Megatron-LM: plain DDP, no distributed optimizer
     else:
@@ -271,7 +265,8 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         if fsdp is None:
             notes.append("sharding n/f: distributed optimizer (ZeRO-1)")
     training = build_spec(TrainingSpec, dict(seq_len=seq, global_batch=gb, precision=prec, weight_dtype=half,
-                                             grad_dtype=grads, moe_routing=routing if model.is_moe else "balanced",
+                                             **({} if kernels.get("dp_impl") == "fsdp2" else {"grad_dtype": half}),
+                                             moe_routing=routing if model.is_moe else "balanced",
                                              **kernels), "training")
     hw.peak_tflops(prec)       # a precision the chip lacks fails here, naming it
     vpp = _int(row, "vpp")

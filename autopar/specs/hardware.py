@@ -261,6 +261,17 @@ class KernelModel(Spec):
                     "off-diagonal steps of a context-parallel ring run full blocks (1.0: not measured, no change).")
     attention_fp8: float | None = Field(default=None, gt=0, le=1,
                                         description="FP8 attention forward achieved/FP8 peak; None = not available.")
+    attention_fp8_bwd: float | None = Field(
+        default=None, gt=0, le=1,
+        description="FP8 attention backward achieved/FP8 peak (FLOPs 2.5x forward), where measured apart from the "
+                    "forward (None: attention_bwd scaled by attention_fp8/attention_fwd).")
+    attention_window: dict[Precision, list[tuple[int, int, int, float, float]]] = Field(
+        default_factory=dict,
+        description="Measured sliding-window attention, short-run, by the precision the attention core runs in "
+                    "('bf16', or the FP8 recipe under FP8 attention): [window, head_dim, seq, fwd TFLOP/s, bwd "
+                    "TFLOP/s], FLOPs counted over the keys inside the window (forward 4*s*w*d per head, backward "
+                    "2.5x). A windowed layer whose (window, head_dim) is listed is priced from these rows "
+                    "(interpolated in log2(seq)); any other by the span curve at span = window.")
     grouped_gemm_kernel: AttentionKernelName = Field(
         default="mixed",
         description="The grouped-GEMM implementation 'grouped_gemm' was measured with (cutlass_sm90, "
@@ -317,6 +328,36 @@ class KernelModel(Spec):
                     "bytes (autopar.cost.overlap). H100 default: sm 0.189, the mean of Lee et al. 2025 (arXiv "
                     "2507.03114) over A100/H100/MI250/MI210; copy_engine 0.0, not measured (no SM is taken; the HBM "
                     "and power share is not counted).")
+
+    @field_validator("attention_window")
+    @classmethod
+    def _window_rows(cls, table: dict) -> dict:
+        for prec, rows in table.items():
+            for row in rows:
+                if min(row) <= 0:
+                    raise ValueError(f"attention_window {prec}: window, head_dim, seq and TFLOP/s must be positive "
+                                     f"(got {list(row)})")
+        return table
+
+    def window_rates(self, precision: str, window: int, head_dim: int, seq: float) -> tuple[float, float] | None:
+        """Measured (forward, backward) TFLOP/s of ``window``-token sliding-window attention at head dim
+        ``head_dim`` over a sequence of ``seq`` tokens (``attention_window`` rows of ``precision``, linear in
+        log2(seq) between the measured sequences, the nearest beyond them); None when no row has this window and
+        head dim."""
+        import math
+        pts = sorted((s, f, b) for w, d, s, f, b in self.attention_window.get(precision, ())
+                     if w == window and d == head_dim)
+        if not pts:
+            return None
+        if seq <= pts[0][0]:
+            return pts[0][1], pts[0][2]
+        if seq >= pts[-1][0]:
+            return pts[-1][1], pts[-1][2]
+        for (s0, f0, b0), (s1, f1, b1) in zip(pts, pts[1:]):
+            if s0 <= seq <= s1:
+                t = (math.log2(seq) - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
+                return f0 + t * (f1 - f0), b0 + t * (b1 - b0)
+        return None  # unreachable: seq lies within the measured range
 
     def gemm_max(self, precision: str) -> float:
         from autopar.errors import AutoparInputError

@@ -162,6 +162,22 @@ class TrainingSpec(Spec):
     activation_dtype: Literal["bf16", "fp16", "fp32"] = Field(
         default="bf16", description="Dtype activations are stored in (FP8 recipes still store most in bf16).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fsdp2_reduces_in_fp32(cls, data: object) -> object:
+        """Under ``dp_impl`` fsdp2 the gradients are fp32: torchtitan@9dec370 hands FSDP2
+        MixedPrecisionPolicy(reduce_dtype=float32) (config_manager.py --training.mixed_precision_reduce, default and
+        only choice 'float32'), so the reduce-scatter runs in fp32 and the sharded gradients (the fp32 parameters'
+        grads) are fp32. This is the one place that says so (memory, DP traffic and the optimizer read
+        ``grad_bytes``); a grad_dtype stated otherwise is a contradiction, refused."""
+        if isinstance(data, dict) and data.get("dp_impl") == "fsdp2":
+            given = data.get("grad_dtype")
+            if given not in (None, "fp32"):
+                raise ValueError(f"grad_dtype {given}: FSDP2 as torchtitan runs it (dp_impl fsdp2) reduces and keeps "
+                                 "gradients in fp32 (mixed_precision_reduce float32); leave grad_dtype out or say fp32")
+            data = {**data, "grad_dtype": "fp32"}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> "TrainingSpec":
         if self.seq_len * self.global_batch > limit("tokens_per_step"):
@@ -185,13 +201,6 @@ class TrainingSpec(Spec):
     def fp8_primary_weights(self) -> bool:
         """``fp8_param_gather`` in effect: the weights are FP8 tensors with no bf16 copy (autopar.cost.memory)."""
         return self.fp8_param_gather and self.fp8_params_te
-
-    @property
-    def reduce_bytes(self) -> int:
-        """Bytes per element of the data-parallel gradient reduction and of the reduced gradient the optimizer
-        reads: fp32 under ``dp_impl`` fsdp2 (torchtitan@9dec370 config_manager.py --training.mixed_precision_reduce,
-        default and only choice 'float32', handed to FSDP2's MixedPrecisionPolicy(reduce_dtype)), else grad_dtype."""
-        return 4 if self.dp_impl == "fsdp2" else self.grad_bytes
 
     @property
     def param_gather_bytes(self) -> int:

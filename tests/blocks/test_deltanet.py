@@ -51,6 +51,6 @@ def test_kda_parameters_flops_and_state():
     assert k.other_params() == 4 * conv + H + H * d + H * d + d      # conv, A_log, dt_bias, gate bias, norm
     assert k.scan_flops() == pytest.approx(2 * 4 * conv + H * _delta_rule_per_head(64, d, d))
     assert k.state_elems() == H * d * d + 3 * conv
-    assert k.stored() == {"qkv": conv + 3 * H * d + H * d + H + H * d, "attn_out": H * d}
+    assert k.stored() == {"qkv": conv + 3 * H * d + H * d + H + H * d + H * d}
     assert KDA(hidden=2304, heads=32, head_dim=128, gate_low_rank=16).gemm_params() == \
         3 * h * H * d + 2 * (h * 16 + 16 * H * d) + beta + o

@@ -31,10 +31,10 @@ def test_gla_kernels_widths_and_stored_activations():
     assert g.state_elems() == H * d * d + 3 * conv                      # + the last K − 1 = 3 conv inputs
     assert (g.out_width(), g.in_width()) == (H * d, 4 * H * d)          # q, k, v, gk in; scan output out
     assert g.a2a_elems() == 5 * H * d
-    assert g.stored() == {"qkv": conv + 2 * H * d + H * d + H * d, "attn_out": H * d}
+    assert g.stored() == {"qkv": conv + 2 * H * d + H * d + H * d + H * d}   # the output with the inputs
     ins, outs, core = g.gemms()
     assert (ins.k, ins.n, ins.split) == (h, 4 * H * d, "col") and (outs.k, outs.n, outs.split) == (H * d, h, "row")
-    assert (core.k, core.module) == (d, "core_attn") and 2 * core.k * core.n == g.scan_flops()
+    assert (core.k, core.module) == (d, "ssm_scan") and 2 * core.k * core.n == g.scan_flops()
     assert g.fp8_cast_width() == h + 4 * H * d + H * d + h
 
 
@@ -43,7 +43,7 @@ def test_lightning_parameters_and_flops():
     assert li.gemm_params() == 5 * 512 * 512           # q, k, v, output gate, o
     assert li.other_params() == 8 * 64                 # output norm H·d
     assert li.scan_flops() == 8 * (2 * 32 * 128 + 4 * 64 * 64)
-    assert li.stored() == {"qkv": 4 * 512, "attn_out": 512}
+    assert li.stored() == {"qkv": 4 * 512 + 512}
 
 
 def test_head_rules_split_heads_by_tp_and_by_tp_cp():

@@ -17,7 +17,7 @@ def test_mamba2_parameters_and_flops_nemotron_h_shape():
     C = 64
     assert m.scan_flops() == 2 * 4 * xbc + 8 * 2 * (C / 2) * 128 + 128 * (2 * (C / 2) * 64 + 4 * 128 * 64)
     assert m.state_elems() == 128 * 64 * 128 + 3 * xbc
-    assert m.stored() == {"qkv": xbc + xbc + d_in + 128, "attn_out": d_in}     # conv in, x/B/C, z, dt; output
+    assert m.stored() == {"qkv": xbc + xbc + d_in + 128 + d_in}     # conv in, x/B/C, z, dt; output
 
 
 def test_mamba2_tp_splits_heads_and_groups():
@@ -50,3 +50,32 @@ def test_mamba1_parameters_flops_state_and_tp_by_hand():
     assert m.gemms()[2].k == N                                           # the scan priced with K = N
     tp = [r for r in m.rules() if r.axis == "tp"]
     assert tp[0].problem(tp=8) is None and tp[0].problem(tp=3) == "inner_size (8192) not divisible by tp (3)"
+
+
+def test_mamba2_scan_bytes_nemotron3_nano_by_kernel():
+    """Nemotron 3 Nano's mixer (64 heads x 64, state 128, 8 groups, chunk 128): the kernel-by-kernel count of
+    Mamba2.scan_bytes' docstring, with d = 4096, g = 1024, xbc = 6144, H = 64, S = 4096 (one 64 x 64 x 128 state per
+    128 tokens), Q = 1024, in 2-byte units."""
+    m = Mamba2(hidden=2688, heads=64, head_dim=64, state_size=128, n_groups=8, conv_kernel=4, chunk_size=128)
+    d, g, xbc, H, S, Q = 4096, 1024, 6144, 64, 4096, 1024
+    conv, cumsum, state, passing, bmm = 2 * xbc, 5 * H, g + d + 4 * H + 2 * S, 3 * S, 2 * g + 2 * Q
+    scan, norm = 2 * Q + 4 * d + g + 4 * H + S, 2 * d
+    fwd = conv + cumsum + state + passing + bmm + scan + norm
+    assert m.scan_bytes()[0] == fwd == 74560                       # 149 KB per token
+    rerun = conv + 2 * H + cumsum + bmm + state + passing
+    grads = (6 * d + (g + 2 * H + d + S) + 4 * S + (3 * d + g + 6 * H + 2 * Q + S) + (d + 6 * H + S + 3 * g)
+             + (S + 4 * H + d + 3 * g) + (2 * d + 4 * H + 2 * Q) + (8 * g + 4 * Q) + 6 * H + (2 * d + 6 * H + 2 * Q)
+             + 7 * H)
+    assert m.scan_bytes()[1] == 3 * d + rerun + grads + 3 * xbc == 200960
+    # a chunk twice as long halves the chunk-state traffic (6S) and doubles the C·B^T traffic (4Q)
+    longer = Mamba2(hidden=2688, heads=64, head_dim=64, state_size=128, n_groups=8, conv_kernel=4, chunk_size=256)
+    assert m.scan_bytes()[0] - longer.scan_bytes()[0] == 6 * S / 2 - 4 * Q
+
+
+def test_recurrent_mixers_count_their_norm_and_residual_like_attention():
+    m = Mamba2(hidden=1024, heads=32, head_dim=64, state_size=128, n_groups=1, conv_kernel=4)
+    mb = m.membound()
+    assert mb["norm"] == (2 * 1024, 3 * 1024) and mb["residual"] == (3 * 1024, 3 * 1024)
+    assert mb["ssm_scan"] == m.scan_bytes()
+    m1 = Mamba1(hidden=1024, inner_size=2048, state_size=16, dt_rank=64, conv_kernel=4)
+    assert "ssm_scan" not in m1.membound()                        # no kernel inventory: priced by its FLOPs alone

@@ -15,7 +15,8 @@ from autopar.specs.training import TrainingSpec
 
 GT = load_hardware("h100_grand_teton")
 MEGATRON = TrainingSpec(seq_len=8192, global_batch=16, dp_comm_overlap=False)
-FSDP2 = MEGATRON.model_copy(update={"dp_impl": "fsdp2", "pp_fsdp": "per_step"})   # torchtitan's, as its stack
+FSDP2 = TrainingSpec(seq_len=8192, global_batch=16, dp_comm_overlap=False, dp_impl="fsdp2",
+                     pp_fsdp="per_step")   # torchtitan's, as its stack (fp32 gradients: TrainingSpec)
 HBM = GT.hbm_tbps * 1e12 * GT.kernel_model.hbm
 P = 8.0e9   # parameters of the stage before sharding
 
@@ -32,7 +33,12 @@ def test_torchtitan_stack_runs_fsdp2_and_foreach_adamw():
 
 
 def test_fsdp2_reduces_in_fp32():
-    assert (MEGATRON.reduce_bytes, FSDP2.reduce_bytes) == (2, 4)
+    """FSDP2's fp32 reduce dtype is TrainingSpec's one say: fp32 gradients whatever else is set, and a bf16 stated
+    beside it is refused as the contradiction it is."""
+    assert (MEGATRON.grad_bytes, FSDP2.grad_bytes) == (2, 4)
+    assert TrainingSpec(dp_impl="fsdp2", grad_dtype="fp32").grad_dtype == "fp32"
+    with pytest.raises(ValueError, match="grad_dtype bf16: FSDP2"):
+        TrainingSpec(dp_impl="fsdp2", grad_dtype="bf16")
 
 
 def test_fsdp2_copies_out_every_gather_on_the_compute_stream():

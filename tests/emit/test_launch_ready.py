@@ -172,7 +172,8 @@ def test_bridge_llama_recipes_take_transformer_fields_nested():
 
 
 @pytest.mark.parametrize("argv", [["--model", "glm45", "--gpus", "512"],
-                                  ["--model", "qwen3_30b_a3b", "--gpus", "16", "--pp", "2", "--vpp", "2", "--fsdp"]],
+                                  ["--model", "qwen3_30b_a3b", "--gpus", "16", "--pp", "2", "--vpp", "2", "--fsdp",
+                                   "--ep", "2,4,8"]],   # an EP pick: the overlap the test is about
                          ids=["glm45", "qwen3_30b_a3b"])
 def test_ep_overlap_is_withheld_where_megatrons_schedule_would_abort(argv):
     """Issue 22 #2: these picks emitted Megatron-FSDP plus --overlap-moe-expert-parallel-comm on an interleaved
