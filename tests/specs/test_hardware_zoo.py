@@ -211,6 +211,21 @@ def test_blackwell_sustains_the_measured_rate_at_its_board_power():
         assert 0 < h.kernel_model.sustained_gemm <= 1 and 0 < h.kernel_model.sustained_attention <= 1
 
 
+def test_blackwell_ultra_attention_carries_its_measured_gain_over_blackwell():
+    """Blackwell Ultra (B300, GB300) doubles the SFU exponential rate at the same tensor-core peak. Measured with the
+    same cuDNN on GB300 and GB200 (NVIDIA/cudnn-frontend@3929da2e llama3.1 results, BF16 causal, head dim 128,
+    s = 8192): forward 1856 / 1574, backward 1435 / 1332 TFLOP/s. Each Ultra file's short-run attention figures are
+    its Blackwell sibling's times that gain, and its FP8 attention stays the measured MXFP8/BF16 multiple of them."""
+    for base, ultra in (("b200", "b300"), ("gb200_nvl72", "gb300_nvl72")):
+        b, u = load_hardware(base).kernel_model, load_hardware(ultra).kernel_model
+        assert u.attention_fwd == pytest.approx(b.attention_fwd * 1856 / 1574, abs=0.001), ultra
+        assert u.attention_bwd == pytest.approx(b.attention_bwd * 1435 / 1332, abs=0.001), ultra
+        assert u.attention_fwd > b.attention_fwd and u.attention_bwd > b.attention_bwd
+        h = load_hardware(ultra)
+        assert u.attention_fp8 * h.peak_tflops_fp8 == pytest.approx(
+            u.attention_fwd * h.peak_tflops_bf16 * 2570 / 1856, rel=0.005), ultra
+
+
 @pytest.mark.parametrize("precision", ["fp8", "fp8_block", "mxfp8", "nvfp4"])
 def test_a100_has_no_fp8_tensor_cores(precision):
     with pytest.raises(AutoparInputError, match=rf"a100_80gb.*no {precision}"):
