@@ -367,10 +367,11 @@ def embedding_grad_time(kern: Kernels, prof: ModelProfile, L: Layout) -> float:
 
 def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
                     overhead_s: float = 0.0, imbalance: float = 1.0,
-                    moe_overhead_s: float = 0.0) -> tuple[float, float]:
+                    moe_overhead_s: float = 0.0, host_expert_s: float = 0.0) -> tuple[float, float]:
     """(total, forward-only) seconds of one micro-batch's kernels on one GPU of stage ``st``: forward +
-    backward + recomputation of every layer, the head on the last stage, ``overhead_s`` per layer and
-    ``moe_overhead_s`` more per MoE layer (:func:`overhead_time`)."""
+    backward + recomputation of every layer, the head on the last stage, ``overhead_s`` per layer,
+    ``moe_overhead_s`` more per MoE layer (:func:`overhead_time`) and the routed experts' host-bound launches
+    after the dispatcher's sync (:func:`moe_host_time`, ``host_expert_s`` per local expert)."""
     tokens = gpu_tokens(L, tr)
     fwd = bwd = rc = 0.0
     for j, count in prof.kind_counts(st.first, st.last):
@@ -379,6 +380,8 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
         bwd += count * b
         rc += count * r
     over = overhead_time(prof, st, overhead_s, moe_overhead_s)
+    host = moe_host_time(prof, st, L, tr, kern, host_expert_s, imbalance)   # forward passes only
+    host_f = moe_host_time(prof, st, L, tr, kern, host_expert_s, imbalance, forward_only=True) if host else 0.0
     if st.is_first:
         bwd += embedding_grad_time(kern, prof, L)
     if st.is_last:
@@ -389,7 +392,7 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
             fwd += prof.mtp_layers * (f + hf)
             bwd += prof.mtp_layers * (b + hb)
             rc += prof.mtp_layers * r
-    return fwd + bwd + rc + over, fwd + over / 3.0
+    return fwd + bwd + rc + over + host, fwd + over / 3.0 + host_f
 
 
 # Share of the calibrated per-layer overheads (efficiency.layer_overhead_us, moe_layer_overhead_us) a run pays, by
@@ -405,7 +408,58 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
 #    the host-bound part the guide names, stay eager in every partial scope list of the Bridge recipes);
 #  - full_iteration: none of it (the replayed graph issues no host work; the GPU-side gap between graph nodes, a few
 #    microseconds per kernel, is not priced: an approximation on the fast side).
+# The same share scales the routed experts' priced host launches (:func:`moe_host_time`, the Estimator's
+# host_expert_s): a full-iteration graph has no sync and issues no per-expert work from the host.
 HOST_OVERHEAD_SHARE = {"none": 1.0, "partial": 1.0, "full_iteration": 0.0}
+
+
+# The routed-expert segment of an MoE layer: the GPU work issued after the token dispatcher's device-to-host sync.
+ROUTED_PARTS = ("moe", "moe_act", "permute")
+
+
+def moe_host_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
+                  host_expert_s: float, imbalance: float = 1.0, forward_only: bool = False) -> float:
+    """Seconds per micro-batch on stage ``st`` that the GPU idles while the host issues the routed experts' work
+    after the token dispatcher's device-to-host sync, summed over its MoE layers (the MTP layers on the last stage
+    included).
+
+    Megatron-Core's token dispatchers need the tokens per local expert on the host before they can size the
+    all-to-all and the grouped GEMM's splits (``MoEAlltoAllTokenDispatcher.preprocess``: ``.to(torch.device("cpu"),
+    non_blocking=True)`` then a stream sync at ``cuda_sync_point``; the flex dispatcher's DeepEP/HybridEP backends
+    return the received counts to the host the same way), so the CUDA stream is empty when the host goes on. From
+    then on the GPU runs the routed segment (permutation, the E_loc = experts/EP per-expert GEMMs and their
+    activation, :data:`ROUTED_PARTS`) no faster than the host issues it. Per MoE layer and forward pass:
+
+        exposed = max(0, E_loc · h_f − G_f)
+
+    h_f: host seconds to issue one local expert's forward work (``HardwareSpec.host_us_per_expert_fwd``, measured);
+    G_f: the routed segment's forward GPU seconds (:func:`layer_parts`, at the busiest rank's load). A forward pass
+    that is re-run (full recomputation, or 'moe' among the recomputed modules) syncs and pays it again. The backward
+    pass has no sync (the splits are kept on the host from the forward), so the host may run ahead there: not priced,
+    an approximation on the fast side. NVIDIA's DeepSeek-V3 GB200 guide (NVIDIA/Megatron-LM
+    docs/discussions/deepseek-v3-gb200-optimization, 2025-11, sec. 2.3 and 3.1) names exactly this: with attention,
+    router and EP preprocess graphed, "only the routed experts part still has some CPU overhead", and the sync is
+    what keeps the routed experts out of the graph. ``forward_only``: the first forward pass alone."""
+    if host_expert_s <= 0.0:
+        return 0.0
+    tokens = gpu_tokens(L, tr)
+    kinds = list(prof.kind_counts(st.first, st.last))
+    if st.is_last and prof.mtp_layers:
+        kinds.append((prof.kind_of[-1], prof.mtp_layers))
+    total = 0.0
+    for j, count in kinds:
+        kind = prof.kinds[j]
+        if not kind.is_moe:
+            continue
+        key = (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep, L.etp, imbalance)
+        parts = kern.cache.get(key)
+        if parts is None:
+            parts = kern.cache[key] = layer_parts(kern, kind, L, tr, tokens, imbalance)
+        g_fwd = sum(parts[p][0] for p in ROUTED_PARTS if p in parts)
+        exposed = max(0.0, kind.num_experts / L.ep * host_expert_s - g_fwd)
+        passes = 2 if not forward_only and (L.recompute == "full" or "moe" in L.recompute_modules) else 1
+        total += count * passes * exposed
+    return total
 
 
 def overhead_time(prof: ModelProfile, st: Stage, overhead_s: float, moe_overhead_s: float) -> float:
@@ -432,7 +486,8 @@ KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense
 
 
 def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
-                     overhead_s: float = 0.0, imbalance: float = 1.0, moe_overhead_s: float = 0.0) -> dict[str, float]:
+                     overhead_s: float = 0.0, imbalance: float = 1.0, moe_overhead_s: float = 0.0,
+                     host_expert_s: float = 0.0) -> dict[str, float]:
     """Seconds of one micro-batch on stage ``st`` by kernel class (forward + backward + recomputation); the classes
     sum to :func:`microbatch_time`'s total, and the ``recomputation`` entry says how much of them is re-run."""
     tokens = gpu_tokens(L, tr)
@@ -455,4 +510,7 @@ def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         hf, hb = head_time(kern, prof, L, tr, tokens)
         out["LM head + loss"] = (1 + prof.mtp_layers) * (hf + hb)
     out["per-layer overhead"] = overhead_time(prof, st, overhead_s, moe_overhead_s)
+    host = moe_host_time(prof, st, L, tr, kern, host_expert_s, imbalance)
+    if host:
+        out["MoE host launches"] = host
     return out

@@ -93,6 +93,7 @@ class Estimator:
         host = _compute.HOST_OVERHEAD_SHARE[self.training.cuda_graphs]   # CUDA graphs take the host's share
         self.layer_overhead_s = host * hardware.efficiency.layer_overhead_us * 1e-6
         self.moe_overhead_s = host * hardware.efficiency.moe_layer_overhead_us * 1e-6
+        self.host_expert_s = host * (hardware.host_us_per_expert_fwd or 0.0) * 1e-6   # compute.moe_host_time
         self.imbalance = (hardware.efficiency.moe_dropless_imbalance if self.training.moe_routing == "dropless"
                           else 1.0)
 
@@ -127,7 +128,8 @@ class Estimator:
         forward-only compute (:func:`microbatch_seconds`)."""
         prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
         t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
-                                                self.imbalance, self.moe_overhead_s)
+                                                self.imbalance, self.moe_overhead_s,
+                                                self.host_expert_s)
         gemm_w = kern_w = 0.0
         if (L.tp > 1 and tr.tp_comm_overlap) or ((L.ep > 1 or L.etp > 1) and tr.ep_comm_overlap):
             gemm_w, kern_w = _compute.hiding_windows(prof, st, L, tr, self.kernels, self.imbalance)
@@ -170,7 +172,8 @@ class Estimator:
         dense, expert = stage_params(prof, st, L)
         if t_fwd is None:
             t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
-                                             self.imbalance, self.moe_overhead_s)[1]
+                                             self.imbalance, self.moe_overhead_s,
+                                             self.host_expert_s)[1]
         dp_exposed, dp_total = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd,
                                                 max(1, st.n_layers),
                                                 self.link_busy(L, st) if tr.dp_comm_overlap else None)
@@ -209,7 +212,8 @@ class Estimator:
         L = layout if resolved else self.resolve(layout)
         slowest = max(self.stages(L.stage_layers), key=lambda st: microbatch_seconds(self.stage_times(L, st)))
         per_mb = _compute.kernel_breakdown(self.profile, slowest, L, self.training, self.kernels,
-                                           self.layer_overhead_s, self.imbalance, self.moe_overhead_s)
+                                           self.layer_overhead_s, self.imbalance, self.moe_overhead_s,
+                                           self.host_expert_s)
         return {k: v * L.grad_accum for k, v in per_mb.items()}
 
     def estimate(self, layout: Layout, *, resolved: bool = False) -> Estimate:

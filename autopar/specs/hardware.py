@@ -443,7 +443,9 @@ class Efficiency(Spec):
         default=0.0, ge=0, le=10_000,
         description="Time per MoE layer and micro-batch (forward + backward) on top of layer_overhead_us: the "
                     "router's, permutation's and dispatcher's extra launches and the dispatcher's host "
-                    "synchronisation on the tokens per expert (calibrated), microseconds.")
+                    "synchronisation on the tokens per expert (calibrated), microseconds. The routed experts' "
+                    "launches after that sync are priced apart (host_us_per_expert_fwd, "
+                    "autopar.cost.compute.moe_host_time).")
     # Fitted, not measured: no published router-load statistic (busiest EP rank / mean) was found for the rows that
     # see it. One value is physics enough for them: Megatron-MoE model zoo Qwen3-235B on 256 H100, dropless / forced
     # balance 1.245, 1.21, 1.15, 1.09 at 16K-128K, all at 4,096 tokens per GPU per micro-batch (CP grows with the
@@ -489,6 +491,12 @@ class HardwareSpec(Spec):
         default=None, gt=0, le=limit("hbm_gib"),
         description="Host DRAM per GPU on the reference server (total / GPUs per node), GiB; "
                     "room for offloaded activations.")
+    host_us_per_expert_fwd: float | None = Field(
+        default=None, ge=0, le=1000,
+        description="Host (CPU) time to issue one local expert's forward work in a grouped MLP (PyTorch/TE "
+                    "dispatch, allocations, cuBLAS launches), microseconds; measured, cited in the hardware file. "
+                    "Prices the MoE layer's host-bound launches after the dispatcher's device-to-host sync "
+                    "(autopar.cost.compute.moe_host_time); None = not measured for this host, not priced.")
     nvlink_latency_us: float = Field(default=3.0, ge=0, description="Per-step latency (alpha) inside the domain, us.")
     scaleout_latency_us: float = Field(default=8.0, ge=0, description="Per-step latency across the network, us.")
     reserve_gib: float = Field(default=3.0, ge=0, le=limit("hbm_gib"),
