@@ -185,6 +185,47 @@ def test_power_capped_h100s_sustain_the_measured_rate_per_watt():
     assert rates == sorted(rates)
 
 
+def test_blackwell_sustains_the_measured_rate_at_its_board_power():
+    """The sustained FP8 GEMM rate (peak x gemm x sustained_gemm) of each Blackwell part is the two measured
+    Blackwell long-run points where they were measured (B200 MSMF 2795.7 TFLOP/s at 1000 W, stas00/ml-engineering
+    @082816f9; GB200 cuBLASLt 2906.9 at 1200 W, Azure/AI-benchmarking-guide @2a370be6) and the line through them at
+    the other parts' board power (B300 1100 W, GB300 1400 W), as each file derives. More board power never sustains
+    less, and attention on B300/GB300 gains what its GEMMs gain over B200/GB200 (the clock they share)."""
+    def sustained(h):
+        return h.peak_tflops_fp8 * h.kernel_model.gemm["fp8"] * h.kernel_model.sustained_gemm
+
+    def measured_line(watts):
+        return 2795.7 + (2906.9 - 2795.7) * (watts - 1000) / (1200 - 1000)
+
+    watts = {"b200": 1000, "b300": 1100, "gb200_nvl72": 1200, "gb300_nvl72": 1400}
+    parts = {name: load_hardware(name) for name in watts}
+    for name, w in watts.items():
+        assert sustained(parts[name]) == pytest.approx(measured_line(w), rel=0.005), name
+    for base, ultra in (("b200", "b300"), ("gb200_nvl72", "gb300_nvl72")):
+        b, u = parts[base], parts[ultra]
+        assert u.kernel_model.sustained_attention == pytest.approx(
+            b.kernel_model.sustained_attention * sustained(u) / sustained(b), rel=0.005), ultra
+    by_power = [sustained(parts[n]) for n in sorted(watts, key=watts.get)]
+    assert by_power == sorted(by_power)
+    for h in parts.values():
+        assert 0 < h.kernel_model.sustained_gemm <= 1 and 0 < h.kernel_model.sustained_attention <= 1
+
+
+def test_blackwell_ultra_attention_carries_its_measured_gain_over_blackwell():
+    """Blackwell Ultra (B300, GB300) doubles the SFU exponential rate at the same tensor-core peak. Measured with the
+    same cuDNN on GB300 and GB200 (NVIDIA/cudnn-frontend@3929da2e llama3.1 results, BF16 causal, head dim 128,
+    s = 8192): forward 1856 / 1574, backward 1435 / 1332 TFLOP/s. Each Ultra file's short-run attention figures are
+    its Blackwell sibling's times that gain, and its FP8 attention stays the measured MXFP8/BF16 multiple of them."""
+    for base, ultra in (("b200", "b300"), ("gb200_nvl72", "gb300_nvl72")):
+        b, u = load_hardware(base).kernel_model, load_hardware(ultra).kernel_model
+        assert u.attention_fwd == pytest.approx(b.attention_fwd * 1856 / 1574, abs=0.001), ultra
+        assert u.attention_bwd == pytest.approx(b.attention_bwd * 1435 / 1332, abs=0.001), ultra
+        assert u.attention_fwd > b.attention_fwd and u.attention_bwd > b.attention_bwd
+        h = load_hardware(ultra)
+        assert u.attention_fp8 * h.peak_tflops_fp8 == pytest.approx(
+            u.attention_fwd * h.peak_tflops_bf16 * 2570 / 1856, rel=0.005), ultra
+
+
 @pytest.mark.parametrize("precision", ["fp8", "fp8_block", "mxfp8", "nvfp4"])
 def test_a100_has_no_fp8_tensor_cores(precision):
     with pytest.raises(AutoparInputError, match=rf"a100_80gb.*no {precision}"):
