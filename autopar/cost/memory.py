@@ -40,12 +40,12 @@ PyTorch's loss path (``TrainingSpec.loss_runtime`` 'torch', as torchtitan runs i
   ``_nll_loss_and_log_softmax_backward`` computes ``(zeros_like(x) + exp(x)) * grad_output`` in separate fp32 ops
   beside the saved fp32 log-softmax ``x``: 16 B at its peak;
 - the final norm runs outside the compiled blocks (torchtitan@9dec370 ``apply_compile`` compiles each
-  TransformerBlock only) and in eager RMSNorm (torchtitan/models/norms.py@9dec370 ``RMSNorm``:
-  ``self._norm(x.float()).type_as(x) * self.weight``) autograd keeps the fp32 upcast x (saved by ``pow`` and ``mul``,
-  4 B) and the bf16 normalised tensor (saved by the weight ``mul``, 2 B) per element of its (sequence-parallel) input
-  until the head's backward: :data:`TORCH_FINAL_NORM_BYTES` per token·h on the last stage, per micro-batch whose
-  loss backward has not run (one: the loss backward follows its forward), beside the head's saved input (the
-  gathered-input buffer);
+  TransformerBlock only) and in eager RMSNorm (torchtitan/models/norms.py ``RMSNorm``, read at
+  pytorch/torchtitan@026e23a, 2024: ``self._norm(x.float()).type_as(x) * self.weight``) autograd keeps the fp32
+  upcast x (saved by ``pow`` and ``mul``, 4 B) and the bf16 normalised tensor (saved by the weight ``mul``, 2 B) per
+  element of its (sequence-parallel) input until the head's backward: :data:`TORCH_FINAL_NORM_BYTES` per token·h on
+  the last stage, for the one micro-batch whose loss backward has not run (it follows its forward), beside the head's
+  saved input (the gathered-input buffer);
 - under PP, torch.distributed.pipelining's last stage appends every micro-batch's output (the bf16 logits) to
   ``output_chunks`` for the step's output merge (torch/distributed/pipelining/stage.py
   ``_PipelineStageBase.forward_one_chunk``), so M micro-batches' logits stay until the step ends: + M · 2 B.
@@ -63,7 +63,7 @@ outputs' storage (``deallocate_output_tensor``). Each is one stage-boundary tens
 M micro-batches and c in-flight chunks (:func:`inflight_layer_microbatches` · v), a rank holds
 
     v·M − M·[last rank]                 gradient-receive buffers,
-    max(v·M − M·[first rank] − c, 0)    activation-receive buffers beyond the c already counted as stored layer inputs,
+    max(v·M − M·[first rank] − c, 0)    activation-receive buffers beyond the c counted as stored layer inputs,
     c·(1 − [last rank]/v)               kept stage outputs (the last stage's output is its logits, counted above)
 
 boundary tensors (:func:`pipeline_boundary_tensors`; exact for v = 1, an approximation for interleaved ranks).

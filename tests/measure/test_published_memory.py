@@ -21,7 +21,8 @@ _CP8K = ("8B at 32K tokens per GPU under CP 2 and 8, compiled, full AC: 0.1 and 
          "the loss peak) is not counted")
 _PP405 = ("405B under PP 8 with FSDP2 (parameters gathered, fp32 gradients accumulated, priced as ZeRO-1 with fp32 "
           "gradients; the last stage keeping every micro-batch's logits; pipelining's receive buffers and kept stage "
-          "outputs): the fullest stage is still 4.6-14.2 GiB short; the interleaved run of the same table, which the model says holds more, measured 10 GiB less")
+          "outputs): the fullest stage is still 4.6-14.2 GiB short; the interleaved run of the same table, which the "
+          "model says holds more, measured 10 GiB less")
 KNOWN_UNDER = {
     "tt2412-l31-8b-h100gt-8-eager": _EAGER,
     "tt2412-l31-8b-h100gt-128-eager": _EAGER,
