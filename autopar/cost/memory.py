@@ -39,9 +39,34 @@ PyTorch's loss path (``TrainingSpec.loss_runtime`` 'torch', as torchtitan runs i
 - with TP the loss runs through DTensor loss_parallel (torch/distributed/tensor/parallel/loss.py): its
   ``_nll_loss_and_log_softmax_backward`` computes ``(zeros_like(x) + exp(x)) * grad_output`` in separate fp32 ops
   beside the saved fp32 log-softmax ``x``: 16 B at its peak;
+- the final norm runs outside the compiled blocks (torchtitan@9dec370 ``apply_compile`` compiles each
+  TransformerBlock only) and in eager RMSNorm (torchtitan/models/norms.py ``RMSNorm``, read at
+  pytorch/torchtitan@026e23a, 2024: ``self._norm(x.float()).type_as(x) * self.weight``) autograd keeps the fp32
+  upcast x (saved by ``pow`` and ``mul``, 4 B) and the bf16 normalised tensor (saved by the weight ``mul``, 2 B) per
+  element of its (sequence-parallel) input until the head's backward: :data:`TORCH_FINAL_NORM_BYTES` per token·h on
+  the last stage, for the one micro-batch whose loss backward has not run (it follows its forward), beside the head's
+  saved input (the gathered-input buffer);
 - under PP, torch.distributed.pipelining's last stage appends every micro-batch's output (the bf16 logits) to
   ``output_chunks`` for the step's output merge (torch/distributed/pipelining/stage.py
   ``_PipelineStageBase.forward_one_chunk``), so M micro-batches' logits stay until the step ends: + M · 2 B.
+
+torch.distributed.pipelining's stage buffers (``loss_runtime`` 'torch', the PyTorch pipeline runtime torchtitan drives;
+torch/distributed/pipelining/stage.py, read at pytorch/pytorch@0138610, the same structure as the Dec 2024 release
+the torchtitan tables ran): ``_prepare_backward_infra`` creates, for every micro-batch of the step, a gradient-receive
+buffer per stage output (``_create_grad_recv_info``: ``_make_tensor_from_meta``, i.e. ``torch.empty``) on every
+stage but the last; the forward infra likewise one activation-receive buffer per micro-batch on every stage but the
+first; both are kept from one step to the next (``clear_runtime_states`` drops only their ``.grad``).
+``forward_one_chunk`` keeps each micro-batch's stage output in ``fwd_cache`` until its backward
+(``self.fwd_cache[fwd_chunk_id] = (output_tuple, flatten_input_tensors)``), unlike Megatron, which frees its sent
+outputs' storage (``deallocate_output_tensor``). Each is one stage-boundary tensor, b·s/(cp·tp)·h elements with SP
+(torchtitan's blocks hand on their sequence-sharded local output), b·s/cp·h without. With v model chunks per rank,
+M micro-batches and c in-flight chunks (:func:`inflight_layer_microbatches` · v), a rank holds
+
+    v·M − M·[last rank]                 gradient-receive buffers,
+    max(v·M − M·[first rank] − c, 0)    activation-receive buffers beyond the c counted as stored layer inputs,
+    c·(1 − [last rank]/v)               kept stage outputs (the last stage's output is its logits, counted above)
+
+boundary tensors (:func:`pipeline_boundary_tensors`; exact for v = 1, an approximation for interleaved ranks).
 
 Buffers: the SP/TP all-gathered input of one linear (b·s/cp·h), EP dispatch/combine buffers (2·b·s/(cp·tp)
 ·k·h), FSDP's unsharded parameters of two layers (current + prefetch) and one layer's unsharded gradient,
@@ -86,13 +111,30 @@ and the breakdown reports the excess of the copy, if any, under buffers. This is
 little activation memory (a few layers of a 405B model on one node at DP 1) were under-predicted by. FSDP
 (ZeRO-3) reduce-scatters into fp32 shards directly: no copy is counted there.
 
+FSDP2's root module (``TrainingSpec.dp_impl`` fsdp2 at ZeRO-3): torchtitan@9dec370 parallelize_llama.py
+``apply_fsdp`` wraps each TransformerBlock and then the whole model (``fully_shard(model, ...)``), whose own
+parameters are the token embedding, the final norm and the output head. FSDP2 never reshards the root after its
+forward (torch/distributed/_composable/fsdp/_fsdp_state.py@1963fc8 ``FSDPState._lazy_init``: "For the root, do not
+reshard after forward since for training, the parameters would be freed and all-gathered immediately":
+``post_forward_mesh_info = None``), and the root's post-backward runs only after the embedding's backward, so the
+root's unsharded bf16 parameters, ``weight_bytes`` per (embedding + head)/tp parameter on the stages that hold them,
+are gathered for the whole forward and backward, beside the per-layer gathers above (:func:`fsdp2_root_bytes`).
+Under PP torchtitan keeps every FSDP2 unit gathered (``pp_fsdp`` per_step, priced as ZeRO-1): nothing extra there.
+
+FSDP2's shards (``dp_impl`` fsdp2 at ZeRO-3): torchtitan@9dec370 builds the model in fp32 and hands it to
+``fully_shard`` with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``; FSDP2 keeps each sharded
+parameter in its own dtype (the fp32 shard is what AdamW updates: the master weights of ``optimizer_bytes``) and
+makes bf16 only as the all-gather's input and output (torch/distributed/_composable/fsdp/_fsdp_param.py
+``FSDPParam``: ``_sharded_param_data`` in the original dtype, cast to ``param_dtype`` for the all-gather). So no bf16
+shard is held beside it: the weights term is 0 and the gathered bf16 layers are the buffers above.
+
 Reserve: ``hardware.reserve_gib`` (CUDA context, NCCL, allocator) plus ``hardware.fragmentation`` of the
 rest (caching-allocator fragmentation).
 """
 
 from __future__ import annotations
 
-from autopar.cost._select import minimum, where
+from autopar.cost._select import maximum, minimum, where
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.result import GIB, MemoryBreakdown
 from autopar.cost.stage import Stage
@@ -229,6 +271,8 @@ def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec
     sd, se = shard_groups(L)
     z = L.zero_stage
     w = tr.weight_bytes * (dense / where(z >= 3, sd, 1) + expert / where(z >= 3, se, 1))
+    if tr.dp_impl == "fsdp2":   # FSDP2's shard is the fp32 master, counted in o (module docstring)
+        w = where(z >= 3, 0.0, w)
     g = tr.grad_bytes * (dense / where(z >= 2, sd, 1) + expert / where(z >= 2, se, 1))
     o = tr.optimizer_bytes * (dense / where(z >= 1, sd, 1) + expert / where(z >= 1, se, 1))
     return w, g, o
@@ -238,6 +282,7 @@ LOGIT_EXTRA_BYTES = {"fused": 4, "unfused": 12}
 # PyTorch's loss path (TrainingSpec.loss_runtime 'torch', module docstring): fp32 bytes per logit element at the
 # loss backward's peak, without TP (ATen log_softmax) and with TP (DTensor loss_parallel's decomposition)
 TORCH_LOSS_BYTES = {"plain": 12, "loss_parallel": 16}
+TORCH_FINAL_NORM_BYTES = 6   # eager final RMSNorm: fp32 upcast (4 B) + bf16 normalised output (2 B) per element
 
 
 def logit_bytes_per_element(st: Stage, L: Layout, tr: TrainingSpec):
@@ -273,7 +318,24 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         if prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight micro-batch
             mtp_layers = prof.model.mtp_layers * minimum(st.pp, L.grad_accum)
             act = act + mb_tokens * e * (kept / max(st.n_layers, 1)) * mtp_layers
+    if tr.loss_runtime == "torch" and st.is_last:   # the eager final norm's saved tensors (docstring)
+        act = act + mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden * TORCH_FINAL_NORM_BYTES
+    if tr.loss_runtime == "torch" and st.pp > 1:   # torch.distributed.pipelining's stage buffers (docstring)
+        boundary = mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden * e
+        act = act + boundary * pipeline_boundary_tensors(st, L)
     return act
+
+
+def pipeline_boundary_tensors(st: Stage, L: Layout):
+    """Stage-boundary tensors torch.distributed.pipelining holds on this rank beyond the stored layer inputs (module
+    docstring): gradient- and activation-receive buffers of every micro-batch and the in-flight stage outputs.
+    ``L.grad_accum`` and ``L.vpp`` may be numpy arrays (elementwise result)."""
+    M, v = L.grad_accum, L.vpp
+    c = inflight_layer_microbatches(st, L) * v
+    grad = v * M - (M if st.is_last else 0)
+    recv = maximum(v * M - (M if st.is_first else 0) - c, 0.0)
+    out = c * (1.0 - (1.0 / v if st.is_last else 0.0))
+    return grad + recv + out
 
 
 def resident_offload_layers(st: Stage) -> float:
@@ -304,12 +366,22 @@ def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> 
     dense, expert = stage_params(prof, st, L)
     per_layer = (dense + expert) / max(st.n_layers, 1)
     buf = buf + where(L.zero_stage >= 3, per_layer * (2 * tr.weight_bytes + tr.grad_bytes), 0.0)
+    if tr.dp_impl == "fsdp2":   # the FSDP2 root module's parameters, gathered all step (docstring)
+        buf = buf + where(L.zero_stage >= 3, fsdp2_root_bytes(prof, st, L, tr), 0.0)
     if tr.precision in _FP8 and tr.fp8_recipe in TORCHAO_RECIPES:   # one layer's transient casts (docstring)
         buf = buf + FP8_WEIGHT_COPY_BYTES * per_layer
     elif tr.precision in _FP8 and not tr.fp8_primary_weights:   # FP8 weight copies, row-wise and column-wise
         # (docstring): 2 B per local parameter; with FP8 primary weights the weights themselves are those copies
         buf = buf + FP8_WEIGHT_COPY_BYTES * (dense + expert) / where(L.zero_stage >= 3, shard_groups(L)[0], 1)
     return buf
+
+
+def fsdp2_root_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
+    """Bytes of FSDP2's root-module parameters (token embedding on the first stage, output head on the last; the
+    final norm's h parameters are left out) held unsharded for the whole step (module docstring): weight_bytes per
+    parameter of this TP rank. ``L.tp`` may be a numpy array (elementwise result)."""
+    root = (prof.embedding_params if st.is_first else 0.0) + (prof.head_params if st.is_last else 0.0)
+    return tr.weight_bytes * root / L.tp
 
 
 FP8_WEIGHT_COPY_BYTES = 2.0   # row-wise + column-wise FP8 copy of each weight (module docstring)

@@ -49,3 +49,18 @@ def test_without_pp_nothing_changes():
     per_mb = tr.model_copy(update={"pp_fsdp": "per_microbatch"})
     assert dp_time_per_step(PARAMS, 0.0, L, tr, HW, NET, 0.5, 1.0, 16) == \
         dp_time_per_step(PARAMS, 0.0, L, per_mb, HW, NET, 0.5, 1.0, 16)
+
+
+def test_torch_pipelining_keeps_its_stage_buffers():
+    """torch.distributed.pipelining (loss_runtime 'torch'): per micro-batch a gradient-receive buffer on every stage
+    but the last, an activation-receive buffer on every stage but the first, and each in-flight stage output; counted
+    in stage-boundary tensors beyond the stored layer inputs (autopar/cost/memory.py docstring)."""
+    from types import SimpleNamespace
+
+    from autopar.cost.memory import pipeline_boundary_tensors
+    pp, M = 4, 8
+    stage = lambda i: SimpleNamespace(pp=pp, index=i, is_first=i == 0, is_last=i == pp - 1)   # noqa: E731
+    L = SimpleNamespace(grad_accum=M, vpp=1)
+    # first: M gradient buffers + pp in-flight outputs; middle: M of each (the in-flight inputs already counted);
+    # last: the M - 1 receive buffers beyond its one in-flight input, no kept output (its logits are counted apart)
+    assert [pipeline_boundary_tensors(stage(i), L) for i in range(pp)] == [M + pp, 2 * M, 2 * M, M - 1]
