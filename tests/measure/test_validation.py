@@ -27,11 +27,11 @@ def test_every_published_run_is_predicted_and_fits(report):
 
 
 FIRST_SOURCES = ("mlm21", "mcore08", "l3paper", "nemo2407", "moezoo")   # the 50 rows before stacks existed
-# Guards on the committed constants (README 'Accuracy': first 50 rows 9.42%, all 104 rows 17.39%, worst row +83.7%).
-# The all-rows guards moved from 10.5% / 0.8 when issue 20's physics replaced what was fitted to the torchtitan rows
-# (the Grand Teton H100's GEMM fractions 0.58/0.49, per-stack TP/DP/CP overlap shares, a 0.50 rowwise-GEMM factor):
-# the torchtitan rows are now predicted +31% fast on average, a finding reported there, not a tolerance.
-FIRST_50_GUARD, ALL_ROWS_GUARD, MAX_ROW_GUARD = 0.095, 0.175, 0.85
+# Guards on the committed constants (README 'Accuracy': first 50 rows 8.24%, all 104 rows 8.72%, worst row +42.4%),
+# about 1 point (the worst row 8 points) above today's figures. The all-rows guards had been loosened to 17.5% / 0.85
+# when issue 20's physics replaced what was fitted to the torchtitan rows; sustained rates by board power, the stacks'
+# own kernels and overlap that costs the compute it hides under brought them back, and the guards with them.
+FIRST_50_GUARD, ALL_ROWS_GUARD, MAX_ROW_GUARD = 0.093, 0.097, 0.50
 
 
 def test_accuracy_of_the_committed_constants(report):
@@ -57,7 +57,7 @@ def test_torchtitan_knobs_order_the_runs_as_measured(report):
 
 
 def test_ranking_counts_within_source_pairs(report):
-    # Regression guard on the headline ranking (96.4% on the 104 rows: 748 of 776 pairs, 1 predicted tie).
+    # Regression guard on the headline ranking (96.6% on the 104 rows: 750 of 776 pairs, 0 predicted ties).
     rk = report.ranking
     n_pairs = sum(n * (n - 1) // 2 for n, _, _ in report.breakdown()["source"].values())
     assert rk.pairs + rk.skipped == n_pairs
