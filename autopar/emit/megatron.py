@@ -116,7 +116,29 @@ def pipeline_layout_string(layout: Layout, model: ModelSpec) -> str:
         if k == len(chunks) - 1:
             text += "m" * model.mtp_layers + "L"
         parts.append(text)
-    return "|".join(parts)
+    return _repeat_runs(parts)
+
+
+def _repeat_runs(parts: list[str]) -> str:
+    """Join virtual stages with '|', writing a run of c equal stages as Megatron's repeat group '(p|)*c' where that is
+    shorter (megatron/core/transformer/pipeline_parallel_layer_layout.py parse_str_to_list unrolls '(...)*n', then
+    'x*n'): 'Et|(t*2|)*29t*2mL' for 61 layers on 32 stages."""
+    out, i = [], 0
+    while i < len(parts):
+        j = i
+        while j + 1 < len(parts) and parts[j + 1] == parts[i]:
+            j += 1
+        count, last = j - i + 1, j == len(parts) - 1
+        reps = count - 1 if last else count          # the final stage is written bare (no '|' after it)
+        group = f"({parts[i]}|)*{reps}"
+        if reps >= 2 and len(group) < reps * (len(parts[i]) + 1):
+            out.append(group)
+        else:
+            out.append("".join(f"{parts[i]}|" for _ in range(reps)))
+        if last:
+            out.append(parts[i])
+        i = j + 1
+    return "".join(out)
 
 
 def _pipeline_args(layout: Layout, model: ModelSpec) -> list[str]:

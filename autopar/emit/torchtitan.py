@@ -46,6 +46,8 @@ How autopar's layout maps onto torchtitan's:
 
 from __future__ import annotations
 
+import textwrap
+
 from autopar.emit._common import require_resolved, virtual_chunks
 from autopar.errors import AutoparInputError
 from autopar.specs.hardware import HardwareSpec
@@ -223,9 +225,12 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
     def kwargs(items: list[tuple[str, object]], indent: str) -> list[str]:
         out = []
         for key, value in items:
-            if key == "module_fqns_per_model_part":
+            if key == "module_fqns_per_model_part":   # one list per stage, folded to fit 80 columns
                 out.append(f"{indent}{key}=[")
-                out += [f"{indent}    {part!r}," for part in value]
+                for part in value:
+                    names = textwrap.wrap(" ".join(f"{name!r}," for name in part), 80 - len(indent) - 8,
+                                          break_long_words=False, break_on_hyphens=False)
+                    out += [f"{indent}    ["] + [f"{indent}        {line}" for line in names] + [f"{indent}    ],"]
                 out.append(f"{indent}],")
             else:
                 out.append(f"{indent}{key}={value!r},")

@@ -23,6 +23,8 @@ gives them (``vars(args)``); a missing key is the option's default (None / False
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -62,9 +64,21 @@ def virtual_stages(s: Settings) -> int:
         return 2    # more than one: the exact count needs --num-layers; the rules only ask "interleaved or not"
     for key in ("pipeline_model_parallel_layout", "hybrid_layer_pattern"):
         text = _get(s, key)
-        if isinstance(text, str) and text.count("|") + 1 > pp:
-            return (text.count("|") + 1) // pp
+        if isinstance(text, str):
+            stages = len(layout_stages(text)) if key == "pipeline_model_parallel_layout" else text.count("|") + 1
+            if stages > pp:
+                return stages // pp
     return 1
+
+
+def layout_stages(text: str) -> list[str]:
+    """The stages of a --pipeline-model-parallel-layout string as Megatron reads it
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py parse_str_to_list: commas dropped, '(...)*n' unrolled,
+    then 'x*n', split at '|'): 'Et|(tt|)*2L' -> ['Et', 'tt', 'tt', 'L']."""
+    text = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    return text.split("|")
 
 
 def _recompute_modules(s: Settings) -> list[str]:

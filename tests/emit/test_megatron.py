@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 
 import pytest
 
 from autopar.emit.megatron import format_megatron, megatron_args, pipeline_layout_string, precision_args
 from autopar.errors import AutoparInputError
+from autopar.specs.launcher_rules import layout_stages
 from autopar.specs.layout import Layout, resolve_layout
 from autopar.specs.model import ModelSpec
 from autopar.specs.training import TrainingSpec
@@ -28,8 +28,8 @@ def values(args: list[str], flag: str) -> list[str]:
 
 
 def unroll(layout_text: str) -> list[str]:
-    """Megatron's parse of --pipeline-model-parallel-layout: unroll x*n, split the stages at '|'."""
-    return re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), layout_text).split("|")
+    """Megatron's parse of --pipeline-model-parallel-layout (autopar.specs.launcher_rules.layout_stages)."""
+    return layout_stages(layout_text)
 
 
 def value(args: list[str], flag: str) -> str:
@@ -184,3 +184,15 @@ def test_fp8_param_gather_flag():
     # Megatron-LM arguments.py:1095: only with the distributed optimizer or FSDP; a plain-DDP layout is refused
     with pytest.raises(AutoparInputError, match="--fp8-param-gather needs the distributed optimizer"):
         megatron_args(_resolved(LLAMA3_8B, 8, tp=2, zero_stage=0, training=on), LLAMA3_8B, on)
+
+
+def test_a_long_layout_string_uses_megatrons_repeat_groups_and_unrolls_to_the_same_stages():
+    """61 layers over PP 16 x VPP 2 write 32 stages; runs of equal stages become '(p|)*n' (Megatron's parse unrolls
+    them, autopar.specs.launcher_rules.layout_stages), short enough for an 80-column terminal, and the stages are
+    the ones the layout places."""
+    from autopar.emit.megatron import _repeat_runs
+    parts = ["Et"] + ["t*2"] * 6 + ["t"] + ["t*2"] * 22 + ["t*2mL"]
+    text = _repeat_runs(parts)
+    assert text == "Et|(t*2|)*6t|(t*2|)*22t*2mL"
+    assert layout_stages(text) == layout_stages("|".join(parts)) and len(layout_stages(text)) == 31
+    assert _repeat_runs(["Et*7", "t*9", "t*9", "t*7L"]) == "Et*7|t*9|t*9|t*7L"   # no shorter written as a group
