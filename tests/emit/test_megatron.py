@@ -187,7 +187,7 @@ def test_fp8_param_gather_flag():
 
 
 def test_a_long_layout_string_uses_megatrons_repeat_groups_and_unrolls_to_the_same_stages():
-    """A 31-stage layout (59 layers, an MTP layer, embedding and loss); runs of equal stages become '(p|)*n' (Megatron's parse unrolls
+    """A 31-stage layout (60 layers, an MTP layer, embedding and loss); runs of equal stages become '(p|)*n' (Megatron's parse unrolls
     them, autopar.specs.launcher_rules.layout_stages), short enough for an 80-column terminal, and the stages are
     the ones the layout places."""
     from autopar.emit.megatron import _repeat_runs
