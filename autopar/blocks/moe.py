@@ -39,8 +39,9 @@ from autopar.blocks.mlp import MLP
 # TEGroupedMLP._apply_bias, lines 296-313, called at 788: ``torch.cat([t + b * p for t, b, p in zip(split(out),
 # biases, split(probs))]).to(out.dtype)``; the 2026-06 code the 26.06 container ran; a packed repeat_interleave form
 # replaced the loop on 2026-08-14, 883533e0, with the same fp32 arithmetic). Elements of one routed copy's width r,
-# in 2-byte units (bf16 = 1, fp32 = 2), one HBM pass per PyTorch kernel. The probabilities are fp32 (the trailing
-# ``.to(dtype)`` casts the promoted result back; the packed form calls ``.float()`` on both operands), so:
+# in 2-byte units (bf16 = 1, fp32 = 2), one HBM pass per PyTorch kernel. The probabilities are fp32 (the flex
+# dispatcher's HybridEP and DeepEP managers cast them, same commit token_dispatcher.py lines 1079-1084 and 1237-1242;
+# the trailing ``.to(dtype)`` casts the promoted result back; the packed form calls ``.float()`` on both), so:
 #  forward: b·p writes fp32 (2), t + b·p reads 1 + 2 and writes 2 (5), torch.cat reads and writes fp32 (4), .to(bf16)
 #    reads 2 and writes 1 (3) -> 14;
 #  backward (autograd): the cast back to fp32 (1 + 2 = 3), t's gradient cast to bf16 (2 + 1 = 3), b's gradient
