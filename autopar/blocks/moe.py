@@ -11,7 +11,8 @@ same over n_s·f_s; token permutation (Megatron ``permute``/``unpermute``): each
 once by the weighted sum, each way -> 2·k·h forward, 2·k·h backward; with expert biases (GPT-OSS), Megatron's
 eager output-bias add (``expert_bias``, :data:`EXPERT_BIAS_ELEMS`), 14·k·h forward, 18·k·h backward. Stored:
 shared internals n_s·f_s·(n_in+1), the k routed copies in and out (2·k·h), the routed internals k·f_e·(n_in+1),
-the activation outputs k·f_e (gated only; dropped by ``moe_act`` recompute). The expert all-to-all carries k copies of each token's h.
+the activation outputs k·f_e (gated only; dropped by ``moe_act`` recompute). The expert all-to-all carries k copies
+of each token's h.
 
 LatentMoE (NVIDIA Nemotron 3 Super and Ultra; Megatron-Core ``MoELayer`` with ``moe_latent_size``,
 Megatron-LM@d98e8a64ddf3 megatron/core/transformer/moe/moe_layer.py:265-303 and 488-490): the router and the shared
