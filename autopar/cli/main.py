@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     2 bad input (one ``autopar: error:`` line on stderr), 130 interrupted, 141 stdout closed early (``| head``).
     Any other failure is a bug in autopar: one ``autopar: internal error:`` line and status 70
     (set AUTOPAR_DEBUG=1 for the traceback)."""
+    global _TERM_SEEN
     argv = sys.argv[1:] if argv is None else argv
+    _TERM_SEEN = False
     old_term = _catch_sigterm()
     try:
         parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
@@ -90,13 +92,24 @@ def main(argv: list[str] | None = None) -> int:
         _say("autopar: error: out of memory; the problem is too large for this machine (see docs/input-bounds.md)")
         return 2
     except Exception as err:  # noqa: BLE001 - the promise is one line, never a traceback
+        if _TERM_SEEN:
+            # SIGTERM arrived and its Terminated was turned into another error on the way up: raised inside a C
+            # extension's module init it comes out as "ImportError: initialization failed" (seen when a kill landed
+            # while `tune` imported torch). The command was terminated, not broken.
+            _say("autopar: terminated (SIGTERM)")
+            return 143
         return _internal(err)
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
 
 
+_TERM_SEEN = False   # set by the SIGTERM handler: whatever error unwinds after it is the termination's
+
+
 def _on_sigterm(signum, frame):  # pragma: no cover - exercised through a subprocess (tests/cli/test_faults.py)
+    global _TERM_SEEN
+    _TERM_SEEN = True
     raise Terminated()
 
 

@@ -421,3 +421,30 @@ def test_two_workers_one_killed_the_other_runs_its_trial(tmp_path):
     lost = [t for t in study.trials if t.user_attrs.get("outcome") == "interrupted"]
     assert len(lost) == 1 and "its worker is gone" in lost[0].user_attrs["reason"], states
     assert any(t.params == lost[0].params for t in measured)        # its layout was run by the survivor
+
+
+def test_an_error_raised_while_sigterm_unwinds_is_the_termination(monkeypatch, capsys):
+    """SIGTERM landing inside a C extension's module init surfaces as 'ImportError: initialization failed' chained
+    to the Terminated (seen once when the random kill above hit `tune` importing torch): the command was terminated,
+    exit 143 and the terminated line, not an internal error (70)."""
+    import argparse
+
+    from autopar.cli import main as cli_main
+    from autopar.errors import Terminated
+
+    def command(args):
+        try:
+            cli_main._on_sigterm(signal.SIGTERM, None)
+        except Terminated as t:
+            raise ImportError("initialization failed") from t
+
+    class Parser:
+        def parse_args(self, argv):
+            return argparse.Namespace(func=command)
+
+    monkeypatch.setattr(cli_main, "build_parser", lambda *a, **k: Parser())
+    assert cli_main.main(["tune"]) == 143
+    assert "autopar: terminated (SIGTERM)" in capsys.readouterr().err
+    # the next command starts clean: an ordinary bug is still one internal-error line and 70
+    monkeypatch.setattr(Parser, "parse_args", lambda self, argv: argparse.Namespace(func=lambda a: 1 / 0))
+    assert cli_main.main(["tune"]) == 70
