@@ -21,11 +21,27 @@ cp blocks (the zig-zag split balances them; an approximation, the stage's attent
 
 PyTorch's ring attention (``training.cp_ring = 'torch_allgather'``: torch.distributed.tensor.experimental
 context_parallel, as torchtitan runs it; read at pytorch/pytorch@0123248a torch/distributed/tensor/experimental/
-_attention.py, the structure of the 2024-12 torch 1963fc8 the torchtitan tables ran ASSUMED the same; torchtitan
-@9dec370 config_manager.py: ``--experimental.context_parallel_rotate_method`` defaults to 'allgather') is other
-software with the same FLOPs (round-robin load balancing: step 0 a causal call on the two local chunks, every
-other step a full call on half the q or half the kv, 2c² score blocks each, c = s/(2cp)) but another exchange
-and extra HBM traffic:
+_attention.py, the structure of the 2024-12 torch 1963fc8 the torchtitan tables ran ASSUMED the same; an
+earlier stored version of the file (typing.List annotations, no cuDNN handler, ``_RotateMethod.PRE_ALL_GATHER``)
+has the same forward and backward loops line for line; torchtitan @9dec370 config_manager.py:
+``--experimental.context_parallel_rotate_method`` defaults to 'allgather') is other software with the same FLOPs
+(round-robin load balancing: step 0 a causal call on the two local chunks, every other step a full call on half
+the q or half the kv, 2c² score blocks each, c = s/(2cp)) but another exchange and extra HBM traffic.
+
+The ring's work is balanced over the CP ranks, so no slowest-rank factor is priced: ``_ContextParallelOptions.
+enable_load_balance`` defaults to True in both versions, ``_context_parallel_buffers`` then shards the inputs
+round-robin (rank r holds chunks r and 2cp − 1 − r), and torchtitan@9dec370 (utils.py create_context_parallel_ctx,
+train.py) never changes it; ``_is_causal_behavior`` then never skips a step (without it rank cp − 1 would run
+cp − 1 full (s/cp)² blocks and rank 0 none: (2cp − 1)/cp of the balanced work, 1.75 at CP 4). Each step is one
+aten._scaled_dot_product_flash_attention call (is_causal only at step 0) and one flash backward call on the
+merged out and logsumexp (the ring's forward is not re-run); at torchtitan's 32K tokens per GPU the calls are
+2c x 2c causal and c x 2c or 2c x c full (c = 16K), where FA2 is saturated (FA3 paper Fig. 5(b), 5(e), 6(b):
+within 1.3% from 8K to 16K). Open residual (checked 2026-11-26 on the torchtitan 2024-12 Table 2/6 rows): the
+step time each further ring step adds (measured minus measured CP 1, over what this module and the attention
+core price for it) is 1.48x at CP 4 and 1.49x at CP 8 for Llama 3.1 8B, 1.52x, 1.32x, 1.41x at CP 2, 4, 8 for
+405B, but 0.86x at CP 2 for 8B; nothing in the source above accounts for it, so it stays unpriced, not fitted.
+
+The exchange and the HBM traffic PyTorch's ring adds:
 
   * the K and V it passes are what SDPA receives: torchtitan@9dec370 models/llama/model.py (lines 201-209) repeats
     the KV heads to every query head before F.scaled_dot_product_attention (repeat_kv), so a/tp · (d_qk + d_v)
