@@ -8,9 +8,11 @@ routed experts' weights). GEMMs: the router replicated on every TP rank; shared 
 with separate projections, two (torchtitan). Memory-bound (elements per token, forward and backward): norm and residual as the MLP's; the
 experts' activation k·(3f_e, 5f_e) gated or k·(2f_e, 3f_e) plain (module ``moe_act``) and the shared experts' the
 same over n_s·f_s; token permutation (Megatron ``permute``/``unpermute``): each routed copy written once and read
-once by the weighted sum, each way -> 2·k·h forward, 2·k·h backward. Stored: shared internals n_s·f_s·(n_in+1),
-the k routed copies in and out (2·k·h), the routed internals k·f_e·(n_in+1), the activation outputs k·f_e (gated
-only; dropped by ``moe_act`` recompute). The expert all-to-all carries k copies of each token's h.
+once by the weighted sum, each way -> 2·k·h forward, 2·k·h backward; with expert biases (GPT-OSS), Megatron's
+eager output-bias add (``expert_bias``, :data:`EXPERT_BIAS_ELEMS`), 14·k·h forward, 18·k·h backward. Stored:
+shared internals n_s·f_s·(n_in+1), the k routed copies in and out (2·k·h), the routed internals k·f_e·(n_in+1),
+the activation outputs k·f_e (gated only; dropped by ``moe_act`` recompute). The expert all-to-all carries k copies
+of each token's h.
 
 LatentMoE (NVIDIA Nemotron 3 Super and Ultra; Megatron-Core ``MoELayer`` with ``moe_latent_size``,
 Megatron-LM@d98e8a64ddf3 megatron/core/transformer/moe/moe_layer.py:265-303 and 488-490): the router and the shared
@@ -30,6 +32,26 @@ from dataclasses import dataclass
 
 from autopar.blocks._base import Block, Linear, Rule
 from autopar.blocks.mlp import MLP
+
+
+# The routed experts' output bias in Megatron-Core's unfused expert path (TEGroupedMLP without the Transformer Engine
+# op fuser): linear_fc2 is built with skip_bias_add=True and its bias added afterwards, in eager PyTorch, scaled by
+# each token's routing probability (NVIDIA/Megatron-LM@3f6a2ed8 megatron/core/transformer/moe/experts.py
+# TEGroupedMLP._apply_bias, lines 296-313, called at 788: ``torch.cat([t + b * p for t, b, p in zip(split(out),
+# biases, split(probs))]).to(out.dtype)``; the 2026-06 code the 26.06 container ran; a packed repeat_interleave form
+# replaced the loop on 2026-08-14, 883533e0, with the same fp32 arithmetic). Elements of one routed copy's width r,
+# in 2-byte units (bf16 = 1, fp32 = 2), one HBM pass per PyTorch kernel. The probabilities are fp32 (the flex
+# dispatcher's HybridEP and DeepEP managers cast them, same commit token_dispatcher.py lines 1079-1084 and 1237-1242;
+# the trailing ``.to(dtype)`` casts the promoted result back; the packed form calls ``.float()`` on both), so:
+#  forward: b·p writes fp32 (2), t + b·p reads 1 + 2 and writes 2 (5), torch.cat reads and writes fp32 (4), .to(bf16)
+#    reads 2 and writes 1 (3) -> 14;
+#  backward (autograd): the cast back to fp32 (1 + 2 = 3), t's gradient cast to bf16 (2 + 1 = 3), b's gradient
+#    g·p then a sum over tokens (2 + 2, then 2 = 6), p's gradient g·b then a sum over the width (6) -> 18
+#    (torch.cat's backward is views; the per-expert bias and per-token probability reads are negligible).
+# The fused paths (the op fuser's GroupedLinear with bias, TrainingSpec.fused_grouped_mlp) add the bias inside the
+# grouped kernels: priced 0 there (autopar.cost.compute.layer_parts). Per-expert kernel launches (E_loc small kernels
+# each way) are not priced apart (the host rate of autopar.cost.compute.moe_host_time covers the expert segment).
+EXPERT_BIAS_ELEMS = (14.0, 18.0)
 
 
 @dataclass(frozen=True)
@@ -139,6 +161,9 @@ class MoE(Block):
             out["shared_act"] = (act[0] * fs, act[1] * fs)
         out["moe_act"] = (k * act[0] * fe, k * act[1] * fe)
         out["permute"] = (2.0 * k * r, 2.0 * k * r)
+        if self.expert_bias or self.linear_bias:
+            fwd, bwd = EXPERT_BIAS_ELEMS
+            out["expert_bias"] = (fwd * k * r, bwd * k * r)
         return out
 
     def fp8_cast_width(self) -> int:

@@ -151,8 +151,8 @@ def torchao_cast_bytes(kind: LayerKind, L: Layout, tr: TrainingSpec, tokens: flo
 FP8_CAST_MXFP8_BYTES = 4.0
 
 # Forward kernels re-run by each Megatron-Core recompute module (``--recompute-modules``).
-RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"), "moe": ("moe", "moe_act", "permute"),
-                   "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
+RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"),
+                   "moe": ("moe", "moe_act", "permute", "expert_bias"), "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
                    "layernorm": ("norm",), "mla_up_proj": ("mla_up_proj",)}
 
 
@@ -207,11 +207,13 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
     for name, (fwd, bwd) in kind.membound.items():
         if name == "batch_major" and L.micro_batch == 1:   # one sequence: [s, 1, ·] is [1, s, ·], no copy
             continue
+        if name == "expert_bias" and tr.fused_grouped_mlp:   # the bias added inside the fused grouped kernels
+            continue
         split = TP_SPLIT[name]
         if split == "sp":
             n_tok = tokens / tp if L.sp else tokens
         elif split == "routed":
-            n_tok = tokens / tp * (etp if name in ("permute", "expert_grad_sum") else 1)
+            n_tok = tokens / tp * (etp if name in ("permute", "expert_grad_sum", "expert_bias") else 1)
         elif split == "full":
             n_tok = tokens
         else:
@@ -414,7 +416,7 @@ HOST_OVERHEAD_SHARE = {"none": 1.0, "partial": 1.0, "full_iteration": 0.0}
 
 
 # The routed-expert segment of an MoE layer: the GPU work issued after the token dispatcher's device-to-host sync.
-ROUTED_PARTS = ("moe", "moe_act", "permute")
+ROUTED_PARTS = ("moe", "moe_act", "permute", "expert_bias")
 
 
 def moe_host_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
@@ -482,7 +484,7 @@ KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense
                 "norm": "memory-bound", "residual": "memory-bound", "rope": "memory-bound", "mlp_act": "memory-bound",
                 "shared_act": "memory-bound", "moe_act": "memory-bound", "permute": "memory-bound",
                 "fp8_cast": "memory-bound", "grad_sum": "memory-bound", "grad_sum_eager": "memory-bound",
-                "expert_grad_sum": "memory-bound", "batch_major": "memory-bound"}
+                "expert_grad_sum": "memory-bound", "batch_major": "memory-bound", "expert_bias": "memory-bound"}
 
 
 def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,

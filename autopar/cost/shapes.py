@@ -61,7 +61,7 @@ class LayerKind:
 # TP rank runs it over all T tokens and the whole hidden width).
 TP_SPLIT = {"rope": "tp", "mlp_act": "tp", "shared_act": "tp", "norm": "sp", "residual": "sp",
             "moe_act": "routed", "permute": "routed", "grad_sum": "full", "grad_sum_eager": "full",
-            "expert_grad_sum": "routed", "ssm_scan": "tp", "batch_major": "tp"}
+            "expert_grad_sum": "routed", "ssm_scan": "tp", "batch_major": "tp", "expert_bias": "routed"}
 # Entries a layer's token mixers share when it has several in parallel (one pre-norm, one residual add).
 SHARED_BY_MIXERS = ("norm", "residual")
 

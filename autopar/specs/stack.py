@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 KNOB_PRICED = ("elementwise", "attention", "fp8_recipe", "tp_overlap", "dp_overlap", "ep_overlap", "cp_overlap",
                "cp_ring", "pp_fsdp", "cross_entropy", "selective_ac", "fp8_attention", "fp8_param_gather",
                "loss_runtime", "cuda_graphs", "fp8_output_proj", "projections", "data_parallel",
-               "optimizer")
+               "optimizer", "fused_grouped_mlp")
 KNOB_RECORDED = ("dispatcher",)
 STACK_CONSTANTS = ("layer_overhead_us",)   # Efficiency fields a stack file may carry (fitted per stack)
 
@@ -101,6 +101,10 @@ class StackKnobs(Spec):
                                         "copy-out on the compute stream).")
     optimizer: Literal["fused", "foreach"] = Field(
         default="fused", description="Adam(W) kernels: fused (one pass) or torch's foreach (one pass per op).")
+    fused_grouped_mlp: bool = Field(
+        default=False, description="Routed experts through Transformer Engine's op fuser (Megatron-Core "
+                                   "use_transformer_engine_op_fuser; Bridge cutedsl_fused_grouped_mlp): expert "
+                                   "biases added inside the fused kernels (TrainingSpec.fused_grouped_mlp).")
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
@@ -126,7 +130,8 @@ class StackKnobs(Spec):
                     selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
                     loss_runtime=self.loss_runtime, cuda_graphs=self.cuda_graphs,
                     fp8_lm_head=self.fp8_output_proj, projections=self.projections,
-                    dp_impl=self.data_parallel, optimizer_impl=self.optimizer)
+                    dp_impl=self.data_parallel, optimizer_impl=self.optimizer,
+                    fused_grouped_mlp=self.fused_grouped_mlp)
 
 
 class StackSpec(Spec):

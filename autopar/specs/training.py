@@ -102,6 +102,13 @@ class TrainingSpec(Spec):
                     "output projection with TE ColumnParallelLinear under MXFP8'; set by Megatron-Bridge's DeepSeek-V3 "
                     "and gpt-oss MXFP8 performance configs) instead of BF16 (autopar.cost.compute.head_time). "
                     "Precision mxfp8 only.")
+    fused_grouped_mlp: bool = Field(
+        default=False,
+        description="Run the routed experts' MLP through Transformer Engine's op fuser (Megatron-Core "
+                    "use_transformer_engine_op_fuser, set by Megatron-Bridge's cutedsl_fused_grouped_mlp: fused "
+                    "grouped FC1, activation and FC2 with their biases) instead of TEGroupedMLP's eager path, whose "
+                    "expert output bias is added in unfused PyTorch kernels (autopar.blocks.moe.EXPERT_BIAS_ELEMS; "
+                    "models with expert biases only).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
         default="none",
         description="CUDA graphs: 'none', 'partial' (Transformer Engine graphs of some scopes: attention, router, "

@@ -43,3 +43,12 @@ def test_rules_ep_etp_and_shared():
     assert broken == ["shared expert FFN (2048) not divisible by tp (3)", "num_experts (256) not divisible by ep (3)",
                       "expert_ffn_hidden_size (2048) not divisible by etp (3)"]
     assert [r.problem(tp=8, ep=64, etp=1) for r in m.rules()] == [None, None, None]
+
+
+def test_expert_bias_adds_megatrons_eager_output_bias_kernels():
+    # TEGroupedMLP._apply_bias (autopar.blocks.moe.EXPERT_BIAS_ELEMS): 14 forward, 18 backward 2-byte units per element
+    # of each of the k routed copies' width h; nothing for experts without biases (DeepSeek-V3)
+    h, k = 2880, 4
+    m = MoE(hidden=h, num_experts=128, top_k=k, expert_ffn=2880, expert_bias=True)
+    assert m.membound()["expert_bias"] == (14.0 * k * h, 18.0 * k * h)
+    assert "expert_bias" not in deepseek_v3().membound()

@@ -93,3 +93,28 @@ def test_fp8_lm_head_runs_the_output_projection_at_the_mxfp8_rate():
     assert 0.45 * times[False] < times[True] < 0.65 * times[False]
     with pytest.raises(ValueError, match="fp8_lm_head"):
         TrainingSpec(seq_len=4096, global_batch=256, precision="bf16", fp8_lm_head=True)
+
+
+def test_fused_grouped_mlp_drops_the_eager_expert_bias_kernels():
+    # gpt-oss (expert biases): Megatron-Core's eager TEGroupedMLP adds the fc2 bias in unfused PyTorch kernels, memory
+    # bound; Transformer Engine's op fuser (knob fused_grouped_mlp) adds it inside the grouped kernels. The difference
+    # is exactly the expert_bias part's HBM time; a model without expert biases does not move.
+    from autopar.cost.compute import layer_parts
+    from autopar.cost.kernels import Kernels
+    from autopar.cost.layer_sums import ModelProfile
+    hw, lay = load_hardware("b300"), Layout(ep=8, micro_batch=4)
+    parts = {}
+    for on in (False, True):
+        tr = TrainingSpec(seq_len=4096, global_batch=1280, precision="mxfp8", fused_grouped_mlp=on)
+        prof = ModelProfile(load_model("gpt_oss_120b"), tr)
+        kind = next(k for k in prof.kinds if k.is_moe)
+        parts[on] = layer_parts(Kernels(hw, tr), kind, lay, tr, 16384.0, 1.0)
+    assert "expert_bias" in parts[False] and "expert_bias" not in parts[True]
+    f, b = parts[False]["expert_bias"]
+    assert b > f > 0
+    tr = TrainingSpec(seq_len=4096, global_batch=256, precision="mxfp8")
+    steps = []
+    for on in (False, True):
+        t = tr.model_copy(update={"fused_grouped_mlp": on})
+        steps.append(Estimator(load_model("qwen3_30b_a3b"), hw, t, 8).estimate(Layout(ep=8, micro_batch=2)).step_time_s)
+    assert steps[0] == steps[1]
