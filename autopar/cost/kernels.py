@@ -80,11 +80,13 @@ class Kernels:
         self.cache: dict = {}   # compute.layer_parts results, keyed by the layout axes they depend on
         self._attn: dict = {}
 
-    def gemm_eff(self, m: float, n: float, k: float, hi: bool = False) -> float:
-        """eff_gemm(M, N, K) = gemm_max · M/(M + half_m) · N/(N + half_nk) · K/(K + half_nk), with gemm_max the
-        large-GEMM figure at the sustained clock (``gemm · sustained_gemm``)."""
+    def gemm_eff(self, m: float, n: float, k: float, hi: bool = False, grouped: bool = False) -> float:
+        """eff_gemm(M, N, K) = gemm_max · M/(M + half_m) · N/(N + half_m) · K/(K + half_nk)
+        (:meth:`autopar.specs.hardware.KernelModel.gemm_shape`: the output dimensions M and N on one curve), with
+        gemm_max the large-GEMM figure at the sustained clock (``gemm · sustained_gemm``). ``grouped``: N on
+        half_nk, the reference curve the hardware files' grouped ratios were measured against."""
         top = self.gemm_max_hi if hi else self.gemm_max
-        return top * m / (m + self.half_m) * n / (n + self.half_nk) * k / (k + self.half_nk)
+        return top * self.km.gemm_shape(m, n, k, self.half_m, self.half_nk, self.half_nk if grouped else None)
 
     def gemm(self, m: float, n: float, k: float, weight_elems: float, wb: float, gb: float,
              grouped: bool = False, hi: bool = False) -> tuple[float, float]:
@@ -92,7 +94,7 @@ class Kernels:
         ``weight_elems`` = all local experts' weights). wb, gb: bytes per weight and per weight gradient."""
         if m <= 0:
             return 0.0, 0.0
-        eff = self.gemm_eff(m, n, k, hi) * (self.grouped_max if grouped else 1.0)
+        eff = self.gemm_eff(m, n, k, hi, grouped) * (self.grouped_max if grouped else 1.0)
         flops = 2.0 * m * n * k * (weight_elems / (n * k) if grouped else 1.0)
         rate = (self.peak_hi if hi else self.peak) * eff
         bw = self.hbm_bytes_per_s

@@ -334,7 +334,8 @@ def kernel_model_from_tables(tables: KernelTables, hardware: HardwareSpec) -> Ke
     """The cost model's kernel curves (:class:`KernelModel`) fitted to measured ``kernels:`` tables, against
     ``hardware``'s datasheet peaks (so ``hardware`` must be the datasheet description of the measured device).
 
-    * GEMM, bf16 rows: eff = TFLOP/s / peak fitted to gemm · M/(M + half_m) · N/(N + half_nk) · K/(K + half_nk)
+    * GEMM, bf16 rows: eff = TFLOP/s / peak fitted to gemm · M/(M + half_m) · N/(N + half_m) · K/(K + half_nk)
+      (:meth:`KernelModel.gemm_shape`)
       (least squares on log eff, ``scipy.optimize.least_squares``); fp8 rows: their own ``gemm[fp8]`` with the
       bf16 half-points. fp16 takes bf16's value when not measured (the same tensor cores at the same rate).
     * Attention, causal rows: fwd and bwd eff = attention_{fwd|bwd} · s/(s + attention_half_seq) · f(d), with
@@ -359,7 +360,7 @@ def kernel_model_from_tables(tables: KernelTables, hardware: HardwareSpec) -> Ke
 
         def res(p: np.ndarray) -> np.ndarray:
             g, hm, hn = p
-            return np.log(g * m / (m + hm) * n / (n + hn) * k / (k + hn)) - np.log(eff)
+            return np.log(g * KernelModel.gemm_shape(m, n, k, hm, hn)) - np.log(eff)
 
         fit = least_squares(res, [min(0.99, float(eff.max())), 100.0, 300.0],
                             bounds=([1e-3, 1e-3, 1e-3], [1.0, 65536.0, 65536.0]))
@@ -370,7 +371,7 @@ def kernel_model_from_tables(tables: KernelTables, hardware: HardwareSpec) -> Ke
         notes.append(f"GEMM curve rms log error {float(np.sqrt(np.mean(fit.fun ** 2))):.1%} over {len(rows)} shapes")
 
     def shape(m: Any, n: Any, k: Any) -> Any:
-        return m / (m + half_m) * n / (n + half_nk) * k / (k + half_nk)
+        return KernelModel.gemm_shape(m, n, k, half_m, half_nk)
 
     for prec, prows in tables.gemm.items():
         if prec != "bf16" and prows:
@@ -382,7 +383,8 @@ def kernel_model_from_tables(tables: KernelTables, hardware: HardwareSpec) -> Ke
     grouped = tables.grouped_gemm.get("bf16", [])
     if grouped:
         t, n, k, _, tf = (np.array(c, dtype=float) for c in zip(*grouped))
-        dense = gemm["bf16"] * shape(t, n, k)
+        # against the grouped reference curve (N on half_nk: KernelModel.gemm_shape), as autopar.cost.kernels prices it
+        dense = gemm["bf16"] * KernelModel.gemm_shape(t, n, k, half_m, half_nk, half_nk)
         bf16 = float(f"{min(1.0, float(np.exp(np.mean(np.log(tf / hardware.peak_tflops('bf16') / dense))))):.4g}")
         cur = hardware.kernel_model.grouped_gemm    # per-precision entries the benchmark did not measure are kept
         upd["grouped_gemm"] = {**cur, "bf16": bf16} if isinstance(cur, dict) else bf16

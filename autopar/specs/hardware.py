@@ -8,7 +8,7 @@ tables measured by ``autopar profile hardware`` (as the example report's ``AR={2
 
 from __future__ import annotations
 
-from typing import Annotated, Callable, Literal, NamedTuple
+from typing import Annotated, Any, Callable, Literal, NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
@@ -194,11 +194,16 @@ class KernelModel(Spec):
 
     Dense GEMM of shape (M, N, K) (M tokens, K x N weight) runs at
 
-        eff_gemm(M, N, K) = gemm[precision] · M/(M + gemm_half_m) · N/(N + gemm_half_nk) · K/(K + gemm_half_nk)
+        eff_gemm(M, N, K) = gemm[precision] · M/(M + gemm_half_m) · N/(N + gemm_half_m) · K/(K + gemm_half_nk)
 
-    of the precision's peak: large GEMMs reach ``gemm``; a small dimension leaves tiles and SMs idle (a
-    saturating curve per dimension; the token dimension M saturates sooner than the weight dimensions, whose
-    tiles are deeper). A grouped GEMM (routed experts) runs at ``grouped_gemm[precision]`` times a dense GEMM of
+    of the precision's peak (:meth:`gemm_shape`; grouped GEMMs keep N on ``gemm_half_nk``, the reference their
+    measured ratios were taken against): large GEMMs reach ``gemm``; a small dimension leaves tiles and
+    SMs idle (a saturating curve per dimension). The two output dimensions M and N share one curve: C = A·B and
+    C^T = B^T·A^T are the same work, tiled over the same M x N output, and cuBLAS picks its tiles for either
+    orientation, so a GEMM 128 wide in N runs as one 128 wide in M (measured: ``gemm_half_m``, vLLM's H100 BF16
+    torch.mm at M = 128 against N = 12288, K = 5376). The reduction dimension K saturates later (its tiles are
+    deeper, and a short K leaves each tile's pipeline a short loop to fill: DeepGEMM's K series,
+    ``gemm_half_nk``; the field keeps its old name, N no longer uses it). A grouped GEMM (routed experts) runs at ``grouped_gemm[precision]`` times a dense GEMM of
     one expert's shape (the quantisation kernels of FP8/MXFP8 recipes are priced apart, as memory-bound casts),
     and, where the selected kernel runs one GEMM per expert (``grouped_gemm_waves``), times the share of SMs its
     per-expert GEMMs keep busy (:class:`GroupedWaves`). The flash-attention core runs at
@@ -234,9 +239,11 @@ class KernelModel(Spec):
                                  "nvfp4": 0.709},
         description="Large-GEMM achieved/peak TFLOP/s per precision (cuBLAS-class).")
     gemm_half_m: float = Field(default=170.0, gt=0, le=65536,
-                               description="Token count M at which the M factor is 1/2.")
+                               description="Output dimension M (tokens) or N (weight columns) at which its "
+                                           "factor is 1/2.")
     gemm_half_nk: float = Field(default=490.0, gt=0, le=65536,
-                                description="Weight dimension N or K at which its factor is 1/2.")
+                                description="Reduction dimension K at which its factor is 1/2 (named before N "
+                                            "moved to gemm_half_m).")
     grouped_gemm: Annotated[float, Field(gt=0, le=1)] | dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
         default=0.52,
         description="Grouped-GEMM throughput / dense GEMM of the same shape: one figure for every precision, or "
@@ -358,6 +365,14 @@ class KernelModel(Spec):
                 t = (math.log2(seq) - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
                 return f0 + t * (f1 - f0), b0 + t * (b1 - b0)
         return None  # unreachable: seq lies within the measured range
+
+    @staticmethod
+    def gemm_shape(m: Any, n: Any, k: Any, half_m: Any, half_k: Any, half_n: Any = None) -> Any:
+        """The shape factor of eff_gemm (class docstring): M/(M + half_m) · N/(N + half_n) · K/(K + half_k), with
+        half_n = half_m (the output dimensions on one curve) unless given (floats or numpy arrays). The grouped
+        figures (``grouped_gemm``, ``grouped_gemm_kernels``) are ratios measured against the curve with N on K's
+        half-point (half_n = half_k), and are priced against that same reference until they are re-derived."""
+        return m / (m + half_m) * n / (n + (half_m if half_n is None else half_n)) * k / (k + half_k)
 
     def gemm_max(self, precision: str) -> float:
         from autopar.errors import AutoparInputError

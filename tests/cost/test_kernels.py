@@ -24,23 +24,36 @@ def test_gemm_matches_the_hand_formula():
     m, n, kk = 8192, 4096, 4096
     # hardware/h100_sxm.yaml: best-shape BF16 0.803 of 989 TFLOP/s (ml-engineering's maximum achievable matmul),
     # at the clock a training node sustains: x 0.950 (every GPU busy at 700 W: MSMF BF16 755 / 794.5),
-    # times the shape factors M/(M+170), N/(N+490), K/(K+490)
-    eff = 0.803 * 0.950 * 8192 / (8192 + 170) * (4096 / (4096 + 490)) ** 2
-    assert eff == pytest.approx(0.5962, abs=1e-4)
+    # times the shape factors M/(M+170), N/(N+170) (the output dimensions share one curve), K/(K+490)
+    eff = 0.803 * 0.950 * 8192 / (8192 + 170) * 4096 / (4096 + 170) * 4096 / (4096 + 490)
+    assert eff == pytest.approx(0.6409, abs=1e-4)
     fwd, bwd = k.gemm(m, n, kk, n * kk, 2, 2)
     assert fwd == pytest.approx(2 * m * n * kk / (989e12 * eff))
     assert bwd == pytest.approx(2 * fwd)   # input and weight gradients: two GEMMs of the same size
+
+
+def test_a_narrow_output_dimension_costs_the_same_in_n_as_in_m():
+    # C = A.B and C^T = B^T.A^T are the same work over the same M x N output tiles: a GEMM 128 wide in N (a
+    # TP-split K or V projection: 8 KV heads x 128 / TP 8) runs as its transpose, 128 wide in M
+    k = Kernels(H100, TR)
+    assert k.gemm_eff(8192, 128, 8192) == pytest.approx(k.gemm_eff(128, 8192, 8192))
+    # and at the measured skinny shape (vllm-project/vllm PR #49363, H100 SXM BF16 torch.mm, M=128, N=12288,
+    # K=5376: 352.6 TFLOP/s, a short benchmark, so against the short-run curve without sustained_gemm), either
+    # orientation is priced within 20% of the measurement; the old N/(N+490) priced the N=128 one at 0.44 of it
+    short = 989 * 0.803 * H100.kernel_model.gemm_shape(12288, 128, 5376, 170, 490)
+    assert short == pytest.approx(352.6, rel=0.2)
+    assert 989 * 0.803 * 12288 / (12288 + 170) * 128 / (128 + 490) * 5376 / (5376 + 490) < 0.5 * 352.6
 
 
 def test_blackwell_gemm_and_attention_run_at_the_sustained_clock():
     b200 = load_hardware("b200")
     k = Kernels(b200, TR)
     # hardware/b200.yaml: BF16 best shape 1745/2250 = 0.776, sustained at the 1000 W limit 2795.7/3435.2 = 0.814
-    # (ml-engineering MSMF/MAMF, FP8); a 16384^3 GEMM: shape factors 16384/16554 and (16384/16874)^2
-    eff = 0.776 * 0.814 * 16384 / (16384 + 170) * (16384 / (16384 + 490)) ** 2
+    # (ml-engineering MSMF/MAMF, FP8); a 16384^3 GEMM: shape factors (16384/16554)^2 and 16384/16874
+    eff = 0.776 * 0.814 * (16384 / (16384 + 170)) ** 2 * 16384 / (16384 + 490)
     fwd, _ = k.gemm(16384, 16384, 16384, 16384 ** 2, 2, 2)
     assert 2 * 16384 ** 3 / fwd / 1e12 == pytest.approx(2250 * eff)
-    assert 2250 * eff == pytest.approx(1326, abs=1)          # TFLOP/s, against the 1745 of the short benchmark
+    assert 2250 * eff == pytest.approx(1352, abs=1)          # TFLOP/s, against the 1745 of the short benchmark
     # FA4 causal hd128 forward at 8K: 0.551 x 8192/(8192+610) x the sustained 1237/1450 = 0.853
     f = 1e12
     att, _ = k.attention(f, 8192, 128)
@@ -177,7 +190,7 @@ def test_grouped_gemm_takes_its_precisions_figure_and_falls_back_to_bf16():
     for prec in ("bf16", "mxfp8"):
         k = Kernels(b200, TrainingSpec(seq_len=4096, global_batch=64, precision=prec))
         fwd, _ = k.gemm(m, n, kk, experts * n * kk, 2, 2, grouped=True)
-        rate = b200.peak_tflops(prec) * 1e12 * k.gemm_eff(m, n, kk) * km.grouped_max(prec)
+        rate = b200.peak_tflops(prec) * 1e12 * k.gemm_eff(m, n, kk, grouped=True) * km.grouped_max(prec)
         assert fwd == pytest.approx(2 * m * n * kk * experts / rate)
     # a scalar applies to every precision (the H100 file)
     assert H100.kernel_model.grouped_max("fp8") == H100.kernel_model.grouped_max("bf16") == H100.kernel_model.grouped_gemm
@@ -267,9 +280,10 @@ def test_gemm_curve_against_the_published_long_run_gemms(name):
     """The hardware files keep published long-run cuBLASLt tables (10,000 warm-up iterations, so the clock has
     settled under the power limit) in their kernels: section. At the shapes dense layers produce (every dimension
     >= 2048) the kernel_model curve, sustained ratio included, is never more than 5% faster than those runs and
-    at most 35% slower (A100 at 2048^3: 0.70; Hopper and GB200 0.78-0.99). Known misses the curve does not model, asserted so that a change to them is seen: a
-    1024^3 GEMM is latency-bound (6-8 us; the curve is up to 2.3x too fast on Hopper and Blackwell) and a skinny
-    802816x192x768 one is bound by reading its activations (the curve is ~3x too slow)."""
+    at most 25% slower (0.80-0.99 since M and N share one curve; 0.70-0.98 when N had K's). Known misses the curve
+    does not model, asserted so that a change to them is seen: a 1024^3 GEMM is latency-bound (6-8 us; the curve is
+    up to 3x too fast on Hopper and Blackwell) and a skinny 802816x192x768 one is bound by reading its activations
+    (the curve is 1.5-1.9x too slow; ~3x with N on K's curve)."""
     hw = load_hardware(name)
     (prec, rows), = hw.kernels.gemm.items()
     k = Kernels(hw, TrainingSpec(seq_len=4096, global_batch=64, precision=prec))
@@ -277,9 +291,9 @@ def test_gemm_curve_against_the_published_long_run_gemms(name):
         fwd, _ = k.gemm(m, n, kk, n * kk, 1, 1)
         ratio = 2 * m * n * kk / fwd / 1e12 / measured
         if min(m, n, kk) >= 2048:
-            assert 0.65 <= ratio <= 1.05, (m, n, kk, ratio)
+            assert 0.75 <= ratio <= 1.05, (m, n, kk, ratio)
         elif (m, n, kk) == (802816, 192, 768):
-            assert ratio < 0.4, ratio
+            assert 0.45 < ratio < 0.7, ratio
         elif (m, n, kk) == (1024, 1024, 1024) and name != "a100_80gb":
             assert ratio > 1.5, ratio
 

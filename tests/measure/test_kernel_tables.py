@@ -90,8 +90,9 @@ def test_kernel_model_is_fitted_back_from_tables_it_generated():
                                             "attention_head_dim": {64: 0.75, 128: 1.0, 192: 1.05}})
     p16, p8 = hw.peak_tflops("bf16"), hw.peak_tflops("fp8")
 
-    def eff(m, n, k, top):
-        return top * m / (m + 150.0) * n / (n + 420.0) * k / (k + 420.0)
+    def eff(m, n, k, top, grouped=False):
+        # the output dimensions M and N on one curve; grouped ratios against the reference with N on K's half-point
+        return top * m / (m + 150.0) * n / (n + (420.0 if grouped else 150.0)) * k / (k + 420.0)
 
     plan = plan_for(ModelSpec(name="l", num_layers=2, hidden_size=4096, ffn_hidden_size=14336,
                               num_attention_heads=32, num_kv_heads=8, vocab_size=128256), 4096, tiny=False)
@@ -99,7 +100,7 @@ def test_kernel_model_is_fitted_back_from_tables_it_generated():
         provenance="planted",
         gemm={"bf16": [[m, n, k, p16 * eff(m, n, k, 0.78)] for m, n, k in plan.gemm],
               "fp8": [[m, n, k, p8 * eff(m, n, k, 0.66)] for m, n, k in plan.gemm]},
-        grouped_gemm={"bf16": [[t, n, k, e, 0.5 * p16 * eff(t, n, k, 0.78)] for t, n, k, e in plan.grouped]},
+        grouped_gemm={"bf16": [[t, n, k, e, 0.5 * p16 * eff(t, n, k, 0.78, grouped=True)] for t, n, k, e in plan.grouped]},
         attention={"bf16": [[s, d, c, p16 * 0.62 * s / (s + 700.0) * km.head_dim_factor(d),
                              p16 * 0.5 * s / (s + 700.0) * km.head_dim_factor(d)]
                             for _, _, s, d, c in plan.attention]},
@@ -126,10 +127,12 @@ def test_a_measured_grouped_gemm_updates_the_bf16_entry_and_keeps_the_others():
     p16 = b200.peak_tflops("bf16")
     km = b200.kernel_model
 
-    def dense(t, n, k):
-        return km.gemm["bf16"] * t / (t + km.gemm_half_m) * n / (n + km.gemm_half_nk) * k / (k + km.gemm_half_nk)
+    def dense(t, n, k, grouped=False):
+        # grouped figures are ratios against the reference curve with N on K's half-point (KernelModel.gemm_shape)
+        return km.gemm["bf16"] * km.gemm_shape(t, n, k, km.gemm_half_m, km.gemm_half_nk,
+                                               km.gemm_half_nk if grouped else None)
     gemm = [[m, n, k, p16 * dense(m, n, k)] for m in (256, 1024, 4096, 16384) for n, k in ((4096, 4096), (1024, 8192))]
-    grouped = [[t, 1536, 4096, 8, 0.5 * p16 * dense(t, 1536, 4096)] for t in (512, 2048, 8192)]
+    grouped = [[t, 1536, 4096, 8, 0.5 * p16 * dense(t, 1536, 4096, grouped=True)] for t in (512, 2048, 8192)]
     tables = KernelTables(provenance="planted", gemm={"bf16": gemm}, grouped_gemm={"bf16": grouped})
     got = kernel_model_from_tables(tables, b200)
     assert got.grouped_gemm["bf16"] == pytest.approx(0.5, rel=0.05)
