@@ -265,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
     out.print("[dim]layout: TPn PPn(vV virtual stages) CP/EP/ETP degrees, DP data-parallel, SP sequence parallel, "
               "Z ZeRO stage (FSDP = ZeRO-3), mbs micro-batch, GA gradient accumulation, rc recompute, "
               "layers = transformer layers per pipeline stage[/dim]")
+    out.print("[dim]columns: mem = predicted peak GiB per GPU, W+G+O its weights + gradients + optimizer state, act its "
+              "activations; compute, tp, cp, ep, dp, bubble = seconds of the step (exposed communication only)[/dim]")
     out.print(f"[dim]search: {res.method}, {res.status_text()}, {res.solve_s:.2f} s, "
               f"space {res.space_size:,} layouts over {res.meshes} meshes[/dim]")
     for n in res.notes:

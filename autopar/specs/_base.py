@@ -42,6 +42,11 @@ def format_validation_error(err: ValidationError, where: str) -> str:
             name = next((str(x) for x in reversed(e["loc"]) if str(x) in FIELD_BOUNDS), None)
             if name is not None:
                 msg += f"; autopar's bound {bound_note(FIELD_BOUNDS[name])}"
+        if e["type"] == "value_error":   # autopar's own validators: their message names the field(s)
+            msg = msg.removeprefix("Value error, ")
+            if not e["loc"]:                # a check across fields (model validator): no one field to name
+                lines.append(f"{where}: {msg}")
+                continue
         lines.append(f"{where}: field '{loc}': {msg}")
     return "; ".join(lines)
 
