@@ -279,19 +279,31 @@ def recomputed_parts(L: Layout, parts: dict) -> tuple[str, ...]:
     return tuple(p for p in parts if p in chosen)
 
 
+def _parts_key(prof: ModelProfile, j: int, L: Layout, tokens: float, imbalance: float) -> tuple:
+    """The cache key of :func:`layer_parts` for layer kind j: the layout axes it reads (ep and etp only on layers with
+    routed experts: shapes.layer_kind gives the others no expert GEMM, permute or expert activation)."""
+    moe = prof.kinds[j].is_moe
+    return (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep if moe else 1, L.etp if moe else 1, imbalance)
+
+
+def _cached_parts(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: TrainingSpec, tokens: float,
+                  imbalance: float) -> dict[str, tuple[float, float]]:
+    """:func:`layer_parts` of layer kind j, priced once per :func:`_parts_key` (not per recompute policy)."""
+    key = _parts_key(prof, j, L, tokens, imbalance)
+    parts = kern.cache.get(key)
+    if parts is None:
+        parts = kern.cache[key] = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
+    return parts
+
+
 def _layer_times(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: TrainingSpec, tokens: float,
                  imbalance: float) -> tuple[float, float, float]:
     """(forward, backward, recompute) seconds of one layer of kind j, cached per layout axes it depends on (cp too:
     the attention span is s/cp, so two layouts with the same b·s/cp tokens but other cp differ)."""
-    # what layer_parts reads: ep and etp only on layers with routed experts (shapes.layer_kind gives the others
-    # no expert GEMM, permute or expert activation)
-    moe = prof.kinds[j].is_moe
-    key = (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep if moe else 1, L.etp if moe else 1, imbalance)
+    key = _parts_key(prof, j, L, tokens, imbalance)
     hit = kern.cache.get(key + (L.recompute, L.recompute_modules))
     if hit is None:
-        parts = kern.cache.get(key)   # the parts do not depend on the recompute policy: priced once for all
-        if parts is None:
-            parts = kern.cache[key] = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
+        parts = _cached_parts(kern, prof, j, L, tr, tokens, imbalance)
         fwd = sum(v[0] for v in parts.values())
         bwd = sum(v[1] for v in parts.values())
         rc = sum(parts[p][0] * w for p, w in recompute_shares(L, tr, parts).items())
@@ -321,13 +333,10 @@ def hiding_windows(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, k
     tokens = gpu_tokens(L, tr)
     gemm = total = 0.0
     for j, count in prof.kind_counts(st.first, st.last):
-        moe = prof.kinds[j].is_moe
-        key = (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep if moe else 1, L.etp if moe else 1, imbalance)
-        wkey = key + ("window", L.recompute, L.recompute_modules)
+        wkey = _parts_key(prof, j, L, tokens, imbalance) + ("window", L.recompute, L.recompute_modules)
         hit = kern.cache.get(wkey)
         if hit is None:
-            _layer_times(kern, prof, j, L, tr, tokens, imbalance)     # fills the parts cache
-            parts = kern.cache[key]
+            parts = _cached_parts(kern, prof, j, L, tr, tokens, imbalance)
             rc = set(recomputed_parts(L, parts))
             g = sum(f + b + (f if n in rc else 0.0) for n, (f, b) in parts.items() if n in TP_GEMM_PARTS)
             a = sum(f + b + (f if n in rc else 0.0) for n, (f, b) in parts.items())
@@ -453,10 +462,7 @@ def moe_host_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, ke
         kind = prof.kinds[j]
         if not kind.is_moe:
             continue
-        key = (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep, L.etp, imbalance)
-        parts = kern.cache.get(key)
-        if parts is None:
-            parts = kern.cache[key] = layer_parts(kern, kind, L, tr, tokens, imbalance)
+        parts = _cached_parts(kern, prof, j, L, tr, tokens, imbalance)
         g_fwd = sum(parts[p][0] for p in ROUTED_PARTS if p in parts)
         exposed = max(0.0, kind.num_experts / L.ep * host_expert_s - g_fwd)
         passes = 2 if not forward_only and (L.recompute == "full" or "moe" in L.recompute_modules) else 1
