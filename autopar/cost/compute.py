@@ -391,8 +391,8 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
         bwd += count * b
         rc += count * r
     over = overhead_time(prof, st, overhead_s, moe_overhead_s)
-    host = moe_host_time(prof, st, L, tr, kern, host_expert_s, imbalance)   # forward passes only
-    host_f = moe_host_time(prof, st, L, tr, kern, host_expert_s, imbalance, forward_only=True) if host else 0.0
+    host_f = moe_host_time(prof, st, L, tr, kern, host_expert_s, imbalance, forward_only=True)
+    host = _moe_forward_passes(L) * host_f   # forward passes only
     if st.is_first:
         bwd += embedding_grad_time(kern, prof, L)
     if st.is_last:
@@ -464,10 +464,14 @@ def moe_host_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, ke
             continue
         parts = _cached_parts(kern, prof, j, L, tr, tokens, imbalance)
         g_fwd = sum(parts[p][0] for p in ROUTED_PARTS if p in parts)
-        exposed = max(0.0, kind.num_experts / L.ep * host_expert_s - g_fwd)
-        passes = 2 if not forward_only and (L.recompute == "full" or "moe" in L.recompute_modules) else 1
-        total += count * passes * exposed
-    return total
+        total += count * max(0.0, kind.num_experts / L.ep * host_expert_s - g_fwd)
+    return total if forward_only else _moe_forward_passes(L) * total
+
+
+def _moe_forward_passes(L: Layout) -> int:
+    """Forward passes of the routed experts per micro-batch: 2 where recomputation re-runs them (full, or 'moe'
+    among the recomputed modules), else 1."""
+    return 2 if L.recompute == "full" or "moe" in L.recompute_modules else 1
 
 
 def overhead_time(prof: ModelProfile, st: Stage, overhead_s: float, moe_overhead_s: float) -> float:
