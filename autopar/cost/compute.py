@@ -150,9 +150,13 @@ def torchao_cast_bytes(kind: LayerKind, L: Layout, tr: TrainingSpec, tokens: flo
 # precision of the FP8 family.
 FP8_CAST_MXFP8_BYTES = 4.0
 
+# The routed-expert segment of an MoE layer: the GPU work issued after the token dispatcher's device-to-host sync
+# (:func:`moe_host_time`), and what the ``moe`` recompute module re-runs.
+ROUTED_PARTS = ("moe", "moe_act", "permute", "expert_bias")
+
 # Forward kernels re-run by each Megatron-Core recompute module (``--recompute-modules``).
-RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"),
-                   "moe": ("moe", "moe_act", "permute", "expert_bias"), "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
+RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"), "moe": ROUTED_PARTS,
+                   "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
                    "layernorm": ("norm",), "mla_up_proj": ("mla_up_proj",)}
 
 
@@ -422,10 +426,6 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
 # The same share scales the routed experts' priced host launches (:func:`moe_host_time`, the Estimator's
 # host_expert_s): a full-iteration graph has no sync and issues no per-expert work from the host.
 HOST_OVERHEAD_SHARE = {"none": 1.0, "partial": 1.0, "full_iteration": 0.0}
-
-
-# The routed-expert segment of an MoE layer: the GPU work issued after the token dispatcher's device-to-host sync.
-ROUTED_PARTS = ("moe", "moe_act", "permute", "expert_bias")
 
 
 def moe_host_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
