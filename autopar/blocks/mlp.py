@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.blocks._base import Block, Linear, Rule
+from autopar.blocks._base import Block, Linear, Rule, norm_residual
 
 
 def input_gemms(k: int, f: int, n_in: int, split: str, module: str, separate: bool) -> list[Linear]:
@@ -81,7 +81,7 @@ class MLP(Block):
     def membound(self) -> dict[str, tuple[float, float]]:
         h, f = self.hidden, self.ffn
         fwd, bwd = self.act_elems()
-        return {"norm": (2.0 * h, 3.0 * h), "residual": (3.0 * h, 3.0 * h), "mlp_act": (fwd * f, bwd * f)}
+        return {**norm_residual(h), "mlp_act": (fwd * f, bwd * f)}
 
     def fp8_cast_width(self) -> int:
         h, f = self.hidden, self.ffn

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.blocks._base import Block, Linear, Rule
+from autopar.blocks._base import Block, Linear, Rule, norm_residual
 from autopar.blocks.mlp import MLP, input_gemms
 
 
@@ -151,7 +151,7 @@ class MoE(Block):
     def membound(self) -> dict[str, tuple[float, float]]:
         h, k, fe, r = self.hidden, self.top_k, self.expert_ffn, self.routed_width
         act = self.expert.act_elems()
-        out = {"norm": (2.0 * h, 3.0 * h), "residual": (3.0 * h, 3.0 * h)}
+        out = norm_residual(h)
         if self.num_shared:
             fs = self.num_shared * self.shared_ffn
             out["shared_act"] = (act[0] * fs, act[1] * fs)
