@@ -508,7 +508,7 @@ def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
     if st.is_last and prof.mtp_layers:
         kinds.append((prof.kind_of[-1], prof.mtp_layers))
     for j, count in kinds:
-        parts = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
+        parts = _cached_parts(kern, prof, j, L, tr, tokens, imbalance)
         shares = recompute_shares(L, tr, parts)
         for name, (f, b) in parts.items():
             cls = KERNEL_CLASS[name]
