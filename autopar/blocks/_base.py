@@ -21,6 +21,13 @@ from typing import ClassVar
 SPLITS = ("col", "row", "replicated", "expert_col", "expert_row")
 
 
+def norm_residual(h: int) -> dict[str, tuple[float, float]]:
+    """A sub-block's pre-norm (fused into the linear after it, Transformer Engine LayerNormLinear: read h, write h;
+    backward read x, dy, write dx) and its residual add (read 2h, write h each way): memory-bound elements per token,
+    (forward, backward), as every token-mixer and channel sub-block counts them."""
+    return {"norm": (2.0 * h, 3.0 * h), "residual": (3.0 * h, 3.0 * h)}
+
+
 @dataclass(frozen=True)
 class Linear:
     """One linear layer: y[T, N] = x[T, K] · W[K, N] per token row; 2·K·N FLOPs per token forward. ``module``

@@ -8,8 +8,8 @@ tensor-core work, in BF16 under every FP8 recipe (the scans are Triton kernels, 
 flash-linear-attention's; Transformer Engine's fp8_autocast quantises only its own Linear / GroupedLinear modules),
 re-run by full recompute only (:data:`SCAN_MODULE`). A kind that inventories its scan kernels' HBM
 traffic (Mamba-2: :meth:`autopar.blocks.mamba.Mamba2.scan_bytes`) adds it to the same part as memory-bound bytes,
-and the part costs the larger of the two per pass (a roofline; autopar.cost.compute.BF16_PARTS). The sub-block's pre-norm and residual add are counted as
-the attention sub-block counts its own (:data:`NORM_RESIDUAL`).
+and the part costs the larger of the two per pass (a roofline; autopar.cost.compute.BF16_PARTS). The sub-block's
+pre-norm and residual add are counted as every sub-block counts its own (:func:`autopar.blocks._base.norm_residual`).
 
 Under all-to-all context parallelism (Megatron-Core ``MambaContextParallel``, ``GatedDeltaNet``) the input
 projections' output and the scan's output are swapped between a sequence and a head split: in_width + out_width
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from autopar.blocks._base import Block, Linear, Rule
+from autopar.blocks._base import Block, Linear, Rule, norm_residual
 
 _HEADS_NOTE = " (all-to-all context parallel splits heads)"
 # The part (and kernel class) of a linear mixer's chunked scan. No selective recompute module re-runs it, only full
@@ -29,10 +29,6 @@ _HEADS_NOTE = " (all-to-all context parallel splits heads)"
 # (NVIDIA/Megatron-LM@03453aee megatron/core/ssm/mamba_layer.py; the ``core_attn`` checkpoint lives in the softmax
 # Attention module), and its mixer's stored activations stay (:meth:`Recurrent.stored`).
 SCAN_MODULE = "ssm_scan"
-# The mixer sub-block's pre-norm (fused into the input projection, Transformer Engine LayerNormLinear: read h, write
-# h; backward read x, dy, write dx) and its residual add (read 2h, write h each way), elements per token (forward,
-# backward): the same counts as the softmax-attention sub-block's (autopar.blocks.attention).
-NORM_RESIDUAL = (("norm", 2.0, 3.0), ("residual", 3.0, 3.0))
 # MixerSpec fields that belong to one kind only, and the message when another kind sets them.
 _OWNED = {"state_size": "state_size is a mamba2 field, not {k}'s",
           "gate_low_rank": "gate_low_rank is a gla / kda field, not {k}'s",
@@ -111,8 +107,7 @@ class Recurrent(Block):
         return 0.0, 0.0
 
     def membound(self) -> dict[str, tuple[float, float]]:
-        h = self.hidden
-        out = {name: (f * h, b * h) for name, f, b in NORM_RESIDUAL}
+        out = norm_residual(self.hidden)
         fwd, bwd = self.scan_bytes()
         if fwd or bwd:
             out[SCAN_MODULE] = (fwd, bwd)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.blocks._base import Block, Linear, Rule
+from autopar.blocks._base import Block, Linear, Rule, norm_residual
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class Attention(Block):
 
     def membound(self) -> dict[str, tuple[float, float]]:
         h, r = self.hidden, self.rope_width()
-        return {"norm": (2.0 * h, 3.0 * h), "residual": (3.0 * h, 3.0 * h), "rope": (2.0 * r, 2.0 * r)}
+        return {**norm_residual(h), "rope": (2.0 * r, 2.0 * r)}
 
     def _qkv_width(self) -> int:
         """Width of the QKV GEMM's output (the FP8 cast of its result)."""

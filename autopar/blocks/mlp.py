@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.blocks._base import Block, Linear, Rule
+from autopar.blocks._base import Block, Linear, Rule, norm_residual
+
+
+def input_gemms(k: int, f: int, n_in: int, split: str, module: str, separate: bool) -> list[Linear]:
+    """The input GEMMs of an MLP of width ``f`` on a ``k``-wide input with ``n_in`` input matrices (gate and up, or up
+    alone): one k -> n_in·f GEMM (fused), or with ``separate`` one k -> f GEMM each, the later ones sharing the first's
+    input (:attr:`Linear.shares_input`)."""
+    if not separate:
+        return [Linear(k, n_in * f, split, module)]
+    return [Linear(k, f, split, module, shares_input=j > 0) for j in range(n_in)]
 
 
 @dataclass(frozen=True)
@@ -61,19 +70,18 @@ class MLP(Block):
 
     def gemms(self) -> tuple[Linear, ...]:
         h, f = self.hidden, self.ffn
-        return Linear(h, self.n_in * f, "col", "mlp"), Linear(f, h, "row", "mlp")
+        return (*input_gemms(h, f, self.n_in, "col", "mlp", separate=False), Linear(f, h, "row", "mlp"))
 
     def separate_gemms(self) -> tuple[Linear, ...]:
         """Gate and up as two GEMMs on one input (torchtitan@9dec370 torchtitan/models/llama/model.py FeedForward:
         w2(silu(w1 x) * w3 x), each an ``nn.Linear``), then down; a plain MLP has one input GEMM either way."""
         h, f = self.hidden, self.ffn
-        ins = [Linear(h, f, "col", "mlp", shares_input=j > 0) for j in range(self.n_in)]
-        return (*ins, Linear(f, h, "row", "mlp"))
+        return (*input_gemms(h, f, self.n_in, "col", "mlp", separate=True), Linear(f, h, "row", "mlp"))
 
     def membound(self) -> dict[str, tuple[float, float]]:
         h, f = self.hidden, self.ffn
         fwd, bwd = self.act_elems()
-        return {"norm": (2.0 * h, 3.0 * h), "residual": (3.0 * h, 3.0 * h), "mlp_act": (fwd * f, bwd * f)}
+        return {**norm_residual(h), "mlp_act": (fwd * f, bwd * f)}
 
     def fp8_cast_width(self) -> int:
         h, f = self.hidden, self.ffn

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.blocks._base import Block, Linear, Rule
-from autopar.blocks.mlp import MLP
+from autopar.blocks._base import Block, Linear, Rule, norm_residual
+from autopar.blocks.mlp import MLP, input_gemms
 
 
 # The routed experts' output bias in Megatron-Core's unfused expert path (TEGroupedMLP without the Transformer Engine
@@ -128,20 +128,16 @@ class MoE(Block):
 
     def _gemms(self, separate: bool) -> tuple[Linear, ...]:
         h, n_in, r = self.hidden, self.expert.n_in, self.routed_width
-
-        def inputs(k: int, f: int, split: str, module: str) -> list[Linear]:
-            if not separate:
-                return [Linear(k, n_in * f, split, module)]
-            return [Linear(k, f, split, module, shares_input=j > 0) for j in range(n_in)]
-
         lin = [Linear(h, self.num_experts, "replicated", "router")]
         if self.num_shared:
             fs = self.num_shared * self.shared_ffn
-            lin += [*inputs(h, fs, "col", "shared_experts"), Linear(fs, h, "row", "shared_experts")]
+            lin += [*input_gemms(h, fs, n_in, "col", "shared_experts", separate),
+                    Linear(fs, h, "row", "shared_experts")]
         if self.latent:
             lin += [Linear(h, self.latent, "replicated", "moe"), Linear(self.latent, h, "replicated", "moe")]
         fe = self.expert_ffn
-        return tuple(lin + [*inputs(r, fe, "expert_col", "moe"), Linear(fe, r, "expert_row", "moe")])
+        return tuple(lin + [*input_gemms(r, fe, n_in, "expert_col", "moe", separate),
+                            Linear(fe, r, "expert_row", "moe")])
 
     def gemms(self) -> tuple[Linear, ...]:
         return self._gemms(separate=False)
@@ -155,7 +151,7 @@ class MoE(Block):
     def membound(self) -> dict[str, tuple[float, float]]:
         h, k, fe, r = self.hidden, self.top_k, self.expert_ffn, self.routed_width
         act = self.expert.act_elems()
-        out = {"norm": (2.0 * h, 3.0 * h), "residual": (3.0 * h, 3.0 * h)}
+        out = norm_residual(h)
         if self.num_shared:
             fs = self.num_shared * self.shared_ffn
             out["shared_act"] = (act[0] * fs, act[1] * fs)

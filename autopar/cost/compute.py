@@ -150,9 +150,13 @@ def torchao_cast_bytes(kind: LayerKind, L: Layout, tr: TrainingSpec, tokens: flo
 # precision of the FP8 family.
 FP8_CAST_MXFP8_BYTES = 4.0
 
+# The routed-expert segment of an MoE layer: the GPU work issued after the token dispatcher's device-to-host sync
+# (:func:`moe_host_time`), and what the ``moe`` recompute module re-runs.
+ROUTED_PARTS = ("moe", "moe_act", "permute", "expert_bias")
+
 # Forward kernels re-run by each Megatron-Core recompute module (``--recompute-modules``).
-RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"),
-                   "moe": ("moe", "moe_act", "permute", "expert_bias"), "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
+RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"), "moe": ROUTED_PARTS,
+                   "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
                    "layernorm": ("norm",), "mla_up_proj": ("mla_up_proj",)}
 
 
@@ -279,19 +283,31 @@ def recomputed_parts(L: Layout, parts: dict) -> tuple[str, ...]:
     return tuple(p for p in parts if p in chosen)
 
 
+def _parts_key(prof: ModelProfile, j: int, L: Layout, tokens: float, imbalance: float) -> tuple:
+    """The cache key of :func:`layer_parts` for layer kind j: the layout axes it reads (ep and etp only on layers with
+    routed experts: shapes.layer_kind gives the others no expert GEMM, permute or expert activation)."""
+    moe = prof.kinds[j].is_moe
+    return (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep if moe else 1, L.etp if moe else 1, imbalance)
+
+
+def _cached_parts(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: TrainingSpec, tokens: float,
+                  imbalance: float) -> dict[str, tuple[float, float]]:
+    """:func:`layer_parts` of layer kind j, priced once per :func:`_parts_key` (not per recompute policy)."""
+    key = _parts_key(prof, j, L, tokens, imbalance)
+    parts = kern.cache.get(key)
+    if parts is None:
+        parts = kern.cache[key] = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
+    return parts
+
+
 def _layer_times(kern: Kernels, prof: ModelProfile, j: int, L: Layout, tr: TrainingSpec, tokens: float,
                  imbalance: float) -> tuple[float, float, float]:
     """(forward, backward, recompute) seconds of one layer of kind j, cached per layout axes it depends on (cp too:
     the attention span is s/cp, so two layouts with the same b·s/cp tokens but other cp differ)."""
-    # what layer_parts reads: ep and etp only on layers with routed experts (shapes.layer_kind gives the others
-    # no expert GEMM, permute or expert activation)
-    moe = prof.kinds[j].is_moe
-    key = (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep if moe else 1, L.etp if moe else 1, imbalance)
+    key = _parts_key(prof, j, L, tokens, imbalance)
     hit = kern.cache.get(key + (L.recompute, L.recompute_modules))
     if hit is None:
-        parts = kern.cache.get(key)   # the parts do not depend on the recompute policy: priced once for all
-        if parts is None:
-            parts = kern.cache[key] = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
+        parts = _cached_parts(kern, prof, j, L, tr, tokens, imbalance)
         fwd = sum(v[0] for v in parts.values())
         bwd = sum(v[1] for v in parts.values())
         rc = sum(parts[p][0] * w for p, w in recompute_shares(L, tr, parts).items())
@@ -321,13 +337,10 @@ def hiding_windows(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, k
     tokens = gpu_tokens(L, tr)
     gemm = total = 0.0
     for j, count in prof.kind_counts(st.first, st.last):
-        moe = prof.kinds[j].is_moe
-        key = (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep if moe else 1, L.etp if moe else 1, imbalance)
-        wkey = key + ("window", L.recompute, L.recompute_modules)
+        wkey = _parts_key(prof, j, L, tokens, imbalance) + ("window", L.recompute, L.recompute_modules)
         hit = kern.cache.get(wkey)
         if hit is None:
-            _layer_times(kern, prof, j, L, tr, tokens, imbalance)     # fills the parts cache
-            parts = kern.cache[key]
+            parts = _cached_parts(kern, prof, j, L, tr, tokens, imbalance)
             rc = set(recomputed_parts(L, parts))
             g = sum(f + b + (f if n in rc else 0.0) for n, (f, b) in parts.items() if n in TP_GEMM_PARTS)
             a = sum(f + b + (f if n in rc else 0.0) for n, (f, b) in parts.items())
@@ -382,8 +395,8 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
         bwd += count * b
         rc += count * r
     over = overhead_time(prof, st, overhead_s, moe_overhead_s)
-    host = moe_host_time(prof, st, L, tr, kern, host_expert_s, imbalance)   # forward passes only
-    host_f = moe_host_time(prof, st, L, tr, kern, host_expert_s, imbalance, forward_only=True) if host else 0.0
+    host_f = moe_host_time(prof, st, L, tr, kern, host_expert_s, imbalance, forward_only=True)
+    host = _moe_forward_passes(L) * host_f   # forward passes only
     if st.is_first:
         bwd += embedding_grad_time(kern, prof, L)
     if st.is_last:
@@ -413,10 +426,6 @@ def microbatch_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
 # The same share scales the routed experts' priced host launches (:func:`moe_host_time`, the Estimator's
 # host_expert_s): a full-iteration graph has no sync and issues no per-expert work from the host.
 HOST_OVERHEAD_SHARE = {"none": 1.0, "partial": 1.0, "full_iteration": 0.0}
-
-
-# The routed-expert segment of an MoE layer: the GPU work issued after the token dispatcher's device-to-host sync.
-ROUTED_PARTS = ("moe", "moe_act", "permute", "expert_bias")
 
 
 def moe_host_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
@@ -453,15 +462,16 @@ def moe_host_time(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, ke
         kind = prof.kinds[j]
         if not kind.is_moe:
             continue
-        key = (id(prof), j, tokens, L.cp, L.tp, L.sp, L.ep, L.etp, imbalance)
-        parts = kern.cache.get(key)
-        if parts is None:
-            parts = kern.cache[key] = layer_parts(kern, kind, L, tr, tokens, imbalance)
+        parts = _cached_parts(kern, prof, j, L, tr, tokens, imbalance)
         g_fwd = sum(parts[p][0] for p in ROUTED_PARTS if p in parts)
-        exposed = max(0.0, kind.num_experts / L.ep * host_expert_s - g_fwd)
-        passes = 2 if not forward_only and (L.recompute == "full" or "moe" in L.recompute_modules) else 1
-        total += count * passes * exposed
-    return total
+        total += count * max(0.0, kind.num_experts / L.ep * host_expert_s - g_fwd)
+    return total if forward_only else _moe_forward_passes(L) * total
+
+
+def _moe_forward_passes(L: Layout) -> int:
+    """Forward passes of the routed experts per micro-batch: 2 where recomputation re-runs them (full, or 'moe'
+    among the recomputed modules), else 1."""
+    return 2 if L.recompute == "full" or "moe" in L.recompute_modules else 1
 
 
 def overhead_time(prof: ModelProfile, st: Stage, overhead_s: float, moe_overhead_s: float) -> float:
@@ -498,7 +508,7 @@ def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
     if st.is_last and prof.mtp_layers:
         kinds.append((prof.kind_of[-1], prof.mtp_layers))
     for j, count in kinds:
-        parts = layer_parts(kern, prof.kinds[j], L, tr, tokens, imbalance)
+        parts = _cached_parts(kern, prof, j, L, tr, tokens, imbalance)
         shares = recompute_shares(L, tr, parts)
         for name, (f, b) in parts.items():
             cls = KERNEL_CLASS[name]

@@ -95,12 +95,12 @@ class Kernels:
         if m <= 0:
             return 0.0, 0.0
         eff = self.gemm_eff(m, n, k, hi, grouped) * (self.grouped_max if grouped else 1.0)
-        flops = 2.0 * m * n * k * (weight_elems / (n * k) if grouped else 1.0)
+        experts = weight_elems / (n * k) if grouped else 1.0     # the local experts a grouped GEMM runs
+        flops = 2.0 * m * n * k * experts
         rate = (self.peak_hi if hi else self.peak) * eff
         bw = self.hbm_bytes_per_s
         fwd_occ, bwd_gemms = 1.0, 2.0      # backward: input-gradient and weight-gradient GEMMs, each the forward's
         if grouped and self.waves is not None:
-            experts = weight_elems / (n * k)
             occ = self.waves.occupancy
             fwd_occ = occ(m, n, experts)
             bwd_gemms = 1.0 / occ(m, k, experts) + 1.0 / occ(k, n, experts)

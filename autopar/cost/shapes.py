@@ -123,17 +123,14 @@ def layer_kind(m: ModelSpec, i: int, seq_len: int, projections: str = "fused") -
     cast = cast_exp = 0.0
     # Parallel token mixers (Falcon-H1) read one pre-norm and add one residual: the largest of their counts.
     shared: dict[str, tuple[float, float]] = {}
-    for b in m.mixer_blocks(i):
-        for name in SHARED_BY_MIXERS:
-            f, bw = b.membound().get(name, (0.0, 0.0))
-            f0, b0 = shared.get(name, (0.0, 0.0))
-            shared[name] = (max(f0, f), max(b0, bw))
     for b in blocks:
         for name, (fwd, bwd) in b.membound().items():
             if b is not channel and name in SHARED_BY_MIXERS:
-                continue
-            f0, b0 = membound.get(name, (0.0, 0.0))
-            membound[name] = (f0 + fwd, b0 + bwd)
+                f0, b0 = shared.get(name, (0.0, 0.0))
+                shared[name] = (max(f0, fwd), max(b0, bwd))
+            else:
+                f0, b0 = membound.get(name, (0.0, 0.0))
+                membound[name] = (f0 + fwd, b0 + bwd)
         cast += b.fp8_cast_width()
         cast_exp += b.fp8_cast_width_expert()
     for name, (fwd, bwd) in shared.items():
