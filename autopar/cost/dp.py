@@ -115,7 +115,7 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
         g_bytes, w_bytes = params * tr.grad_bytes, params * tr.param_gather_bytes   # FP8 under fp8_param_gather
         replicate = (L.dp * L.cp if group == "dense" else L.edp) // n if L.hsdp_shard else 1
         copy_out = 2.0 * w_bytes / hbm if fsdp2 else 0.0   # one gather's copy-out: read + write (docstring)
-        load = busy.get("network" if net.placement(n, stride)[1] > 1 else "nvlink", 0.0)
+        load = busy.get(net.link(n, stride), 0.0)
         w_fwd, w_bwd = maximum(t_fwd_mb - load / 3.0, 0.0), maximum(t_bwd_mb - 2.0 * load / 3.0, 0.0)
         # ZeRO-3 / FSDP: per micro-batch, one gather (forward), one gather and one reduce-scatter (backward) per layer
         ag, rs = _times(net, "all_gather", w_bytes, n, stride, units), _times(net, "reduce_scatter", g_bytes, n,

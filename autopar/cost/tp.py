@@ -193,7 +193,7 @@ def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     if not t or not tr.tp_comm_overlap:
         return t + amax
     tp = L.tp
-    link = "network" if net.placement(tp, 1)[1] > 1 else "nvlink"
+    link = net.link(tp, 1)
     if tr.tp_overlap_impl == "async_tp":
         if link == "network":
             # symmetric memory maps peers' buffers over NVLink: a TP group across domains runs plain NCCL
