@@ -76,6 +76,11 @@ class Network:
         k = 1 if stride >= self.domain else max(1, min(n, self.domain // stride))
         return k, max(1, -(-n // k))
 
+    def link(self, n: int, stride: int) -> str:
+        """The link a group of n ranks ``stride`` apart runs its collectives on: 'network' when it spans NVLink
+        domains, else 'nvlink'."""
+        return "network" if self.placement(n, stride)[1] > 1 else "nvlink"
+
     def coefficients(self, op: str, n: int, stride: int) -> tuple[float, float]:
         """(seconds per byte, fixed seconds) so that time(S) = S·c + t0. Zero for n = 1."""
         key = (op, n, stride)

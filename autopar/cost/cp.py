@@ -201,37 +201,51 @@ def _torch_ring(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net:
 
 def cp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
                            net: Network, kern: Kernels) -> float:
+    """Exposed CP seconds of one micro-batch on stage ``st`` (:func:`cp_times`)."""
+    return cp_times(prof, st, L, tr, hw, net, kern)[0]
+
+
+def cp_times(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec, net: Network,
+             kern: Kernels) -> tuple[float, float]:
+    """(exposed, none hidden) CP seconds of one micro-batch on stage ``st``: the attention ring less what its
+    blocks hide where ``tr.cp_comm_overlap`` is on, and the same ring with nothing hidden (what the estimator
+    prices the hidden part's overlap cost from), each with the state layers' exchange (never hidden)."""
     if L.cp == 1:
-        return 0.0
+        return 0.0, 0.0
     m = prof.model
     passes = 4 if L.recompute == "full" else 3
     n_attn = st.sum(prof, "attn_layers")
-    step = _ring_step(prof, L, tr, net)
-    t = 0.0
+    t = t_all = 0.0
     if n_attn:
-        tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
-        fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, tr.seq_len / L.cp, m.qk_head_dim,
-                                  ring_full_share(L.cp, tr.seq_len, tr.seq_len))
-        f_blk, b_blk = fwd / (n_attn * L.cp), bwd / (n_attn * L.cp)   # one layer's, one ring step's block
-        if tr.cp_ring == "torch_allgather":
-            t = _torch_ring(prof, st, L, tr, net, kern, f_blk, b_blk) if tr.cp_comm_overlap else \
-                _torch_ring(prof, st, L, tr, net, kern, 0.0, 0.0)
-        elif tr.cp_comm_overlap:
-            per_layer = max(0.0, step - f_blk) + max(0.0, 2 * step - b_blk)
-            if L.recompute == "full":
-                per_layer += max(0.0, step - f_blk)
-            t = n_attn * (L.cp - 1) * per_layer
+        torch_ring = tr.cp_ring == "torch_allgather"
+        if torch_ring:
+            t_all = _torch_ring(prof, st, L, tr, net, kern, 0.0, 0.0)
         else:
-            t = n_attn * passes * (L.cp - 1) * step
+            step = _ring_step(prof, L, tr, net)
+            t_all = n_attn * passes * (L.cp - 1) * step
+        t = t_all
+        if tr.cp_comm_overlap:
+            tokens = L.micro_batch * tr.seq_len / (L.tp * L.cp)
+            fwd, bwd = kern.attention(st.sum(prof, "attn_core_flops") * tokens, tr.seq_len / L.cp, m.qk_head_dim,
+                                      ring_full_share(L.cp, tr.seq_len, tr.seq_len))
+            f_blk, b_blk = fwd / (n_attn * L.cp), bwd / (n_attn * L.cp)   # one layer's, one ring step's block
+            if torch_ring:
+                t = _torch_ring(prof, st, L, tr, net, kern, f_blk, b_blk)
+            else:
+                per_layer = max(0.0, step - f_blk) + max(0.0, 2 * step - b_blk)
+                if L.recompute == "full":
+                    per_layer += max(0.0, step - f_blk)
+                t = n_attn * (L.cp - 1) * per_layer
+    state = 0.0
     n_state = st.sum(prof, "state_layers")
     if n_state and tr.linear_cp == "all_to_all":
         a2a_bytes = L.micro_batch * (tr.seq_len / L.cp) * st.sum(prof, "mixer_a2a_elems") / L.tp * tr.activation_bytes
         c, t0 = net.coefficients("all_to_all", L.cp, L.tp)
         # 2 per pass; each layer's latency counted once per all-to-all
-        t += 2 * (passes - 1) * (a2a_bytes * c + n_state * t0)
+        state = 2 * (passes - 1) * (a2a_bytes * c + n_state * t0)
     elif n_state:
         # all state layers of the stage; the per-layer latency is counted once per layer and pass
         state_bytes = L.micro_batch * st.sum(prof, "mixer_state_elems") / L.tp * tr.activation_bytes
         c, t0 = net.coefficients("send_recv", 2, L.tp)
-        t += (passes - 1) * (L.cp - 1) * (state_bytes * c + n_state * t0)
-    return t
+        state = (passes - 1) * (L.cp - 1) * (state_bytes * c + n_state * t0)
+    return t + state, t_all + state

@@ -107,6 +107,7 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
     units = max(1, units)
     f_unit = 1.0 / units
     fsdp2 = tr.dp_impl == "fsdp2"
+    per_step = L.pp > 1 and tr.pp_fsdp == "per_step"   # one gather and one reduce-scatter per step (docstring)
     hbm = hw.hbm_tbps * 1e12 * hw.kernel_model.hbm   # B/s of memory-bound kernels
     total = exposed = 0.0
     for (group, n, stride), params in zip(_groups(L), (dense, expert)):
@@ -115,13 +116,12 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
         g_bytes, w_bytes = params * tr.grad_bytes, params * tr.param_gather_bytes   # FP8 under fp8_param_gather
         replicate = (L.dp * L.cp if group == "dense" else L.edp) // n if L.hsdp_shard else 1
         copy_out = 2.0 * w_bytes / hbm if fsdp2 else 0.0   # one gather's copy-out: read + write (docstring)
-        load = busy.get("network" if net.placement(n, stride)[1] > 1 else "nvlink", 0.0)
+        load = busy.get(net.link(n, stride), 0.0)
         w_fwd, w_bwd = maximum(t_fwd_mb - load / 3.0, 0.0), maximum(t_bwd_mb - 2.0 * load / 3.0, 0.0)
         # ZeRO-3 / FSDP: per micro-batch, one gather (forward), one gather and one reduce-scatter (backward) per layer
         ag, rs = _times(net, "all_gather", w_bytes, n, stride, units), _times(net, "reduce_scatter", g_bytes, n,
                                                                                stride, units)
-        per_step = L.pp > 1 and tr.pp_fsdp == "per_step"
-        if per_step:   # one gather and one reduce-scatter per step (docstring)
+        if per_step:
             tot3 = ag + rs
             exp3 = f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else tot3
         else:
@@ -134,12 +134,11 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
             tot3, exp3 = tot3 + gathers * copy_out, exp3 + gathers * copy_out
             # ZeRO-1/2 as FSDP2 runs them (reshard_after_forward False, resharded after each backward, gradients
             # reduce-scattered every micro-batch: torchtitan leaves gradient sync on across accumulation steps):
-            # per micro-batch one gather and one reduce-scatter per layer; under PP per step, as ZeRO-3's
-            once = ag + rs
+            # per micro-batch one gather and one reduce-scatter per layer; under PP per step, ZeRO-3's own
             if per_step:
-                tot_f2 = once + copy_out
-                exp_f2 = (f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else once) + copy_out
+                tot_f2, exp_f2 = tot3, exp3
             else:
+                once = ag + rs
                 tot_f2 = M * once + M * copy_out
                 exp_f2 = (M * (f_unit * once + _exposed((1.0 - f_unit) * once, w_fwd + w_bwd)) if on
                           else M * once) + M * copy_out

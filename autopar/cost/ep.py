@@ -37,6 +37,8 @@ What hides slows the partner's kernels (they share the SMs): priced once for eve
 
 from __future__ import annotations
 
+import functools
+
 from autopar.blocks import channel_block
 from autopar.cost.collectives import Network
 from autopar.cost.layer_sums import ModelProfile
@@ -52,14 +54,22 @@ def ep_overlap_blockers(L: Layout, model: ModelSpec) -> list[str]:
     """Why Megatron-Core refuses --overlap-moe-expert-parallel-comm for this layout, each with its upstream line; empty
     when it allows it. The rules are Megatron's own, kept once in :mod:`autopar.specs.launcher_rules` (the Megatron
     emitter checks its argv against the same ones): the layout is put as the settings Megatron would see."""
-    full = L.recompute == "full"
-    settings = {"overlap_moe_expert_parallel_comm": True, "expert_model_parallel_size": L.ep,
-                "pipeline_model_parallel_size": L.pp,
-                "num_virtual_stages_per_pipeline_rank": L.vpp if L.vpp > 1 else None,
+    return list(_ep_overlap_problems(L.ep, L.pp, L.vpp, L.recompute == "full", L.recompute_modules,
+                                     model.mtp_layers, L.zero_stage == 3))
+
+
+@functools.lru_cache(maxsize=None)
+def _ep_overlap_problems(ep: int, pp: int, vpp: int, full: bool, modules: frozenset[str], mtp_layers: int,
+                         megatron_fsdp: bool) -> tuple[str, ...]:
+    """:func:`ep_overlap_blockers` of the few layout fields the rules read, kept: every stage time with EP overlap on
+    asks it, over a handful of distinct answers."""
+    settings = {"overlap_moe_expert_parallel_comm": True, "expert_model_parallel_size": ep,
+                "pipeline_model_parallel_size": pp,
+                "num_virtual_stages_per_pipeline_rank": vpp if vpp > 1 else None,
                 "recompute_granularity": "full" if full else None, "recompute_method": "uniform" if full else None,
-                "recompute_modules": sorted(L.recompute_modules), "bf16": True,
-                "mtp_num_layers": model.mtp_layers, "use_megatron_fsdp": L.zero_stage == 3}
-    return megatron_problems(settings, EP_OVERLAP_RULES)
+                "recompute_modules": sorted(modules), "bf16": True,
+                "mtp_num_layers": mtp_layers, "use_megatron_fsdp": megatron_fsdp}
+    return tuple(megatron_problems(settings, EP_OVERLAP_RULES))
 
 
 def ep_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network,

@@ -25,7 +25,7 @@ from typing import NamedTuple
 from autopar.cost import compute as _compute
 from autopar.cost._select import where
 from autopar.cost.collectives import Network
-from autopar.cost.cp import cp_ring_seconds, cp_time_per_microbatch
+from autopar.cost.cp import cp_ring_seconds, cp_times
 from autopar.cost.dp import dp_time_per_step
 from autopar.cost.ep import ep_comm_seconds, ep_time_per_microbatch
 from autopar.cost.kernels import Kernels
@@ -79,8 +79,6 @@ class Estimator:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, training: TrainingSpec, gpus: int):
         self.model, self.hardware, self.training, self.gpus = model, hardware, training, gpus
         self.profile = ModelProfile(model, training)
-        # the same training with CP overlap off: what the ring exposes without it (the hidden part's overlap cost)
-        self._no_overlap = training.model_copy(update={"cp_comm_overlap": False})
         self._bind(hardware)
         self._stages: dict[tuple[int, ...], list[Stage]] = {}
 
@@ -133,14 +131,13 @@ class Estimator:
         gemm_w = kern_w = 0.0
         if (L.tp > 1 and tr.tp_comm_overlap) or ((L.ep > 1 or L.etp > 1) and tr.ep_comm_overlap):
             gemm_w, kern_w = _compute.hiding_windows(prof, st, L, tr, self.kernels, self.imbalance)
-        cp = cp_time_per_microbatch(prof, st, L, tr, hw, net, self.kernels)
+        cp, cp_total = cp_times(prof, st, L, tr, hw, net, self.kernels)
         ep_total = ep_comm_seconds(prof, st, L, tr, net) * self.imbalance
         ep = ep_time_per_microbatch(prof, st, L, tr, hw, net, self.imbalance, kern_w, ep_total)
         if L.cp > 1 and tr.cp_comm_overlap:   # the ring's hidden transfers slow the attention they hide under
-            cp += overlap_cost(max(0.0, cp_time_per_microbatch(prof, st, L, self._no_overlap, hw, net, self.kernels)
-                                    - cp), hw, "sm", self._link(L.cp, L.tp))
+            cp += overlap_cost(max(0.0, cp_total - cp), hw, "sm", net.link(L.cp, L.tp))
         if tr.ep_comm_overlap and ep_total > ep:   # the partner micro-batch's kernels run beside the all-to-alls
-            ep += overlap_cost(max(0.0, ep_total - ep), hw, "sm", self._link(L.ep, L.etp))
+            ep += overlap_cost(max(0.0, ep_total - ep), hw, "sm", net.link(L.ep, L.etp))
         return StageTimes(
             compute=t_tot, tp=tp_time_per_microbatch(prof, st, L, tr, hw, net, gemm_w, self.kernels),
             cp=cp, ep=ep, forward=t_fwd,
@@ -180,18 +177,13 @@ class Estimator:
         # what hides slows the compute it hides under (NCCL kernels on SMs: autopar.cost.overlap), each sharding
         # group's share (by parameters) at its own link's rate
         hidden = dp_total - dp_exposed
-        groups = ((dense, self._link(L.dp * L.cp, L.tp)), (expert, self._link(L.edp, L.ep * L.etp)))
+        groups = ((dense, self.net.link(L.dp * L.cp, L.tp)), (expert, self.net.link(L.edp, L.ep * L.etp)))
         for params, link in groups:
             if params:
                 dp_exposed = dp_exposed + overlap_cost(hidden * (params / (dense + expert)), hw, "sm", link)
         sd, se = shard_groups(L)
         p_local = dense / where(L.zero_stage >= 1, sd, 1) + expert / where(L.zero_stage >= 1, se, 1)
         return dp_exposed, optimizer_time(p_local, tr, hw)
-
-    def _link(self, n: int, stride: int) -> str:
-        """The link a group of n ranks ``stride`` apart runs its collectives on: the network when it spans NVLink
-        domains."""
-        return "network" if self.net.placement(n, stride)[1] > 1 else "nvlink"
 
     def link_busy(self, L: Layout, st: Stage) -> dict[str, float]:
         """Seconds per micro-batch that NVLink and the network carry stage ``st``'s TP, CP and EP traffic (forward
@@ -203,7 +195,7 @@ class Estimator:
                              (cp_ring_seconds(prof, st, L, tr, net, 3), L.cp, L.tp),
                              (ep_comm_seconds(prof, st, L, tr, net, 2), L.ep * L.etp, 1)):
             if n > 1:   # t may be an array over the micro-batch (the search's tables)
-                busy["network" if net.placement(n, stride)[1] > 1 else "nvlink"] += t
+                busy[net.link(n, stride)] += t
         return busy
 
     def compute_by_kernel(self, layout: Layout, *, resolved: bool = False) -> dict[str, float]:

@@ -318,11 +318,12 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         if prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight micro-batch
             mtp_layers = prof.model.mtp_layers * minimum(st.pp, L.grad_accum)
             act = act + mb_tokens * e * (kept / max(st.n_layers, 1)) * mtp_layers
-    if tr.loss_runtime == "torch" and st.is_last:   # the eager final norm's saved tensors (docstring)
-        act = act + mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden * TORCH_FINAL_NORM_BYTES
-    if tr.loss_runtime == "torch" and st.pp > 1:   # torch.distributed.pipelining's stage buffers (docstring)
-        boundary = mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden * e
-        act = act + boundary * pipeline_boundary_tensors(st, L)
+    if tr.loss_runtime == "torch":   # PyTorch's runtime (docstring), per element of one sequence-sharded b·s·h tensor
+        boundary = mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden
+        if st.is_last:   # the eager final norm's saved tensors
+            act = act + boundary * TORCH_FINAL_NORM_BYTES
+        if st.pp > 1:   # torch.distributed.pipelining's stage buffers
+            act = act + boundary * e * pipeline_boundary_tensors(st, L)
     return act
 
 

@@ -98,6 +98,11 @@ from autopar.specs.training import TrainingSpec
 FP8_TENSORWISE_TP_VOLUME = 0.75   # all-gather in FP8 (1/2), reduce-scatter in BF16 (1): (0.5 + 1) / 2
 
 
+def _fp8_tensorwise(tr: TrainingSpec) -> bool:
+    """Whether the GEMMs run torchao's tensorwise FP8 (module docstring): FP8 all-gathers, amax all-reduces."""
+    return tr.precision == "fp8" and tr.fp8_recipe == "tensorwise"
+
+
 def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network,
                     per_block: int | None = None) -> float:
     """T_tp: every TP collective of one micro-batch on stage ``st``, none hidden. ``per_block`` overrides the
@@ -108,7 +113,7 @@ def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
         per_block = 3 if L.recompute == "full" else 2
     n_ar = per_block * st.sum(prof, "tp_blocks") + (1 if st.is_last else 0)
     nbytes = L.micro_batch * (tr.seq_len / L.cp) * prof.hidden * tr.activation_bytes
-    if tr.precision == "fp8" and tr.fp8_recipe == "tensorwise":
+    if _fp8_tensorwise(tr):
         nbytes *= FP8_TENSORWISE_TP_VOLUME
     return n_ar * net.time("all_reduce", nbytes, L.tp, 1)
 
@@ -124,7 +129,7 @@ def fp8_amax_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
     """Seconds of one micro-batch's torchao tensorwise amax all-reduces over the TP group (module docstring):
     n_lin · (3 + 2 if recomputing) − n_shared · (1 + 1 if recomputing) latency-bound all-reduces of one fp32 scalar,
     n_lin the stage's TP-split linears, n_shared those sharing their input with the one before."""
-    if L.tp == 1 or tr.precision != "fp8" or tr.fp8_recipe != "tensorwise":
+    if L.tp == 1 or not _fp8_tensorwise(tr):
         return 0.0
     split = [(count, lin) for j, count in prof.kind_counts(st.first, st.last) for lin in prof.kinds[j].linears
              if lin.split in ("col", "row")]
@@ -138,13 +143,13 @@ def fp8_amax_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
 def _ag_share(tr: TrainingSpec) -> float:
     """The all-gather's share of one all-gather + reduce-scatter pair's time (tensorwise FP8 gathers 1-byte
     elements: 0.5 / (0.5 + 1))."""
-    return 1.0 / 3.0 if tr.precision == "fp8" and tr.fp8_recipe == "tensorwise" else 0.5
+    return 1.0 / 3.0 if _fp8_tensorwise(tr) else 0.5
 
 
 def async_tp_fuses_all_gather(tr: TrainingSpec) -> bool:
     """Whether async TP's pattern matcher fuses the all-gathers: the gathered tensor must feed the matmul itself,
     not an FP8 cast after the gather (module docstring)."""
-    return tr.precision not in FP8_FAMILY or (tr.precision == "fp8" and tr.fp8_recipe == "tensorwise")
+    return tr.precision not in FP8_FAMILY or _fp8_tensorwise(tr)
 
 
 def async_tp_fused_share(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
@@ -193,7 +198,7 @@ def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     if not t or not tr.tp_comm_overlap:
         return t + amax
     tp = L.tp
-    link = "network" if net.placement(tp, 1)[1] > 1 else "nvlink"
+    link = net.link(tp, 1)
     if tr.tp_overlap_impl == "async_tp":
         if link == "network":
             # symmetric memory maps peers' buffers over NVLink: a TP group across domains runs plain NCCL
