@@ -141,9 +141,8 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu_hour_price is not None and args.gpu_hour_price <= 0:
         raise AutoparInputError(f"--gpu-hour-price must be positive, got {args.gpu_hour_price}")
     if args.report:
-        from autopar.report import report_paths, write_report
-    if args.report:
         from autopar.fileio import check_output_dir
+        from autopar.report import report_paths, write_report
         check_output_dir(Path(args.report).parent, "--report")
     if args.report and not args.overwrite:   # refuse before a long search, not after
         for f in report_paths(args.report):
