@@ -197,12 +197,13 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
     knobs = stack.with_knobs(parse_knobs(getattr(args, "knobs", "") or ""))
     hw = stack.on(hw)
     args.stack_spec, args.stack_knobs = stack, knobs
+    fields = knobs.training_fields()
     training = build_spec(TrainingSpec, dict(
         seq_len=args.seq_len, global_batch=gb, precision=args.precision,
-        **_grad_dtype(args, knobs.training_fields()),
+        **_grad_dtype(args, fields),
         weight_dtype="fp16" if args.precision == "fp16" else "bf16",
         linear_cp=getattr(args, "linear_cp", "all_to_all"),
-        **{**knobs.training_fields(), **overlap_fields(args)}), "training flags")   # --overlap over the stack's
+        **{**fields, **overlap_fields(args)}), "training flags")   # --overlap over the stack's
     hw.peak_tflops(training.precision)  # fails early, naming the precision, if the chip lacks it
     return model, hw, training, notes
 

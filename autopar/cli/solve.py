@@ -66,8 +66,9 @@ def _budget(args, plan):
 def _search_knobs(args, model, hw, training, opts, err):
     """:func:`_search` for each setting of the stack's free knobs (``free`` in the stack file, less the ones --knobs
     fixes), keeping the setting whose best plan --objective prefers (:func:`_objective`, as the GPU-count sweep
-    ranks); the chosen knobs go to args.stack_knobs (what the output and --emit report). Returns :func:`_search`'s (gpus, result, sweep) and then the TrainingSpec with
-    the chosen knobs' switches and whether there was a choice to make."""
+    ranks); the chosen knobs go to args.stack_knobs (what the output and --emit report). Returns :func:`_search`'s
+    (gpus, result, sweep) and then the TrainingSpec with the chosen knobs' switches and whether there was a choice
+    to make."""
     from autopar.specs.stack import parse_knobs
     choices = args.stack_spec.knob_choices(parse_knobs(args.knobs or ""))
     if len(choices) <= 1:
@@ -141,9 +142,8 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu_hour_price is not None and args.gpu_hour_price <= 0:
         raise AutoparInputError(f"--gpu-hour-price must be positive, got {args.gpu_hour_price}")
     if args.report:
-        from autopar.report import report_paths, write_report
-    if args.report:
         from autopar.fileio import check_output_dir
+        from autopar.report import report_paths, write_report
         check_output_dir(Path(args.report).parent, "--report")
     if args.report and not args.overwrite:   # refuse before a long search, not after
         for f in report_paths(args.report):

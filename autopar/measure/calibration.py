@@ -111,8 +111,8 @@ def efficiency_for(report: FitReport, hw: HardwareSpec) -> Efficiency:
 
 def stack_efficiency(report: FitReport, stack: str) -> dict[str, float]:
     """The constants fitted to one stack's rows (empty for the base stack: its constants are the hardware files')."""
-    return {c.field: float(f"{v:.4g}") for c, v in report.values.items()
-            if c.stack == stack and c.name in {fc.name for fc in report.constants}}
+    fitted = {fc.name for fc in report.constants}
+    return {c.field: float(f"{v:.4g}") for c, v in report.values.items() if c.stack == stack and c.name in fitted}
 
 
 _BEGIN = "# --- calibrated efficiency (autopar validate --fit --write) ---"

@@ -262,11 +262,7 @@ def _name(reg: dict[str, str]) -> str:
 def throughput_interval(predicted_tokens: float, regime: dict[str, str], path: Path | None = None) -> Interval | None:
     """Interval of the measured tokens/s/GPU for a prediction (None when the file has no entry)."""
     t = _table(path)
-    e = _lookup(t.get("throughput", []), regime)
-    if e is None:
-        return None
-    return Interval(predicted_tokens, predicted_tokens / (1 + e["q_hi"]), predicted_tokens / (1 + e["q_lo"]),
-                    t["share"], _name(e["regime"]), e["rows"], _median(predicted_tokens, e))
+    return _interval(predicted_tokens, _lookup(t.get("throughput", []), regime), t)
 
 
 def memory_interval(predicted_gib: float, regime: dict[str, str], path: Path | None = None) -> Interval | None:
@@ -274,12 +270,13 @@ def memory_interval(predicted_gib: float, regime: dict[str, str], path: Path | N
     t = _table(path)
     # Memory: only from runs of the same stack (what a framework reports as peak memory, and what it allocates,
     # differ between stacks: torchtitan prints reserved memory), never a fallback across stacks.
-    e = _lookup(t.get("memory", []), regime, same_stack=True)
+    return _interval(predicted_gib, _lookup(t.get("memory", []), regime, same_stack=True), t)
+
+
+def _interval(predicted: float, e: dict | None, table: dict) -> Interval | None:
+    """The measured figure's interval around ``predicted`` from one band entry ``e`` of the file ``table`` (None
+    without an entry)."""
     if e is None:
         return None
-    return Interval(predicted_gib, predicted_gib / (1 + e["q_hi"]), predicted_gib / (1 + e["q_lo"]),
-                    t["share"], _name(e["regime"]), e["rows"], _median(predicted_gib, e))
-
-
-def _median(predicted: float, e: dict) -> float | None:
-    return predicted / (1 + e["q_50"]) if "q_50" in e else None
+    return Interval(predicted, predicted / (1 + e["q_hi"]), predicted / (1 + e["q_lo"]), table["share"],
+                    _name(e["regime"]), e["rows"], predicted / (1 + e["q_50"]) if "q_50" in e else None)

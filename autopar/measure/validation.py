@@ -257,7 +257,7 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         notes.append("FSDP2 under PP: parameters kept gathered, fp32 gradients accumulated unsharded (ZeRO-1, fp32 "
                      "grads)")
     elif fsdp == 1:
-        zero = 2 if "not resharded" in row.get("notes", "") else 3
+        zero = 2 if "not resharded" in text else 3
     elif src == "mlm21":
         zero = 0          # 2021 Megatron-LM: plain DDP, no distributed optimizer
     else:
@@ -290,7 +290,7 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
     # The recipe's own split, where the source states one (Megatron --pipeline-model-parallel-layout), written in
     # the notes as 'pipeline split A/B/..': transformer layers per pipeline rank, its virtual chunks summed; the LM
     # head and MTP layers sit on the last rank, as autopar puts them.
-    split_note = re.search(r"pipeline split (\d+(?:/\d+)+)", row.get("notes", "") or "")
+    split_note = re.search(r"pipeline split (\d+(?:/\d+)+)", text)
     stated = split_note.group(1) if split_note else ""
     if stated:
         stage = tuple(int(x) for x in stated.split("/"))
@@ -302,7 +302,7 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         stage = balanced_stage_layers(model.num_layers, pp, vpp)
         notes.append(f"uneven pipeline: {stage[0]}/{stage[1]}../{stage[-1]} layers" if stage else "")
     # "activation offloading required" without the modules: the offloaded share is chosen below like V.
-    offload = "activation offloading" in row.get("notes", "")
+    offload = "activation offloading" in text
     layout = build_spec(Layout, dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch=mbs, zero_stage=zero,
                                      sequence_parallel=sp, recompute=rc, stage_layers=stage,
                                      offload_activations=1.0 if offload else 0), "layout")
@@ -315,7 +315,7 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
         # The run fitted, so fitting comes first; then V >= 2 when the source says it ran interleaved.
         est = Estimator(model, hw, training, gpus)
         best = None
-        interleaved = "interleaved" in row.get("notes", "")   # the source says V > 1 without giving it
+        interleaved = "interleaved" in text   # the source says V > 1 without giving it
         # Uneven virtual chunks: Megatron-LM's --pipeline-model-parallel-layout (2025, the moezoo rows) and Llama
         # 3's own pipeline (arXiv 2407.21783 sec. 3.3.2) have them; Megatron-Core r0.8 and NeMo 24.07 on it need
         # pp·V to divide the layers.

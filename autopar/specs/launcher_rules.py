@@ -259,9 +259,8 @@ def megatron_problems(settings: Settings, rules: tuple[LauncherRule, ...] = MEGA
 # (src/megatron/bridge/models/gpt/model_config.py), which keeps the Megatron-Core TransformerConfig under
 # ``model.transformer``: a ``model.X`` override of a TransformerConfig field is rejected there (6 of the 19 model
 # overrides autopar used to print) and run_recipe.py stops. Every other recipe family builds a provider
-# (``to_megatron_provider``) that takes each field as ``model.X``.
-BRIDGE_NESTED_SOURCE = (f"{MEGATRON_BRIDGE} src/megatron/bridge/recipes/llama/h100/llama3.py:52 (get_model_config) "
-                        "and src/megatron/bridge/models/gpt/model_config.py:27 (BridgeGPTModelConfig)")
+# (``to_megatron_provider``) that takes each field as ``model.X``. At 067f987df03b: src/megatron/bridge/recipes/llama/
+# h100/llama3.py:52 (get_model_config) and src/megatron/bridge/models/gpt/model_config.py:27 (BridgeGPTModelConfig).
 # The fields BridgeGPTModelConfig itself declares (Megatron-LM 2a75ac12c54b megatron/training/models/gpt.py:154-187,
 # GPTModelConfig, and its ModelConfig base): these stay model.X; every other model key is model.transformer.X.
 # tests/emit/test_launch_ready.py checks this list against the fixture generated from the pinned sources.
@@ -278,7 +277,6 @@ def bridge_recipe_family(model) -> str:
     """Which kind of model config the model's Megatron-Bridge recipe builds: "llama_nested" for Llama 2 / 3 (zoo
     llama2_* / llama3_*, or a Hugging Face config of model_type llama), "hybrid" for HybridModelProvider recipes,
     else "provider"."""
-    import re
     if model.is_hybrid:
         return "hybrid"
     if re.match(r"(meta-)?llama[-_ .]?[23]", model.name.lower()) or "(model_type llama)" in (model.source or ""):
