@@ -121,6 +121,13 @@ root's unsharded bf16 parameters, ``weight_bytes`` per (embedding + head)/tp par
 are gathered for the whole forward and backward, beside the per-layer gathers above (:func:`fsdp2_root_bytes`).
 Under PP torchtitan keeps every FSDP2 unit gathered (``pp_fsdp`` per_step, priced as ZeRO-1): nothing extra there.
 
+FSDP under PP with ``pp_fsdp`` per_step (torchtitan + torch.distributed.pipelining, autopar.cost.dp): torchtitan@9dec370
+parallelize_llama.py ``apply_fsdp`` sets reshard_after_forward = False under PP, and pipelining's
+``backward_maybe_with_nosync`` turns gradient sync and resharding off until the stage's last micro-batch, so FSDP2
+holds the stage's parameters gathered (bf16) and accumulates unsharded fp32 gradients for the whole step; only the
+optimizer state stays sharded. Whatever ZeRO stage >= 2 the layout names, a GPU holds ZeRO-1's bytes
+(:func:`held_zero_stage`), as ``validate`` reads torchtitan's published PP rows.
+
 FSDP2's shards (``dp_impl`` fsdp2 at ZeRO-3): torchtitan@9dec370 builds the model in fp32 and hands it to
 ``fully_shard`` with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``; FSDP2 keeps each sharded
 parameter in its own dtype (the fp32 shard is what AdamW updates: the master weights of ``optimizer_bytes``) and
@@ -264,12 +271,21 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
     return kept, (where(full_layers > kept, full_layers - kept, 0.0) / max(n, 1) if mods else 0.0)
 
 
+def held_zero_stage(st: Stage, L: Layout, tr: TrainingSpec):
+    """The ZeRO stage whose bytes a GPU of the stage holds: ``L.zero_stage``, except under PP with ``pp_fsdp``
+    per_step, where FSDP keeps parameters gathered and gradients unsharded all step: ZeRO-1 (module docstring).
+    ``L.zero_stage`` may be a numpy array (elementwise result)."""
+    if st.pp > 1 and tr.pp_fsdp == "per_step":
+        return where(L.zero_stage >= 2, 1, L.zero_stage)
+    return L.zero_stage
+
+
 def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes on one GPU of the stage, after ZeRO sharding.
     ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result)."""
     dense, expert = stage_params(prof, st, L)
     sd, se = shard_groups(L)
-    z = L.zero_stage
+    z = held_zero_stage(st, L, tr)
     w = tr.weight_bytes * (dense / where(z >= 3, sd, 1) + expert / where(z >= 3, se, 1))
     if tr.dp_impl == "fsdp2":   # FSDP2's shard is the fp32 master, counted in o (module docstring)
         w = where(z >= 3, 0.0, w)
@@ -366,14 +382,15 @@ def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> 
         buf += 2 * mb_tokens / (L.cp * L.tp) * prof.top_k * h * e
     dense, expert = stage_params(prof, st, L)
     per_layer = (dense + expert) / max(st.n_layers, 1)
-    buf = buf + where(L.zero_stage >= 3, per_layer * (2 * tr.weight_bytes + tr.grad_bytes), 0.0)
+    z = held_zero_stage(st, L, tr)
+    buf = buf + where(z >= 3, per_layer * (2 * tr.weight_bytes + tr.grad_bytes), 0.0)
     if tr.dp_impl == "fsdp2":   # the FSDP2 root module's parameters, gathered all step (docstring)
-        buf = buf + where(L.zero_stage >= 3, fsdp2_root_bytes(prof, st, L, tr), 0.0)
+        buf = buf + where(z >= 3, fsdp2_root_bytes(prof, st, L, tr), 0.0)
     if tr.precision in _FP8 and tr.fp8_recipe in TORCHAO_RECIPES:   # one layer's transient casts (docstring)
         buf = buf + FP8_WEIGHT_COPY_BYTES * per_layer
     elif tr.precision in _FP8 and not tr.fp8_primary_weights:   # FP8 weight copies, row-wise and column-wise
         # (docstring): 2 B per local parameter; with FP8 primary weights the weights themselves are those copies
-        buf = buf + FP8_WEIGHT_COPY_BYTES * (dense + expert) / where(L.zero_stage >= 3, shard_groups(L)[0], 1)
+        buf = buf + FP8_WEIGHT_COPY_BYTES * (dense + expert) / where(z >= 3, shard_groups(L)[0], 1)
     return buf
 
 
@@ -397,7 +414,7 @@ def step_grad_copy_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingS
         return 0.0
     dense, expert = stage_params(prof, st, L)
     sd, se = shard_groups(L)
-    z = L.zero_stage
+    z = held_zero_stage(st, L, tr)
     shard = dense / where(z >= 1, sd, 1) + expert / where(z >= 1, se, 1)
     return where(z >= 3, 0.0, 4.0 * shard)
 

@@ -64,3 +64,27 @@ def test_torch_pipelining_keeps_its_stage_buffers():
     # first: M gradient buffers + pp in-flight outputs; middle: M of each (the in-flight inputs already counted);
     # last: the M - 1 receive buffers beyond its one in-flight input, no kept output (its logits are counted apart)
     assert [pipeline_boundary_tensors(stage(i), L) for i in range(pp)] == [M + pp, 2 * M, 2 * M, M - 1]
+
+
+def test_fsdp_under_pp_holds_zero1_bytes_as_torchtitan_runs_it():
+    """Under PP with pp_fsdp per_step FSDP2 keeps the stage's parameters gathered and the fp32 gradients unsharded
+    all step (memory.held_zero_stage): a ZeRO-3 layout holds what ZeRO-1 holds, not ZeRO-3's shards; without PP,
+    or per micro-batch, ZeRO-3's shards."""
+    from autopar.cost import Estimator
+    from autopar.specs.loaders import load_model
+
+    model = load_model("llama3_70b")
+    tr = TrainingSpec(seq_len=8192, global_batch=64, **load_stack("torchtitan").knobs.training_fields())
+    per_mb = tr.model_copy(update={"pp_fsdp": "per_microbatch"})
+
+    def mem(spec, pp, zero):
+        L = Layout(tp=8, pp=pp, dp=64 // (8 * pp), micro_batch=1, grad_accum=64 // (64 // (8 * pp)),
+                   zero_stage=zero, fsdp=zero == 3)
+        return Estimator(model, HW, spec, 64).estimate(L).memory_gib
+
+    z3, z1 = mem(tr, 4, 3), mem(tr, 4, 1)
+    assert (z3.weights, z3.grads, z3.optimizer) == pytest.approx((z1.weights, z1.grads, z1.optimizer))
+    sharded = mem(per_mb, 4, 3)
+    assert z3.weights + z3.grads > sharded.weights + sharded.grads + 1.0    # GiB: the gathered stage is held
+    flat3 = mem(tr, 1, 3)
+    assert flat3.grads < mem(tr, 1, 1).grads                                # no PP: ZeRO-3 shards the gradients
