@@ -57,16 +57,25 @@ buffer per stage output (``_create_grad_recv_info``: ``_make_tensor_from_meta``,
 stage but the last; the forward infra likewise one activation-receive buffer per micro-batch on every stage but the
 first; both are kept from one step to the next (``clear_runtime_states`` drops only their ``.grad``).
 ``forward_one_chunk`` keeps each micro-batch's stage output in ``fwd_cache`` until its backward
-(``self.fwd_cache[fwd_chunk_id] = (output_tuple, flatten_input_tensors)``), unlike Megatron, which frees its sent
-outputs' storage (``deallocate_output_tensor``). Each is one stage-boundary tensor, b·s/(cp·tp)·h elements with SP
-(torchtitan's blocks hand on their sequence-sharded local output), b·s/cp·h without. With v model chunks per rank,
-M micro-batches and c in-flight chunks (:func:`inflight_layer_microbatches` · v), a rank holds
+(``self.fwd_cache[fwd_chunk_id] = (output_tuple, flatten_input_tensors)``) and, at that release, also appends it to
+``output_chunks`` on EVERY stage, not only the last (``self.output_chunks.append(output)``, unconditional until
+pytorch/pytorch#153383, merged 2025-05-13: "Considering output_chunks is only used for last stage, we should not
+keep the outputs of each stage in memory"), where it stays until the next step's ``clear_runtime_states``: by the
+last forward of a step every stage holds all M of its outputs (the in-flight ones among them), unlike Megatron,
+which frees its sent outputs' storage (``deallocate_output_tensor``). Each is one stage-boundary tensor,
+b·s/(cp·tp)·h elements with SP (torchtitan's blocks hand on their sequence-sharded local output), b·s/cp·h without.
+With v model chunks per rank, M micro-batches and c in-flight chunks (:func:`inflight_layer_microbatches` · v), a
+rank holds
 
     v·M − M·[last rank]                 gradient-receive buffers,
     max(v·M − M·[first rank] − c, 0)    activation-receive buffers beyond the c counted as stored layer inputs,
-    c·(1 − [last rank]/v)               kept stage outputs (the last stage's output is its logits, counted above)
+    v·M − M·[last rank]                 kept stage outputs (``output_chunks``; the last stage's outputs are its
+                                        logits, counted above)
 
-boundary tensors (:func:`pipeline_boundary_tensors`; exact for v = 1, an approximation for interleaved ranks).
+boundary tensors (:func:`pipeline_boundary_tensors`). The outputs count at the rank's activation peak because the
+stored inputs stay at c from the end of the warm-up to the last forward, while the kept outputs only grow: the
+peak, at the last forward, holds c chunks' stored inputs and all v·M outputs (exact for v = 1; for interleaved
+ranks the in-flight count is Megatron's warm-up figure, an approximation).
 
 Buffers: the SP/TP all-gathered input of one linear (b·s/cp·h), EP dispatch/combine buffers (2·b·s/(cp·tp)
 ·k·h), FSDP's unsharded parameters of two layers (current + prefetch) and one layer's unsharded gradient,
@@ -345,13 +354,14 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
 
 def pipeline_boundary_tensors(st: Stage, L: Layout):
     """Stage-boundary tensors torch.distributed.pipelining holds on this rank beyond the stored layer inputs (module
-    docstring): gradient- and activation-receive buffers of every micro-batch and the in-flight stage outputs.
-    ``L.grad_accum`` and ``L.vpp`` may be numpy arrays (elementwise result)."""
+    docstring): gradient- and activation-receive buffers of every micro-batch and every micro-batch's stage output
+    (``output_chunks`` on every stage, torch before pytorch/pytorch#153383). ``L.grad_accum`` and ``L.vpp`` may be
+    numpy arrays (elementwise result)."""
     M, v = L.grad_accum, L.vpp
     c = inflight_layer_microbatches(st, L) * v
     grad = v * M - (M if st.is_last else 0)
     recv = maximum(v * M - (M if st.is_first else 0) - c, 0.0)
-    out = c * (1.0 - (1.0 / v if st.is_last else 0.0))
+    out = v * M - (M if st.is_last else 0)      # the last stage's outputs are its logits (logit_bytes_per_element)
     return grad + recv + out
 
 
