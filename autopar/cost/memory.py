@@ -62,7 +62,9 @@ Phases (``loss_runtime`` 'torch', last stage): the loss backward's peak (the los
 saved tensors) comes before any layer's backward, and one layer's backward working set (:func:`activation_elems_per_
 token`) after the loss temporaries are freed, so the stage holds the stored activations, the stage buffers and the
 larger of the two, not their sum; Megatron's path keeps the sum (its loss bytes are the smaller share, and its runs
-are not measured here).
+are not measured here). The gradient term stays in both phases: with FSDP2 and AdamW (the same benchmark, ``--fsdp``)
+the reserved peak exceeds the allocated one by the loss path's bytes and 1.0 x the fp32 gradients' size, the
+blocks ``zero_grad`` frees and the allocator keeps cached through the next loss peak.
 
 torch.distributed.pipelining's stage buffers (``loss_runtime`` 'torch', the PyTorch pipeline runtime torchtitan drives;
 torch/distributed/pipelining/stage.py, read at pytorch/pytorch@0138610, the same structure as the Dec 2024 release
