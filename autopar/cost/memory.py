@@ -49,10 +49,10 @@ PyTorch's loss path (``TrainingSpec.loss_runtime`` 'torch', as torchtitan runs i
 - under PP, torch.distributed.pipelining's last stage appends every micro-batch's output (the bf16 logits) to
   ``output_chunks`` for the step's output merge (torch/distributed/pipelining/stage.py
   ``_PipelineStageBase.forward_one_chunk``), so M micro-batches' logits stay until the step ends: + M · 2 B;
-- the caching allocator keeps the freed bf16 logits' block (2 B per element, with the fp32 upcast's block beside it
-  once both are freed) and serves one fp32 gradient from it, but the next fp32 tensor no longer fits in what is left:
-  at the loss backward's peak the allocator holds the activation dtype's bytes per element more than the tensors
-  alive (:func:`torch_loss_bytes`). Measured with benchmarks/torch_sac_memory.py (one H200, torch 2.11.0+cu130,
+- the caching allocator holds the activation dtype's bytes per logit element more than the tensors alive at the loss
+  backward's peak (:func:`torch_loss_bytes`); the likely mechanism, read from the allocation order and not traced:
+  the freed bf16 logits' block (2 B per element, beside the fp32 upcast's once both are freed) serves one fp32
+  gradient, and the next fp32 tensor no longer fits in what is left, so it stays cached beside the peak. Measured with benchmarks/torch_sac_memory.py (one H200, torch 2.11.0+cu130,
   ``expandable_segments:True`` as torchtitan's run script sets it, 2026-11-26; Llama 3.1 8B blocks, 2 x 8192 tokens,
   2.10e9 logit elements): the peak reserved exceeds the peak allocated by 4.04-4.29 GiB in all eight variants (eager
   and compiled, op SAC and full AC, 2 and 6 layers), 2.07-2.19 B per logit element, and the peak allocated is the
