@@ -24,6 +24,9 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
 * **projections**: ``fused`` (Megatron-Core's one QKV GEMM and one gate-up GEMM) or ``separate`` (one GEMM per
   projection, torchtitan): the same FLOPs in smaller GEMMs, each priced at its own shape on the chip file's GEMM
   curve (:mod:`autopar.cost.shapes`).
+* **optimizer state** (memory only): the Adam moments' dtype and whether a master copy of the weights is kept
+  (``optimizer_state_dtype``, ``master_weights_dtype``), as a recipe states them (NeMo's distributed_fused_adam
+  ``optim.dtype``, Megatron-Core's precision-aware optimizer).
 * **CUDA graphs** (``none``, ``partial``, ``full_iteration``): a whole-iteration graph leaves no host launch work,
   so the per-layer host overhead is not paid (:data:`autopar.cost.compute.HOST_OVERHEAD_SHARE`).
 * **recorded, not priced** (no measurement separates it from the fitted per-layer overheads yet; written by
@@ -103,6 +106,16 @@ class StackKnobs(Spec):
                                    "biases added inside the fused kernels (TrainingSpec.fused_grouped_mlp).")
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
+    optimizer_state_dtype: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="Dtype of the two Adam moments (TrainingSpec.optimizer_state_dtype; memory): bf16 "
+                                    "as NeMo's distributed_fused_adam with optim.dtype bf16 (apex DistributedFusedAdam "
+                                    "'dtype: datatype for optimizer state', NVIDIA/apex@f9f19d5c apex/contrib/optimizers/"
+                                    "distributed_fused_adam.py) or Megatron-Core --exp-avg-dtype/--exp-avg-sq-dtype bf16.")
+    master_weights_dtype: Literal["fp32", "none"] = Field(
+        default="fp32", description="The optimizer's master copy of the weights (TrainingSpec.master_weights_dtype; "
+                                    "memory): 'none' when the bf16 weights are updated in place, as NeMo 24.07 sets "
+                                    "apex store_params=False when optim.dtype equals the model dtype (NVIDIA/NeMo@"
+                                    "r2.0.0rc1 (579983fb) megatron_base_model.py setup_optimization).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
         default="none", description="CUDA graphs: full_iteration removes the per-layer host overhead "
                                      "(TrainingSpec.cuda_graphs).")
@@ -127,7 +140,9 @@ class StackKnobs(Spec):
                     loss_runtime=self.loss_runtime, cuda_graphs=self.cuda_graphs,
                     fp8_lm_head=self.fp8_output_proj, projections=self.projections,
                     dp_impl=self.data_parallel, optimizer_impl=self.optimizer,
-                    fused_grouped_mlp=self.fused_grouped_mlp)
+                    fused_grouped_mlp=self.fused_grouped_mlp,
+                    optimizer_state_dtype=self.optimizer_state_dtype,
+                    master_weights_dtype=self.master_weights_dtype)
 
 
 class StackSpec(Spec):
