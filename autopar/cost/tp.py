@@ -22,6 +22,21 @@ ends); the rest hides behind the layer's TP-split GEMMs G (:func:`autopar.cost.c
 
     exposed = T_tp / tp + max(0, T_tp · (tp − 1)/tp − G)        (overlap on; T_tp otherwise)
 
+Overlap off (``training.tp_comm_overlap`` False) is not quite all exposed on Megatron-Core: Transformer Engine's
+column-parallel ``LayerNormLinear`` issues the backward reduce-scatter (all-reduce without SP) of its input gradient
+with ``async_op=True`` right after the data-gradient GEMM and waits for it only after the weight-gradient GEMM ("Overlap
+dgrad-RS/AR with wgrad", NVIDIA/TransformerEngine@v1.8 transformer_engine/pytorch/module/layernorm_linear.py
+``_LayerNormLinear.backward``; Megatron-LM's own ColumnParallelLinear does the same since 2021-09). One such
+collective per block and backward pass (BF16, the reduce-scatter of an all-gather + reduce-scatter pair) hides
+behind the column-parallel weight-gradient GEMMs W_c (``training.tp_dgrad_overlap``; PyTorch DTensor TP issues it
+after both GEMMs, so not in torchtitan):
+
+    exposed = T_tp − min(T_dgrad, W_c)          (overlap off),   W_c ≈ G / (2·(3 + [full recompute]))
+
+W_c is approximated as half the weight-gradient share of G (each GEMM's forward, data- and weight-gradient passes
+are equal; a block's column-parallel GEMMs, QKV and fc1, have at least the FLOPs of its row-parallel ones): a lower
+bound, so the hidden part errs small.
+
 An approximation: summed over the stage's layers (equal where the layers are alike). What hides is not free: the
 compute it hides under runs slower while it does (:func:`autopar.cost.overlap.overlap_cost`, by engine). Transformer
 Engine's all-gathers are ``ring_exchange`` peer copies on the copy engines and its reduce-scatters ``pipeline`` /
@@ -96,7 +111,7 @@ so not hidden by async TP (:func:`fp8_amax_seconds`).
 
 from __future__ import annotations
 
-from autopar.cost._select import where
+from autopar.cost._select import minimum, where
 from autopar.cost.collectives import Network
 from autopar.cost.compute import TP_GEMM_PARTS, gpu_tokens
 from autopar.cost.kernels import FP8_FAMILY, Kernels
@@ -208,6 +223,16 @@ def async_tp_compute_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: Train
     return extra
 
 
+def dgrad_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network) -> float:
+    """T_dgrad: the backward collective after each block's column-parallel data-gradient GEMM, one per block (module
+    docstring): a BF16 reduce-scatter of the b·s/cp·h gradient with SP, an all-reduce without."""
+    if L.tp == 1:
+        return 0.0
+    nbytes = L.micro_batch * (tr.seq_len / L.cp) * prof.hidden * tr.activation_bytes
+    rs = net.time("reduce_scatter", nbytes, L.tp, 1)
+    return st.sum(prof, "tp_blocks") * where(L.sp, rs, net.time("all_reduce", nbytes, L.tp, 1))
+
+
 def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
                            net: Network, gemm_window: float = 0.0, kern: Kernels | None = None) -> float:
     """Exposed TP seconds of one micro-batch, with what the overlap costs the compute (module docstring);
@@ -215,6 +240,11 @@ def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     GEMMs and partial sums; needed when ``tr.tp_overlap_impl`` is 'async_tp')."""
     t = tp_comm_seconds(prof, st, L, tr, net)
     amax = fp8_amax_seconds(prof, st, L, tr, net)
+    if t and not tr.tp_comm_overlap and tr.tp_dgrad_overlap:
+        # the column-parallel input gradients' collectives behind their weight-gradient GEMMs (module docstring)
+        w_c = gemm_window / (2.0 * (4.0 if L.recompute == "full" else 3.0))
+        hidden = minimum(dgrad_comm_seconds(prof, st, L, tr, net), w_c)
+        return t - hidden + overlap_cost(hidden, hw, "sm", net.link(L.tp, 1)) + amax
     if not t or not tr.tp_comm_overlap:
         return t + amax
     tp = L.tp

@@ -64,6 +64,10 @@ class StackKnobs(Spec):
         default="te", description="FP8 scaling recipe and its quantisation kernels (precision fp8 only).")
     tp_overlap: Literal["none", "async_tp", "userbuffers"] = Field(
         default="userbuffers", description="TP communication overlap.")
+    tp_dgrad_overlap: bool = Field(
+        default=True, description="With TP overlap off, the backward input-gradient reduce-scatter of each column-"
+                                  "parallel layer hidden behind its weight-gradient GEMM (Transformer Engine / "
+                                  "Megatron-Core's async TP collective; TrainingSpec.tp_dgrad_overlap).")
     dp_overlap: bool = Field(default=True, description="DP/FSDP gradient and parameter communication overlapped.")
     ep_overlap: bool = Field(default=True, description="EP all-to-all overlapped (Megatron --overlap-moe-expert-"
                                                        "parallel-comm / moe_a2a_overlap).")
@@ -132,7 +136,7 @@ class StackKnobs(Spec):
         return dict(elementwise=self.elementwise, attention_impl=self.attention, fp8_recipe=self.fp8_recipe,
                     tp_comm_overlap=self.tp_overlap != "none",
                     tp_overlap_impl="async_tp" if self.tp_overlap == "async_tp" else "userbuffers",
-                    dp_comm_overlap=self.dp_overlap,
+                    tp_dgrad_overlap=self.tp_dgrad_overlap, dp_comm_overlap=self.dp_overlap,
                     ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap, cp_ring=self.cp_ring,
                     pp_fsdp=self.pp_fsdp,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,

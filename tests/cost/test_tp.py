@@ -12,7 +12,7 @@ from autopar.specs.loaders import load_hardware, load_model
 from autopar.specs.training import TrainingSpec
 
 H100 = load_hardware("h100_sxm")
-TR = TrainingSpec(seq_len=4096, global_batch=64, tp_comm_overlap=False)   # all of it exposed
+TR = TrainingSpec(seq_len=4096, global_batch=64, tp_comm_overlap=False, tp_dgrad_overlap=False)   # all exposed
 
 
 def _reductions(model_name: str, **lay) -> float:
