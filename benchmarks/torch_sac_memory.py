@@ -1,9 +1,11 @@
-"""What PyTorch's runtime holds for a torchtitan Llama block stack, measured on one GPU: the stored activations per
-layer under torchtitan's op-level selective AC, eager against torch.compile'd blocks, and under full AC; the loss
-path's peak (bf16 logits upcast, cross entropy, ``del pred``, backward); the caching allocator's reserved against
+"""Memory PyTorch's runtime holds for a torchtitan Llama block stack, measured on one GPU.
+
+What is measured: the stored activations per layer under torchtitan's op-level selective AC, eager against
+torch.compile'd blocks, and under full AC; the loss path's peak (bf16 logits upcast, cross entropy, ``del pred``, backward); the caching allocator's reserved against
 allocated peak (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, as torchtitan's run script sets it).
 
-    python benchmarks/torch_sac_memory.py            # on a CUDA machine, about 3-5 minutes on one H100
+    python benchmarks/torch_sac_memory.py            # on a CUDA machine, about 3 minutes on one H200
+    python benchmarks/torch_sac_memory.py --fsdp     # the whole step with FSDP2 and AdamW, about 2 minutes
     python benchmarks/torch_sac_memory.py --smoke    # tiny shapes on the CPU, to check the script (no memory figures)
 
 The blocks are written after torchtitan@9dec370 torchtitan/models/llama/model.py (RMSNorm with ``x.float()``, RoPE
