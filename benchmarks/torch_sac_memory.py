@@ -1,8 +1,9 @@
 """Memory PyTorch's runtime holds for a torchtitan Llama block stack, measured on one GPU.
 
 What is measured: the stored activations per layer under torchtitan's op-level selective AC, eager against
-torch.compile'd blocks, and under full AC; the loss path's peak (bf16 logits upcast, cross entropy, ``del pred``, backward); the caching allocator's reserved against
-allocated peak (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, as torchtitan's run script sets it).
+torch.compile'd blocks, and under full AC; the loss path's peak (bf16 logits upcast, cross entropy, ``del pred``,
+backward); the caching allocator's reserved against allocated peak (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:
+True``, as torchtitan's run script sets it).
 
     python benchmarks/torch_sac_memory.py            # on a CUDA machine, about 3 minutes on one H200
     python benchmarks/torch_sac_memory.py --fsdp     # the whole step with FSDP2 and AdamW, about 2 minutes
