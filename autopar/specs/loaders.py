@@ -82,7 +82,12 @@ def read_structured_file(path: Path) -> Any:
         raise AutoparInputError(f"{_show(path)}: malformed YAML{at}: {getattr(err, 'problem', err)}") from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+# libyaml's parser where PyYAML was built with it (the wheels are): the same safe constructors and the same
+# documents, parsed about 10x faster (a hardware file: 10 ms in Python, under 1 ms; every solve reads three files).
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _UniqueKeyLoader(_SAFE_LOADER):
     """SafeLoader that rejects a key written twice in one mapping (YAML would silently keep the last)."""
 
     def construct_mapping(self, node, deep=False):  # type: ignore[override]
