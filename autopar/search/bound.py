@@ -122,6 +122,7 @@ class Bounds:
         self._p2p_bound: dict[int, np.ndarray] = {}   # pos -> p2p (J, K)
         self.lb_by_mbs: dict[int, np.ndarray] = {}    # pos -> step-time lower bound per micro-batch (see _level)
         self._floor: dict[int, np.ndarray] = {}       # pos -> step-time floor per micro-batch
+        self._bound_j: dict[tuple[int, int], tuple[float, int]] = {}   # (pos, j) -> least bound, its recompute r
         self._fit: dict[int, np.ndarray] = {}         # pos -> (micro-batch, recompute) pairs that can fit
         self._level: dict[int, np.ndarray] = {}       # pos -> per micro-batch: 0 floor, 1 bound, 2 bound + tail
         self._kernel_s: dict[tuple, np.ndarray] = {}  # (tp, cp, ep, etp, r) -> layer seconds (J, kinds)
@@ -228,12 +229,15 @@ class Bounds:
         """Raise micro-batch j's lower bound one level: from its floor to the least :meth:`bound` of its pairs that
         can fit, then to that plus the least DP/optimizer tail over the ZeRO stages (``Tables.tail_of``; it adds to
         every layout of the micro-batch, whatever its recompute and vpp)."""
-        rs = np.nonzero(self._fit[pos][j])[0]
-        bound = min(self.bound(pos, j, int(r)) for r in rs)
         if self._level[pos][j] == 0:
-            self.lb_by_mbs[pos][j] = max(bound, self.lb_by_mbs[pos][j])
-        else:
-            self.lb_by_mbs[pos][j] = bound + float(self.t.tail_of(pos, j, int(rs[0])).min())
+            rs = np.nonzero(self._fit[pos][j])[0].tolist()
+            bounds = [self.bound(pos, j, r) for r in rs]
+            i = int(np.argmin(bounds))
+            self._bound_j[(pos, j)] = bounds[i], rs[i]
+            self.lb_by_mbs[pos][j] = max(bounds[i], self.lb_by_mbs[pos][j])
+        else:   # the tail is the same for every policy: taken from one already timed (Tables.tail_of)
+            bound, r = self._bound_j[(pos, j)]
+            self.lb_by_mbs[pos][j] = bound + float(self.t.tail_of(pos, j, r).min())
         self._level[pos][j] += 1
 
     def pairs_within(self, pos: int, jr: np.ndarray, limit_us: int) -> np.ndarray:

@@ -77,6 +77,8 @@ def read_structured_file(path: Path) -> Any:
         raise AutoparInputError(f"{_show(path)}: malformed JSON at line {err.lineno} column {err.colno}: "
                                 f"{err.msg}") from None
     except yaml.YAMLError as err:
+        if "maximum nesting depth" in str(getattr(err, "problem", "")):   # libyaml's own depth limit (1,000)
+            raise AutoparInputError(f"{_show(path)}: nested too deeply to be a spec file") from None
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         raise AutoparInputError(f"{_show(path)}: malformed YAML{at}: {getattr(err, 'problem', err)}") from None
