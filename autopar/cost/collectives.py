@@ -66,6 +66,8 @@ class Network:
         self.domain = hw.nvlink_domain_size
         self.b_nvl = hw.nvlink_gbps * 1e9 * hw.kernel_model.nvlink
         self.b_net = hw.scaleout_gbps * 1e9 * hw.kernel_model.scaleout
+        a2a = hw.kernel_model.nvlink_a2a
+        self.b_moe = hw.nvlink_gbps * 1e9 * a2a if a2a else None   # MoE dispatch/combine in a domain (measured)
         self.a_nvl = hw.nvlink_latency_us * 1e-6
         self.a_net = hw.scaleout_latency_us * 1e-6
         self.measured = hw.measured_busbw_gbps
@@ -118,7 +120,15 @@ class Network:
         """Seconds for one MoE dispatch (or combine) of tokens of ``token_bytes`` in total per rank, each sent to
         ``top_k`` of ``num_experts`` experts spread evenly over n EP ranks ``stride`` apart.
 
-        Inside one NVLink domain (m = 1) this is the plain all-to-all of S = token_bytes·top_k bytes. Across
+        Inside one NVLink domain (m = 1) this is the plain all-to-all of S = token_bytes·top_k bytes, or, where the
+        hardware file has the dispatch kernels' measured rate (``kernel_model.nvlink_a2a``: received bytes, own
+        share included, per second / nvlink_gbps, as DeepEP's benchmarks count them),
+
+            time = S / (nvlink_gbps · nvlink_a2a) + a_nvl
+
+        (DeepEP-style kernels run on a few SMs and sustain less than NCCL's large-message busbw: DeepEP's H800 EP8
+        153/158 GB/s of ~200, its SM100 EP8 643/675 GB/s of 900 at 24 SMs, against the all-to-all's
+        nvlink·n/(n−1) = 0.93 and 0.87 of the link). Across
         m > 1 domains it is priced hierarchically, as DeepSeek-V3's dispatcher runs it (arXiv 2412.19437
         sec. 3.2.2: a token crosses the scale-out network once per destination domain, to the GPU of the same
         in-domain index, and is forwarded over NVLink to the GPUs holding its experts; DeepEP's internode
@@ -139,8 +149,12 @@ class Network:
         if n <= 1:
             return 0.0
         k_d, m = self.placement(n, stride)
-        if m == 1 or (self.measured and getattr(self.measured, "all_to_all", None)):
+        if self.measured and getattr(self.measured, "all_to_all", None):
             return self.time("all_to_all", token_bytes * top_k, n, stride)
+        if m == 1:
+            if self.b_moe is None:
+                return self.time("all_to_all", token_bytes * top_k, n, stride)
+            return token_bytes * top_k / self.b_moe + self.a_nvl
         per_domain = num_experts / m
         miss = math.comb(int(round(num_experts - per_domain)), top_k) / math.comb(num_experts, top_k)
         remote = (m - 1) * (1.0 - miss)

@@ -40,6 +40,21 @@ within 1.3% from 8K to 16K). Open residual (checked 2026-11-26 on the torchtitan
 step time each further ring step adds (measured minus measured CP 1, over what this module and the attention
 core price for it) is 1.48x at CP 4 and 1.49x at CP 8 for Llama 3.1 8B, 1.52x, 1.32x, 1.41x at CP 2, 4, 8 for
 405B, but 0.86x at CP 2 for 8B; nothing in the source above accounts for it, so it stays unpriced, not fitted.
+Read per off-diagonal step position (measured minus predicted step time, over cp - 1): 8B +2.37 s at CP 4 and +2.39 s
+at CP 8 (0.51x the 4.69 s of priced attention one such position adds, the same at both: each step's blocks have the
+same shape at every CP, c = 16K), -0.79 s at CP 2; 405B +9.3, +5.6, +8.0 s at CP 2, 4, 8. Also ruled out (checked
+2026-11-26, sources as cited): (a) another kernel: torchtitan@9dec370 torchtitan/utils.py get_train_context pins
+SDPA to the flash and memory-efficient backends under CP; flash comes first in SDPA's priority and its conditions
+hold (bf16, head dim 128, q and k of one length at the causal call), and the ring then calls
+aten._scaled_dot_product_flash_attention at every step, the FA2 kernel the CP 1 row (within 1%) runs; (b) step coupling:
+the forward's steps are uncoupled (one all-gather per layer), the backward's are coupled by the dK/dV all-to-all,
+so each backward step waits for the slower of its two variants (q half x kv whole on ranks r < i, q whole x kv half
+on r >= i, equal FLOPs) at every CP >= 2, CP 2 included; (c) memory pressure: the 8B rows print 83.9, 84.2, 84.0,
+84.5 GiB at CP 1, 2, 4, 8, so the allocator runs alike where the model fits (CP 1, 2) and where it does not; (d) FSDP:
+it shards over dp_shard x cp = 8 GPUs in every 8B CP row (parallelize_llama.py@9dec370 mesh 'dp_shard_cp'), the same
+traffic at every CP; (e) the merges and the fp32 dK/dV path: priced at 1.4 s in all at 8B CP 8 (44.8 GB of HBM traffic
+per layer backward, ~5.6 GB per step), so even twice that is 1.4 s of the 16.8 s gap. What distinguishes 8B CP 2
+from CP 4 and 8 is not found; it needs a per-step GPU trace.
 
 The exchange and the HBM traffic PyTorch's ring adds:
 

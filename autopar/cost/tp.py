@@ -80,6 +80,19 @@ torchao tensorwise scaling under DTensor TP also reduces each cast's amax over t
 communicating max(abs) across ranks. For sharded weights, we communicate max(abs) as well": pytorch/torchtitan
 docs/float8.md): one 4-byte all-reduce per cast of a TP-sharded operand, latency-bound and waited on before the cast,
 so not hidden by async TP (:func:`fp8_amax_seconds`).
+
+Rowwise scaling reduces too, where TP shards the dimension a scale is taken along: torchao computes each axiswise amax
+with torch.amax on the DTensor operands torchtitan's plain Colwise/RowwiseParallel hand the Float8Linear (pytorch/ao
+torchao/float8/float8_linear.py matmul_with_hp_or_float8_args, float8_utils.py tensor_to_amax; TP with rowwise
+scaling made to work by pytorch/ao PR #1718, 2025-02-14), so an amax over a sharded dimension is a Partial(max)
+that DTensor all-reduces before the scale is formed. Per TP-split linear and micro-batch: column-parallel (weight
+sharded on N), backward: the output gradient's per-row amax over its N/tp columns (T values, every GPU holding all
+T = b·s/cp rows) and the weight's backward cast along N (K values); row-parallel (input and weight sharded on K),
+forward: the input's per-row amax over its K/tp columns (T values) and the weight's forward cast along K (N values),
+again when recomputing. Casts along an unsharded dimension (the forward input of a column-parallel linear, gathered
+first; every weight-gradient operand, scaled along the tokens) reduce locally. Each all-reduce moves the amax as
+torch.amax returns it, in the operand's BF16 (2 B a value; ASSUMED reduced before torchao's float64 upcast in
+amax_to_scale): latency-bound at these sizes either way, and waited on before its cast.
 """
 
 from __future__ import annotations
@@ -125,17 +138,33 @@ def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
 # cast their weights and output gradients apart); a GEMM that shares its input with the one before it
 # (Linear.shares_input) shares that input's cast and amax, one forward all-reduce fewer (two when recomputing).
 FP8_AMAX_PER_LINEAR, FP8_AMAX_RECOMPUTE, FP8_AMAX_BYTES = 3, 2, 4.0
+# torchao rowwise amax all-reduces (module docstring): bytes per reduced amax value, the operand's BF16.
+FP8_ROWWISE_AMAX_BYTES = 2.0
+
+
 def fp8_amax_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network) -> float:
-    """Seconds of one micro-batch's torchao tensorwise amax all-reduces over the TP group (module docstring):
+    """Seconds of one micro-batch's torchao amax all-reduces over the TP group (module docstring). Tensorwise:
     n_lin · (3 + 2 if recomputing) − n_shared · (1 + 1 if recomputing) latency-bound all-reduces of one fp32 scalar,
-    n_lin the stage's TP-split linears, n_shared those sharing their input with the one before."""
-    if L.tp == 1 or not _fp8_tensorwise(tr):
+    n_lin the stage's TP-split linears, n_shared those sharing their input with the one before. Rowwise: per
+    column-parallel linear one all-reduce of T amax values and one of K (backward), per row-parallel linear one of
+    T and one of N (forward, twice when recomputing)."""
+    if L.tp == 1 or tr.precision != "fp8" or tr.fp8_recipe not in ("tensorwise", "rowwise"):
         return 0.0
     split = [(count, lin) for j, count in prof.kind_counts(st.first, st.last) for lin in prof.kinds[j].linears
              if lin.split in ("col", "row")]
+    rc = L.recompute != "none"
+    if tr.fp8_recipe == "rowwise":
+        rows = net.time("all_reduce", FP8_ROWWISE_AMAX_BYTES * gpu_tokens(L, tr), L.tp, 1)
+        total = 0.0
+        for count, lin in split:
+            if lin.split == "col":
+                total += count * (rows + net.time("all_reduce", FP8_ROWWISE_AMAX_BYTES * lin.k, L.tp, 1))
+            else:
+                total += count * (2 if rc else 1) * (rows + net.time("all_reduce", FP8_ROWWISE_AMAX_BYTES * lin.n,
+                                                                     L.tp, 1))
+        return total
     n_lin = sum(count for count, _ in split)
     n_shared = sum(count for count, lin in split if lin.shares_input)
-    rc = L.recompute != "none"
     n_ar = n_lin * (FP8_AMAX_PER_LINEAR + (FP8_AMAX_RECOMPUTE if rc else 0)) - n_shared * (2 if rc else 1)
     return n_ar * net.time("all_reduce", FP8_AMAX_BYTES, L.tp, 1)
 

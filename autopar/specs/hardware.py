@@ -320,6 +320,12 @@ class KernelModel(Spec):
         default=0.8, gt=0, le=1,
         description="Collectives' achieved/peak bus bandwidth inside the NVLink domain (nccl-tests "
                                       "busbw / nvlink_gbps), used without a measured collective table.")
+    nvlink_a2a: float | None = Field(
+        default=None, gt=0, le=1,
+        description="MoE token dispatch/combine inside one NVLink domain (DeepEP-style kernels on a few SMs): bytes "
+                    "each GPU receives, its own share included, per second / nvlink_gbps, as DeepEP's benchmarks "
+                    "count them (recv_x bytes / time); a measured figure, cited in the hardware file. None: the "
+                    "plain all-to-all at 'nvlink' (autopar.cost.collectives.Network.moe_dispatch_time).")
     scaleout: Annotated[float, FitBound(0.3, 1.0, "achieved / NIC bandwidth of scale-out collectives",
                                         LAYOUTS)] = Field(
         default=0.8, gt=0, le=1, description="Collectives' achieved/peak bandwidth per GPU on the scale-out network.")

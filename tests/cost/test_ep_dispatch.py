@@ -12,8 +12,20 @@ from autopar.specs.loaders import load_hardware
 H100 = load_hardware("h100_sxm")
 
 
-def test_inside_one_domain_it_is_the_plain_all_to_all():
+def test_inside_one_domain_it_runs_at_the_dispatch_kernels_measured_rate():
+    """H100 SXM's file carries DeepEP's measured intranode rate (received bytes, own share included, per second /
+    nvlink_gbps): all S = tokens·k bytes at that rate plus one NVLink latency, slower than NCCL's all-to-all."""
     net = Network(H100)
+    assert H100.kernel_model.nvlink_a2a == pytest.approx(0.78)
+    want = 8e8 / (H100.nvlink_gbps * 1e9 * 0.78) + H100.nvlink_latency_us * 1e-6
+    assert net.moe_dispatch_time(1e8, 8, 256, 8, 1) == pytest.approx(want)
+    assert net.moe_dispatch_time(1e8, 8, 256, 8, 1) > net.time("all_to_all", 8e8, 8, 1)
+
+
+def test_inside_one_domain_without_a_measured_rate_it_is_the_plain_all_to_all():
+    a100 = load_hardware("a100_80gb")
+    assert a100.kernel_model.nvlink_a2a is None
+    net = Network(a100)
     assert net.moe_dispatch_time(1e8, 8, 256, 8, 1) == pytest.approx(net.time("all_to_all", 8e8, 8, 1))
 
 

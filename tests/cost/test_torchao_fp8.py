@@ -93,7 +93,7 @@ def test_transformer_engine_recipe_is_unchanged_by_the_torchao_terms():
 def test_tensorwise_tp_pays_one_amax_all_reduce_per_cast():
     # docs/float8.md (torchtitan): under TP each cast's max(abs) is all-reduced over the TP group; per TP-split linear
     # the input and weight casts (forward), the output gradient's (backward), and the forward two again when
-    # recomputing; latency-bound, not hidden by async TP; none for rowwise (no TP-sharded reduction) or without TP
+    # recomputing; latency-bound, not hidden by async TP; none without TP
     from autopar.cost import Estimator
     from autopar.cost.tp import fp8_amax_seconds, tp_time_per_microbatch
 
@@ -109,13 +109,41 @@ def test_tensorwise_tp_pays_one_amax_all_reduce_per_cast():
     assert fp8_amax_seconds(e.profile, st, lay, e.training, e.net) == pytest.approx(n_lin * 5 * one)
     assert fp8_amax_seconds(e.profile, st, lay.model_copy(update={"recompute": "none"}), e.training, e.net) == \
         pytest.approx(n_lin * 3 * one)
-    r = est("rowwise")
-    assert fp8_amax_seconds(r.profile, st, lay, r.training, r.net) == 0.0
     assert fp8_amax_seconds(e.profile, st, Layout(tp=1), e.training, e.net) == 0.0
     # async TP hides the bulk collectives behind the GEMMs, never the amax reductions
     a = est("tensorwise", tp_overlap=True)
     assert tp_time_per_microbatch(a.profile, st, lay, a.training, a.hardware, a.net, gemm_window=1e9,
                                   kern=a.kernels) >= n_lin * 5 * one
+
+
+def test_rowwise_tp_all_reduces_the_amax_of_every_operand_scaled_along_a_sharded_dimension():
+    # autopar/cost/tp.py docstring: DTensor all-reduces an amax taken over a TP-sharded dimension. Column-parallel
+    # (N sharded): backward, the output gradient's per-row amax (T values) and the weight's cast along N (K values);
+    # row-parallel (K sharded): forward, the input's per-row amax (T values) and the weight's cast along K (N values),
+    # twice with recomputation; 2 B per value (BF16). Casts along M, or of the gathered column-parallel input, are local.
+    from autopar.cost import Estimator
+    from autopar.cost.tp import fp8_amax_seconds
+
+    e = Estimator(LLAMA8B, GT, tr("rowwise"), 8)
+    (st,) = e.stages((LLAMA8B.num_layers,))
+    lay = Layout(tp=8, sequence_parallel=True, micro_batch=2, recompute="full")
+    tokens = 2 * 8192.0
+    h = LLAMA8B.hidden_size
+
+    def ar(values: float) -> float:
+        return e.net.time("all_reduce", 2.0 * values, 8, 1)
+
+    rows = ar(tokens)
+    # per Llama layer: QKV and gate-up column-parallel (K = h), O and down row-parallel (N = h)
+    col = 2 * (rows + ar(h))
+    row = 2 * (rows + ar(h))
+    for recompute, passes in (("full", 2), ("none", 1)):
+        got = fp8_amax_seconds(e.profile, st, lay.model_copy(update={"recompute": recompute}), e.training, e.net)
+        assert got == pytest.approx(LLAMA8B.num_layers * (col + passes * row))
+    # the T-value reductions grow with the tokens per GPU; none without TP
+    more = fp8_amax_seconds(e.profile, st, lay.model_copy(update={"micro_batch": 8}), e.training, e.net)
+    assert more > fp8_amax_seconds(e.profile, st, lay, e.training, e.net)
+    assert fp8_amax_seconds(e.profile, st, Layout(tp=1), e.training, e.net) == 0.0
 
 
 def test_async_tp_under_rowwise_leaves_the_all_gathers_exposed():
