@@ -130,7 +130,8 @@ def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpu
     g.add_argument("--overlap", type=overlap_set, default=None, metavar="none|tp,dp,ep,cp",
                    help="which communication the framework overlaps with compute (default: tp,dp,ep,cp, as "
                         "Megatron-Core's performance recipes run; real runs often have some off): the others are "
-                        "priced fully exposed")
+                        "priced exposed (TP without overlap still hides each input-gradient reduce-scatter behind its "
+                        "weight-gradient GEMM, as Transformer Engine runs it: knob tp_dgrad_overlap)")
 
 
 def overlap_set(text: str) -> tuple[str, ...]:

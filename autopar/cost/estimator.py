@@ -141,7 +141,8 @@ class Estimator:
                                                 self.imbalance, self.moe_overhead_s,
                                                 self.host_expert_s)
         gemm_w = kern_w = 0.0
-        if (L.tp > 1 and tr.tp_comm_overlap) or ((L.ep > 1 or L.etp > 1) and tr.ep_comm_overlap):
+        if (L.tp > 1 and (tr.tp_comm_overlap or tr.tp_dgrad_overlap)) or ((L.ep > 1 or L.etp > 1)
+                                                                          and tr.ep_comm_overlap):
             gemm_w, kern_w = _compute.hiding_windows(prof, st, L, tr, self.kernels, self.imbalance)
         cp, cp_total = cp_times(prof, st, L, tr, hw, net, self.kernels)
         ep_total = ep_comm_seconds(prof, st, L, tr, net) * self.imbalance

@@ -22,6 +22,21 @@ ends); the rest hides behind the layer's TP-split GEMMs G (:func:`autopar.cost.c
 
     exposed = T_tp / tp + max(0, T_tp · (tp − 1)/tp − G)        (overlap on; T_tp otherwise)
 
+Overlap off (``training.tp_comm_overlap`` False) is not quite all exposed on Megatron-Core: Transformer Engine's
+column-parallel ``LayerNormLinear`` issues the backward reduce-scatter (all-reduce without SP) of its input gradient
+with ``async_op=True`` right after the data-gradient GEMM and waits for it only after the weight-gradient GEMM ("Overlap
+dgrad-RS/AR with wgrad", NVIDIA/TransformerEngine@v1.8 transformer_engine/pytorch/module/layernorm_linear.py
+``_LayerNormLinear.backward``; Megatron-LM's own ColumnParallelLinear does the same since 2021-09). One such
+collective per block and backward pass (BF16, the reduce-scatter of an all-gather + reduce-scatter pair) hides
+behind the column-parallel weight-gradient GEMMs W_c (``training.tp_dgrad_overlap``; PyTorch DTensor TP issues it
+after both GEMMs, so not in torchtitan):
+
+    exposed = T_tp − min(T_dgrad, W_c)          (overlap off),   W_c ≈ G / (2·(3 + [full recompute]))
+
+W_c is approximated as half the weight-gradient share of G (each GEMM's forward, data- and weight-gradient passes
+are equal; a block's column-parallel GEMMs, QKV and fc1, have at least the FLOPs of its row-parallel ones): a lower
+bound, so the hidden part errs small.
+
 An approximation: summed over the stage's layers (equal where the layers are alike). What hides is not free: the
 compute it hides under runs slower while it does (:func:`autopar.cost.overlap.overlap_cost`, by engine). Transformer
 Engine's all-gathers are ``ring_exchange`` peer copies on the copy engines and its reduce-scatters ``pipeline`` /
@@ -70,6 +85,18 @@ memory needs peer access): there async TP is priced as no overlap. Approximation
 volume; the symmetric-memory barriers (two per step) are not counted; op-SAC's recomputed matmuls are not counted as
 chunked.
 
+FP8 with Transformer Engine (``precision: fp8``, ``fp8_recipe: te``) under sequence parallelism: TE gathers the
+FP8 tensors, not the BF16 ones. The column-parallel input (``LayerNormLinear``: the norm writes its output straight
+to FP8, ``ln_out_dtype = torch.uint8 if (fp8 and not return_layernorm_output)``, then ``gather_along_first_dim(ln_out,
+tp_group)``) and, in the backward, the row-parallel output gradient (``grad_output_preprocess``: "FP8 case with
+gather: ... cast, transpose for efficient gather", ``cast_to_fp8`` into a uint8 tensor, then
+``gather_along_first_dim``) are all-gathered at 1 byte per element; the reduce-scatters (the row-parallel output,
+the column-parallel input gradient) stay BF16 (NVIDIA/TransformerEngine@v1.8 transformer_engine/pytorch/module/
+layernorm_linear.py ``_LayerNormLinear.forward``, module/base.py ``grad_output_preprocess``; TE 1.8 is the NeMo 24.07
+container's). Megatron-Core runs its TP-split GEMMs through these modules (TELayerNormColumnParallelLinear,
+TERowParallelLinear), so the volume is 3/4 of BF16's, as torchao's tensorwise below. The MXFP8 / blockwise recipes
+(other precisions) are left at BF16 volume: not checked. Without SP the collectives are BF16 all-reduces.
+
 FP8 tensorwise with torchao (``fp8_recipe: tensorwise``): torchtitan's Float8ColwiseParallel / Float8RowwiseParallel
 cast before the sequence-parallel all-gathers, so each all-gather moves 1-byte elements and each reduce-scatter
 stays in BF16: 3/4 of the BF16 volume ("float8 all-gather with TP is only supported for tensorwise float8 scaling
@@ -97,6 +124,7 @@ amax_to_scale): latency-bound at these sizes either way, and waited on before it
 
 from __future__ import annotations
 
+from autopar.cost._select import minimum, where
 from autopar.cost.collectives import Network
 from autopar.cost.compute import TP_GEMM_PARTS, gpu_tokens
 from autopar.cost.kernels import FP8_FAMILY, Kernels
@@ -116,6 +144,14 @@ def _fp8_tensorwise(tr: TrainingSpec) -> bool:
     return tr.precision == "fp8" and tr.fp8_recipe == "tensorwise"
 
 
+def _fp8_gathers(tr: TrainingSpec, L: Layout):
+    """Whether the TP all-gathers move FP8 elements (module docstring): torchao tensorwise, or Transformer Engine's
+    fp8 recipe under sequence parallelism. ``L.sp`` may be a numpy array (elementwise result)."""
+    if _fp8_tensorwise(tr):
+        return True
+    return L.sp if (tr.precision == "fp8" and tr.fp8_recipe == "te") else False
+
+
 def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network,
                     per_block: int | None = None) -> float:
     """T_tp: every TP collective of one micro-batch on stage ``st``, none hidden. ``per_block`` overrides the
@@ -126,8 +162,7 @@ def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
         per_block = 3 if L.recompute == "full" else 2
     n_ar = per_block * st.sum(prof, "tp_blocks") + (1 if st.is_last else 0)
     nbytes = L.micro_batch * (tr.seq_len / L.cp) * prof.hidden * tr.activation_bytes
-    if _fp8_tensorwise(tr):
-        nbytes *= FP8_TENSORWISE_TP_VOLUME
+    nbytes = nbytes * where(_fp8_gathers(tr, L), FP8_TENSORWISE_TP_VOLUME, 1.0)
     return n_ar * net.time("all_reduce", nbytes, L.tp, 1)
 
 
@@ -169,10 +204,10 @@ def fp8_amax_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
     return n_ar * net.time("all_reduce", FP8_AMAX_BYTES, L.tp, 1)
 
 
-def _ag_share(tr: TrainingSpec) -> float:
-    """The all-gather's share of one all-gather + reduce-scatter pair's time (tensorwise FP8 gathers 1-byte
-    elements: 0.5 / (0.5 + 1))."""
-    return 1.0 / 3.0 if _fp8_tensorwise(tr) else 0.5
+def _ag_share(tr: TrainingSpec, L: Layout):
+    """The all-gather's share of one all-gather + reduce-scatter pair's time (FP8 gathers, :func:`_fp8_gathers`, move
+    1-byte elements: 0.5 / (0.5 + 1))."""
+    return where(_fp8_gathers(tr, L), 1.0 / 3.0, 0.5)
 
 
 def async_tp_fuses_all_gather(tr: TrainingSpec) -> bool:
@@ -185,7 +220,7 @@ def async_tp_fused_share(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingS
     """T_m / T_tp: the share of the stage's TP collective time async TP fuses with a matmul (module docstring)."""
     passes = 3 if L.recompute == "full" else 2
     fwd = passes - 1
-    a = _ag_share(tr)
+    a = _ag_share(tr, L)
     per_block = fwd * (1.0 - a) + ((fwd + 1) * a if async_tp_fuses_all_gather(tr) else 0.0)
     blocks = st.sum(prof, "tp_blocks")
     last = 1.0 if st.is_last else 0.0
@@ -217,6 +252,16 @@ def async_tp_compute_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: Train
     return extra
 
 
+def dgrad_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network) -> float:
+    """T_dgrad: the backward collective after each block's column-parallel data-gradient GEMM, one per block (module
+    docstring): a BF16 reduce-scatter of the b·s/cp·h gradient with SP, an all-reduce without."""
+    if L.tp == 1:
+        return 0.0
+    nbytes = L.micro_batch * (tr.seq_len / L.cp) * prof.hidden * tr.activation_bytes
+    rs = net.time("reduce_scatter", nbytes, L.tp, 1)
+    return st.sum(prof, "tp_blocks") * where(L.sp, rs, net.time("all_reduce", nbytes, L.tp, 1))
+
+
 def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, hw: HardwareSpec,
                            net: Network, gemm_window: float = 0.0, kern: Kernels | None = None) -> float:
     """Exposed TP seconds of one micro-batch, with what the overlap costs the compute (module docstring);
@@ -224,6 +269,11 @@ def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
     GEMMs and partial sums; needed when ``tr.tp_overlap_impl`` is 'async_tp')."""
     t = tp_comm_seconds(prof, st, L, tr, net)
     amax = fp8_amax_seconds(prof, st, L, tr, net)
+    if t and not tr.tp_comm_overlap and tr.tp_dgrad_overlap:
+        # the column-parallel input gradients' collectives behind their weight-gradient GEMMs (module docstring)
+        w_c = gemm_window / (2.0 * (4.0 if L.recompute == "full" else 3.0))
+        hidden = minimum(dgrad_comm_seconds(prof, st, L, tr, net), w_c)
+        return t - hidden + overlap_cost(hidden, hw, "sm", net.link(L.tp, 1)) + amax
     if not t or not tr.tp_comm_overlap:
         return t + amax
     tp = L.tp
@@ -239,7 +289,7 @@ def tp_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
         return ((t - t_m) + exposed_m + async_tp_compute_seconds(prof, st, L, tr, kern)
                 + overlap_cost(t_m - exposed_m, hw, "copy_engine", link) + amax)
     exposed = t / tp + max(0.0, t * (tp - 1) / tp - gemm_window)
-    a = _ag_share(tr)
+    a = _ag_share(tr, L)
     hidden = t - exposed
     return (exposed + overlap_cost(hidden * a, hw, "copy_engine", link)
             + overlap_cost(hidden * (1.0 - a), hw, "sm", link) + amax)

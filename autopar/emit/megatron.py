@@ -255,6 +255,13 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
         env["NVTE_CPU_OFFLOAD_V1"] = "1"
         notes.append(f"activation offload: Megatron's --activation-offload-fraction counts offload groups in "
                      f"execution order, not bytes; {L.offload_activations:g} approximates autopar's byte share")
+    if training.optimizer_state_dtype != "fp32" or training.master_weights_dtype != "fp32":
+        # NeMo 24.07's distributed_fused_adam settings (apex, stack knobs optimizer_state_dtype / master_weights_dtype):
+        # Megatron-LM keeps fp32 main parameters, so its flags would hold more than the prediction counts.
+        raise AutoparInputError(
+            f"optimizer_state_dtype={training.optimizer_state_dtype}, master_weights_dtype="
+            f"{training.master_weights_dtype}: no Megatron-LM flags emitted for them (Megatron-LM keeps fp32 main "
+            f"parameters); leave these knobs at fp32 to emit")
     if training.precision in ("bf16",) + tuple(_FP8_RECIPE) + ("nvfp4",):
         args.append("--grad-reduce-in-bf16" if training.grad_dtype == "bf16"
                     else "--accumulate-allreduce-grads-in-fp32")

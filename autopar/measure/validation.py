@@ -228,8 +228,10 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
     if src == "mlm21":
         # Megatron-LM 2021 predates FlashAttention (2022) and the fused cross entropy: attention was batched GEMMs
         # around a fused scale-mask-softmax kernel, with attention dropout, and the loss plain vocab-parallel.
-        kernels.update(attention_kernel="unfused", cross_entropy="unfused")
-        notes.append("kernels (2021): unfused attention and cross entropy")
+        # Its TP all-reduces were synchronous: the async all-reduce behind the weight-gradient GEMM came later
+        # (NVIDIA/Megatron-LM cf7efd4f, 2021-09-02, --async-tensor-parallel-allreduce).
+        kernels.update(attention_kernel="unfused", cross_entropy="unfused", tp_dgrad_overlap=False)
+        notes.append("kernels (2021): unfused attention and cross entropy, synchronous TP all-reduces")
     tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
     text = row.get("notes", "")
     if not row.get("stack"):

@@ -24,6 +24,9 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
 * **projections**: ``fused`` (Megatron-Core's one QKV GEMM and one gate-up GEMM) or ``separate`` (one GEMM per
   projection, torchtitan): the same FLOPs in smaller GEMMs, each priced at its own shape on the chip file's GEMM
   curve (:mod:`autopar.cost.shapes`).
+* **optimizer state** (memory only): the Adam moments' dtype and whether a master copy of the weights is kept
+  (``optimizer_state_dtype``, ``master_weights_dtype``), as a recipe states them (NeMo's distributed_fused_adam
+  ``optim.dtype``, Megatron-Core's precision-aware optimizer).
 * **CUDA graphs** (``none``, ``partial``, ``full_iteration``): a whole-iteration graph leaves no host launch work,
   so the per-layer host overhead is not paid (:data:`autopar.cost.compute.HOST_OVERHEAD_SHARE`).
 * **recorded, not priced** (no measurement separates it from the fitted per-layer overheads yet; written by
@@ -61,6 +64,10 @@ class StackKnobs(Spec):
         default="te", description="FP8 scaling recipe and its quantisation kernels (precision fp8 only).")
     tp_overlap: Literal["none", "async_tp", "userbuffers"] = Field(
         default="userbuffers", description="TP communication overlap.")
+    tp_dgrad_overlap: bool = Field(
+        default=True, description="With TP overlap off, the backward input-gradient reduce-scatter of each column-"
+                                  "parallel layer hidden behind its weight-gradient GEMM (Transformer Engine / "
+                                  "Megatron-Core's async TP collective; TrainingSpec.tp_dgrad_overlap).")
     dp_overlap: bool = Field(default=True, description="DP/FSDP gradient and parameter communication overlapped.")
     ep_overlap: bool = Field(default=True, description="EP all-to-all overlapped (Megatron --overlap-moe-expert-"
                                                        "parallel-comm / moe_a2a_overlap).")
@@ -103,6 +110,16 @@ class StackKnobs(Spec):
                                    "biases added inside the fused kernels (TrainingSpec.fused_grouped_mlp).")
     dispatcher: Literal["all_to_all", "all_gather", "deepep", "hybridep"] = Field(
         default="all_to_all", description="MoE token dispatcher (recorded, not priced).")
+    optimizer_state_dtype: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="Dtype of the two Adam moments (TrainingSpec.optimizer_state_dtype; memory): bf16 "
+                                    "as NeMo's distributed_fused_adam with optim.dtype bf16 (apex DistributedFusedAdam "
+                                    "'dtype: datatype for optimizer state', NVIDIA/apex@f9f19d5c apex/contrib/optimizers/"
+                                    "distributed_fused_adam.py) or Megatron-Core --exp-avg-dtype/--exp-avg-sq-dtype bf16.")
+    master_weights_dtype: Literal["fp32", "none"] = Field(
+        default="fp32", description="The optimizer's master copy of the weights (TrainingSpec.master_weights_dtype; "
+                                    "memory): 'none' when the bf16 weights are updated in place, as NeMo 24.07 sets "
+                                    "apex store_params=False when optim.dtype equals the model dtype (NVIDIA/NeMo@"
+                                    "r2.0.0rc1 (579983fb) megatron_base_model.py setup_optimization).")
     cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
         default="none", description="CUDA graphs: full_iteration removes the per-layer host overhead "
                                      "(TrainingSpec.cuda_graphs).")
@@ -119,7 +136,7 @@ class StackKnobs(Spec):
         return dict(elementwise=self.elementwise, attention_impl=self.attention, fp8_recipe=self.fp8_recipe,
                     tp_comm_overlap=self.tp_overlap != "none",
                     tp_overlap_impl="async_tp" if self.tp_overlap == "async_tp" else "userbuffers",
-                    dp_comm_overlap=self.dp_overlap,
+                    tp_dgrad_overlap=self.tp_dgrad_overlap, dp_comm_overlap=self.dp_overlap,
                     ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap, cp_ring=self.cp_ring,
                     pp_fsdp=self.pp_fsdp,
                     cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
@@ -127,7 +144,9 @@ class StackKnobs(Spec):
                     loss_runtime=self.loss_runtime, cuda_graphs=self.cuda_graphs,
                     fp8_lm_head=self.fp8_output_proj, projections=self.projections,
                     dp_impl=self.data_parallel, optimizer_impl=self.optimizer,
-                    fused_grouped_mlp=self.fused_grouped_mlp)
+                    fused_grouped_mlp=self.fused_grouped_mlp,
+                    optimizer_state_dtype=self.optimizer_state_dtype,
+                    master_weights_dtype=self.master_weights_dtype)
 
 
 class StackSpec(Spec):

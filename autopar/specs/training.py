@@ -48,6 +48,13 @@ class TrainingSpec(Spec):
                     "all-gather and reduce-scatter pipelined with its GEMM) or 'async_tp' (PyTorch's torch.compile "
                     "micro-pipelined TP: only the all-gather->matmul and matmul->reduce-scatter pairs its pattern "
                     "matcher finds, each GEMM split into TP chunks; autopar.cost.tp). Set by the stack's tp_overlap.")
+    tp_dgrad_overlap: bool = Field(
+        default=True,
+        description="With TP overlap off, the backward reduce-scatter (all-reduce without SP) of each column-parallel "
+                    "layer's input gradient is still issued asynchronously after its data-gradient GEMM and waited on "
+                    "after its weight-gradient GEMM (Transformer Engine LayerNormLinear 'Overlap dgrad-RS/AR with "
+                    "wgrad'; Megatron-LM's async tensor-parallel all-reduce since 2021-09): hidden behind that GEMM "
+                    "(autopar.cost.tp). Off: PyTorch DTensor TP (torchtitan) and Megatron-LM before it.")
     dp_comm_overlap: bool = Field(
         default=True,
         description="Framework overlaps data-parallel traffic with compute (Megatron --overlap-grad-reduce / "

@@ -14,7 +14,8 @@ from autopar.specs.training import TrainingSpec
 
 H100 = load_hardware("h100_sxm")
 ON = TrainingSpec(seq_len=4096, global_batch=1024)
-OFF = ON.model_copy(update={f"{k}_comm_overlap": False for k in ("tp", "dp", "ep", "cp")})
+OFF = ON.model_copy(update={**{f"{k}_comm_overlap": False for k in ("tp", "dp", "ep", "cp")},
+                            "tp_dgrad_overlap": False})   # nothing hidden
 
 
 def _with_slowdown(hw, sm: float, ce: float = 0.0):

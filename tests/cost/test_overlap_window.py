@@ -18,7 +18,8 @@ from autopar.specs.training import TrainingSpec
 
 H100 = load_hardware("h100_sxm")
 ON = TrainingSpec(seq_len=4096, global_batch=1024)
-OFF = ON.model_copy(update={f"{k}_comm_overlap": False for k in ("tp", "dp", "ep", "cp")})
+OFF = ON.model_copy(update={**{f"{k}_comm_overlap": False for k in ("tp", "dp", "ep", "cp")},
+                            "tp_dgrad_overlap": False})
 
 
 def _times(model: str, gpus: int, training: TrainingSpec, **lay):
@@ -54,6 +55,21 @@ def test_tp_overlap_leaves_one_chunk_and_what_the_gemms_cannot_cover():
                                  + overlap_cost(hidden / 2, H100, "sm"))
     assert t.tp > exposed
     assert _times("llama3_70b", 64, OFF, tp=8, pp=2)[3].tp == pytest.approx(comm)
+
+
+def test_tp_overlap_off_still_hides_each_input_gradient_reduce_scatter_behind_its_weight_gradient_gemm():
+    # Transformer Engine / Megatron-Core with userbuffers off: one BF16 reduce-scatter per block and backward pass is
+    # issued async after the column-parallel dgrad GEMM and waited on after the wgrad GEMM (autopar/cost/tp.py)
+    dgrad_only = OFF.model_copy(update={"tp_dgrad_overlap": True})
+    est, L, st, t, _ = _times("llama3_70b", 64, dgrad_only, tp=8, pp=2)
+    comm = tp_comm_seconds(est.profile, st, L, dgrad_only, est.net)
+    gemm, _ = hiding_windows(est.profile, st, L, dgrad_only, est.kernels)
+    blocks = st.sum(est.profile, "tp_blocks")
+    rs = blocks * est.net.time("reduce_scatter", L.micro_batch * 4096 * 8192 * 2, 8, 1)
+    hidden = min(rs, gemm / 6)
+    assert 0 < hidden == pytest.approx(rs)           # the wgrad GEMMs are long enough to cover it
+    assert t.tp == pytest.approx(comm - hidden + overlap_cost(hidden, H100, "sm"))
+    assert t.tp < _times("llama3_70b", 64, OFF, tp=8, pp=2)[3].tp
 
 
 def test_ep_overlap_only_where_megatron_runs_combined_1f1b():

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from autopar.cost import Estimator
+from autopar.cost.collectives import Network
 from autopar.cost.tp import tp_time_per_microbatch
 from autopar.specs.layout import Layout
 from autopar.specs.loaders import load_hardware, load_model
 from autopar.specs.training import TrainingSpec
 
 H100 = load_hardware("h100_sxm")
-TR = TrainingSpec(seq_len=4096, global_batch=64, tp_comm_overlap=False)   # all of it exposed
+TR = TrainingSpec(seq_len=4096, global_batch=64, tp_comm_overlap=False, tp_dgrad_overlap=False)   # all exposed
 
 
 def _reductions(model_name: str, **lay) -> float:
@@ -46,3 +47,23 @@ def test_shared_experts_reduce_like_a_dense_mlp():
     m = load_model("deepseek_v3")       # 3 dense layers, 58 MoE layers with one shared expert each
     assert m.moe.num_shared_experts == 1
     assert _reductions("deepseek_v3", ep=8, pp=1) == pytest.approx(2 * 2 * m.num_layers + 1)
+
+
+def test_transformer_engine_fp8_gathers_fp8_under_sequence_parallel():
+    # TE (fp8_recipe te) all-gathers the FP8 norm output and FP8 output gradient; the reduce-scatters stay BF16:
+    # 3/4 of the BF16 bytes with SP (each collective's latency unchanged), and BF16 all-reduces without it
+    m = load_model("llama3_8b")
+    n_ar = 2 * 2 * m.num_layers + 1
+    def tp_seconds(precision: str, sp: bool) -> tuple[float, float]:
+        tr = TR.model_copy(update={"precision": precision})
+        est = Estimator(m, H100, tr, 8)
+        L = est.resolve(Layout(tp=8, sequence_parallel=sp))
+        t = tp_time_per_microbatch(est.profile, est.stages(L.stage_layers)[0], L, tr, H100, est.net)
+        return t, est.net.time("all_reduce", L.micro_batch * tr.seq_len * m.hidden_size * 2, 8, 1)
+    t8, one = tp_seconds("fp8", True)
+    t16, _ = tp_seconds("bf16", True)
+    assert t16 == pytest.approx(n_ar * one)
+    latency = Network(H100).coefficients("all_reduce", 8, 1)[1]         # per collective, not scaled by the bytes
+    assert t8 == pytest.approx(n_ar * (0.75 * (one - latency) + latency))
+    assert tp_seconds("fp8", False)[0] == pytest.approx(tp_seconds("bf16", False)[0])
+

@@ -196,3 +196,11 @@ def test_a_long_layout_string_uses_megatrons_repeat_groups_and_unrolls_to_the_sa
     assert text == "Et|(t*2|)*6t|(t*2|)*22t*2mL"
     assert layout_stages(text) == layout_stages("|".join(parts)) and len(layout_stages(text)) == 31
     assert _repeat_runs(["Et*7", "t*9", "t*9", "t*7L"]) == "Et*7|t*9|t*9|t*7L"   # no shorter written as a group
+
+
+def test_nemo_optimizer_state_knobs_are_refused_not_dropped():
+    # bf16 Adam moments without a master copy (NeMo 24.07's apex distributed_fused_adam, stack knobs) are priced in
+    # memory; Megatron-LM keeps fp32 main parameters, so emitting would launch a run holding more than predicted
+    tr = TrainingSpec(seq_len=4096, global_batch=1024, optimizer_state_dtype="bf16", master_weights_dtype="none")
+    with pytest.raises(AutoparInputError, match="optimizer_state_dtype=bf16"):
+        megatron_args(_resolved(LLAMA3_8B, 8, tp=2, zero_stage=1, training=tr), LLAMA3_8B, tr)

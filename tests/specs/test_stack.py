@@ -49,3 +49,13 @@ def test_free_knob_choices_are_valid_settings():
                                                                ("compiled", "async_tp")}
     assert all(isinstance(k, StackKnobs) for k in choices)
     assert len(tt.knob_choices({"elementwise": "eager"})) == 1
+
+
+def test_optimizer_state_knobs_set_the_training_dtypes_and_shrink_the_optimizer_bytes():
+    # NeMo 24.07's distributed_fused_adam with optim.dtype bf16 on a bf16 model: two bf16 moments, no master copy
+    knobs = load_stack("megatron_core").with_knobs(parse_knobs("optimizer_state_dtype=bf16,master_weights_dtype=none"))
+    tr = TrainingSpec(**knobs.training_fields())
+    assert (tr.optimizer_state_dtype, tr.master_weights_dtype) == ("bf16", "none")
+    assert tr.optimizer_bytes == 4 and TrainingSpec().optimizer_bytes == 12
+    with pytest.raises(AutoparInputError, match="not offered"):   # FSDP2's fp32 shards are torchtitan's master copy
+        load_stack("torchtitan").with_knobs({"master_weights_dtype": "none"})
