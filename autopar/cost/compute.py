@@ -341,9 +341,9 @@ def hiding_windows(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, k
         hit = kern.cache.get(wkey)
         if hit is None:
             parts = _cached_parts(kern, prof, j, L, tr, tokens, imbalance)
-            rc = set(recomputed_parts(L, parts))
-            g = sum(f + b + (f if n in rc else 0.0) for n, (f, b) in parts.items() if n in TP_GEMM_PARTS)
-            a = sum(f + b + (f if n in rc else 0.0) for n, (f, b) in parts.items())
+            rc = recompute_shares(L, tr, parts)     # what the recompute re-runs, as _layer_times prices it
+            g = sum(f + b + f * rc.get(n, 0.0) for n, (f, b) in parts.items() if n in TP_GEMM_PARTS)
+            a = sum(f + b + f * rc.get(n, 0.0) for n, (f, b) in parts.items())
             hit = kern.cache[wkey] = (g, a)
         gemm += count * hit[0]
         total += count * hit[1]

@@ -48,7 +48,23 @@ PyTorch's loss path (``TrainingSpec.loss_runtime`` 'torch', as torchtitan runs i
   saved input (the gathered-input buffer);
 - under PP, torch.distributed.pipelining's last stage appends every micro-batch's output (the bf16 logits) to
   ``output_chunks`` for the step's output merge (torch/distributed/pipelining/stage.py
-  ``_PipelineStageBase.forward_one_chunk``), so M micro-batches' logits stay until the step ends: + M · 2 B.
+  ``_PipelineStageBase.forward_one_chunk``), so M micro-batches' logits stay until the step ends: + M · 2 B;
+- the caching allocator holds the activation dtype's bytes per logit element more than the tensors alive at the loss
+  backward's peak (:func:`torch_loss_bytes`); the likely mechanism, read from the allocation order and not traced:
+  the freed bf16 logits' block (2 B per element, beside the fp32 upcast's once both are freed) serves one fp32
+  gradient, and the next fp32 tensor no longer fits in what is left, so it stays cached beside the peak. Measured with benchmarks/torch_sac_memory.py (one H200, torch 2.11.0+cu130,
+  ``expandable_segments:True`` as torchtitan's run script sets it, 2026-11-26; Llama 3.1 8B blocks, 2 x 8192 tokens,
+  2.10e9 logit elements): the peak reserved exceeds the peak allocated by 4.04-4.29 GiB in all eight variants (eager
+  and compiled, op SAC and full AC, 2 and 6 layers), 2.07-2.19 B per logit element, and the peak allocated is the
+  loss phase's 12 B per element, the stored activations and the final norm's tensors to within 0.1 GiB.
+
+Phases (``loss_runtime`` 'torch', last stage): the loss backward's peak (the loss bytes above and the final norm's
+saved tensors) comes before any layer's backward, and one layer's backward working set (:func:`activation_elems_per_
+token`) after the loss temporaries are freed, so the stage holds the stored activations, the stage buffers and the
+larger of the two, not their sum; Megatron's path keeps the sum (its loss bytes are the smaller share, and its runs
+are not measured here). The gradient term stays in both phases: with FSDP2 and AdamW (the same benchmark, ``--fsdp``)
+the reserved peak exceeds the allocated one by the loss path's bytes and 1.0 x the fp32 gradients' size, the
+blocks ``zero_grad`` frees and the allocator keeps cached through the next loss peak.
 
 torch.distributed.pipelining's stage buffers (``loss_runtime`` 'torch', the PyTorch pipeline runtime torchtitan drives;
 torch/distributed/pipelining/stage.py, read at pytorch/pytorch@0138610, the same structure as the Dec 2024 release
@@ -57,16 +73,25 @@ buffer per stage output (``_create_grad_recv_info``: ``_make_tensor_from_meta``,
 stage but the last; the forward infra likewise one activation-receive buffer per micro-batch on every stage but the
 first; both are kept from one step to the next (``clear_runtime_states`` drops only their ``.grad``).
 ``forward_one_chunk`` keeps each micro-batch's stage output in ``fwd_cache`` until its backward
-(``self.fwd_cache[fwd_chunk_id] = (output_tuple, flatten_input_tensors)``), unlike Megatron, which frees its sent
-outputs' storage (``deallocate_output_tensor``). Each is one stage-boundary tensor, b·s/(cp·tp)·h elements with SP
-(torchtitan's blocks hand on their sequence-sharded local output), b·s/cp·h without. With v model chunks per rank,
-M micro-batches and c in-flight chunks (:func:`inflight_layer_microbatches` · v), a rank holds
+(``self.fwd_cache[fwd_chunk_id] = (output_tuple, flatten_input_tensors)``) and, at that release, also appends it to
+``output_chunks`` on EVERY stage, not only the last (``self.output_chunks.append(output)``, unconditional until
+pytorch/pytorch#153383, merged 2025-05-13: "Considering output_chunks is only used for last stage, we should not
+keep the outputs of each stage in memory"), where it stays until the next step's ``clear_runtime_states``: by the
+last forward of a step every stage holds all M of its outputs (the in-flight ones among them), unlike Megatron,
+which frees its sent outputs' storage (``deallocate_output_tensor``). Each is one stage-boundary tensor,
+b·s/(cp·tp)·h elements with SP (torchtitan's blocks hand on their sequence-sharded local output), b·s/cp·h without.
+With v model chunks per rank, M micro-batches and c in-flight chunks (:func:`inflight_layer_microbatches` · v), a
+rank holds
 
     v·M − M·[last rank]                 gradient-receive buffers,
     max(v·M − M·[first rank] − c, 0)    activation-receive buffers beyond the c counted as stored layer inputs,
-    c·(1 − [last rank]/v)               kept stage outputs (the last stage's output is its logits, counted above)
+    v·M − M·[last rank]                 kept stage outputs (``output_chunks``; the last stage's outputs are its
+                                        logits, counted above)
 
-boundary tensors (:func:`pipeline_boundary_tensors`; exact for v = 1, an approximation for interleaved ranks).
+boundary tensors (:func:`pipeline_boundary_tensors`). The outputs count at the rank's activation peak because the
+stored inputs stay at c from the end of the warm-up to the last forward, while the kept outputs only grow: the
+peak, at the last forward, holds c chunks' stored inputs and all v·M outputs (exact for v = 1; for interleaved
+ranks the in-flight count is Megatron's warm-up figure, an approximation).
 
 Buffers: the SP/TP all-gathered input of one linear (b·s/cp·h), EP dispatch/combine buffers (2·b·s/(cp·tp)
 ·k·h), FSDP's unsharded parameters of two layers (current + prefetch) and one layer's unsharded gradient,
@@ -239,11 +264,20 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
         # on every TP rank) and SDPA's output; it drops the norm outputs, K, the activation and the out-projection
         # output. Routed experts keep what Megatron's selective policy keeps. An approximation for pre-norm
         # attention + MLP blocks (torchtitan's Llama), stated in the stack file.
+        # Eager autograd keeps every MUST_SAVE output whether or not the backward reads it (torch/utils/checkpoint.py
+        # _CachingTorchDispatchMode stores each MUST_SAVE op's output); under torch.compile the partitioner saves only
+        # what the backward graph reads, and nothing reads the down projection's output (its residual add's backward
+        # needs no input): compiled blocks keep 1 h per token and layer less. Measured (benchmarks/
+        # torch_sac_memory.py, one H200, torch 2.11.0+cu130, 2026-11-26, Llama 3.1 8B blocks at 2 x 8192 tokens):
+        # 7.766 h per layer eager, 6.766 h compiled (the 0.016 h is SDPA's fp32 log-sum-exp).
         m = prof.model
         a, g = m.num_attention_heads, m.kv_heads
         kept = (norm_in / 2) / sp_div + (qkv * (a + g) / (a + 2 * g) + attn_out + mlp / (3 if m.gated_mlp else 2)
                                          + shared + moe) / tp_div + n * prof.hidden / L.cp
-        return kept, where(full_layers > kept, full_layers - kept, 0.0) / max(n, 1)
+        working = where(full_layers > kept, full_layers - kept, 0.0) / max(n, 1)
+        if prof.training.elementwise == "compiled":
+            kept = kept - n * prof.hidden / L.cp
+        return kept, working
     if "core_attn" in mods:
         attn_out = 0.0
     if "layernorm" in mods:
@@ -302,15 +336,22 @@ TORCH_FINAL_NORM_BYTES = 6   # eager final RMSNorm: fp32 upcast (4 B) + bf16 nor
 
 
 def logit_bytes_per_element(st: Stage, L: Layout, tr: TrainingSpec):
-    """Bytes per element of one micro-batch's vocab-parallel logits on the last stage (module docstring, Logits):
-    Megatron's loss path holds the logits (activation dtype) and the loss kernel's :data:`LOGIT_EXTRA_BYTES`;
-    PyTorch's (``loss_runtime`` 'torch') holds :data:`TORCH_LOSS_BYTES` and, under PP, every micro-batch's logits in
-    the activation dtype. ``L.tp`` and ``L.grad_accum`` may be numpy arrays (elementwise result)."""
+    """Bytes per element of one micro-batch's vocab-parallel logits on the last stage (module docstring, Logits),
+    both phases together: Megatron's loss path holds the logits (activation dtype) and the loss kernel's
+    :data:`LOGIT_EXTRA_BYTES`; PyTorch's (``loss_runtime`` 'torch') :func:`torch_loss_bytes` at the loss backward's
+    peak and, under PP, every micro-batch's logits in the activation dtype. ``L.tp`` and ``L.grad_accum`` may be numpy
+    arrays (elementwise result)."""
     e = tr.activation_bytes
     if tr.loss_runtime != "torch":
         return e + LOGIT_EXTRA_BYTES[tr.cross_entropy]
-    loss = where(L.tp > 1, TORCH_LOSS_BYTES["loss_parallel"], TORCH_LOSS_BYTES["plain"])
-    return loss + (e * L.grad_accum if st.pp > 1 else 0.0)
+    return torch_loss_bytes(L, tr) + (e * L.grad_accum if st.pp > 1 else 0.0)
+
+
+def torch_loss_bytes(L: Layout, tr: TrainingSpec):
+    """Bytes per logit element at PyTorch's loss backward peak, as the caching allocator holds them (module
+    docstring): the fp32 temporaries (:data:`TORCH_LOSS_BYTES`) and the freed block of the bf16 logits
+    (``activation_bytes``), cached but too small for the fp32 gradients that follow. ``L.tp`` may be a numpy array."""
+    return where(L.tp > 1, TORCH_LOSS_BYTES["loss_parallel"], TORCH_LOSS_BYTES["plain"]) + tr.activation_bytes
 
 
 def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
@@ -327,31 +368,37 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
     layers = inflight_layer_microbatches(st, L)
     if f:
         layers = (1 - f) * layers + f * resident_offload_layers(st)
-    act = mb_tokens * e * (kept * layers + working)
-    if st.is_last:
-        act = act + (mb_tokens / (L.cp * L.tp) * prof.vocab * logit_bytes_per_element(st, L, tr)
-                     * (1 + prof.model.mtp_layers))
-        if prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight micro-batch
-            mtp_layers = prof.model.mtp_layers * minimum(st.pp, L.grad_accum)
-            act = act + mb_tokens * e * (kept / max(st.n_layers, 1)) * mtp_layers
+    act = mb_tokens * e * kept * layers
+    layer_phase = mb_tokens * e * working          # one layer's backward working set
+    logits = mb_tokens / (L.cp * L.tp) * prof.vocab * (1 + prof.model.mtp_layers) if st.is_last else 0.0
     if tr.loss_runtime == "torch":   # PyTorch's runtime (docstring), per element of one sequence-sharded b·s·h tensor
         boundary = mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden
-        if st.is_last:   # the eager final norm's saved tensors
-            act = act + boundary * TORCH_FINAL_NORM_BYTES
+        if st.is_last:   # the loss backward's peak (loss temporaries, the cached logits block, the final norm's saved
+            # tensors) comes before any layer's backward: the larger of the two phases, not their sum (docstring)
+            loss_phase = logits * torch_loss_bytes(L, tr) + boundary * TORCH_FINAL_NORM_BYTES
+            act = act + maximum(layer_phase, loss_phase) + logits * (e * L.grad_accum if st.pp > 1 else 0.0)
+        else:
+            act = act + layer_phase
         if st.pp > 1:   # torch.distributed.pipelining's stage buffers
             act = act + boundary * e * pipeline_boundary_tensors(st, L)
+    else:
+        act = act + layer_phase + logits * logit_bytes_per_element(st, L, tr)
+    if st.is_last and prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight mb
+        mtp_layers = prof.model.mtp_layers * minimum(st.pp, L.grad_accum)
+        act = act + mb_tokens * e * (kept / max(st.n_layers, 1)) * mtp_layers
     return act
 
 
 def pipeline_boundary_tensors(st: Stage, L: Layout):
     """Stage-boundary tensors torch.distributed.pipelining holds on this rank beyond the stored layer inputs (module
-    docstring): gradient- and activation-receive buffers of every micro-batch and the in-flight stage outputs.
-    ``L.grad_accum`` and ``L.vpp`` may be numpy arrays (elementwise result)."""
+    docstring): gradient- and activation-receive buffers of every micro-batch and every micro-batch's stage output
+    (``output_chunks`` on every stage, torch before pytorch/pytorch#153383). ``L.grad_accum`` and ``L.vpp`` may be
+    numpy arrays (elementwise result)."""
     M, v = L.grad_accum, L.vpp
     c = inflight_layer_microbatches(st, L) * v
     grad = v * M - (M if st.is_last else 0)
     recv = maximum(v * M - (M if st.is_first else 0) - c, 0.0)
-    out = c * (1.0 - (1.0 / v if st.is_last else 0.0))
+    out = v * M - (M if st.is_last else 0)      # the last stage's outputs are its logits (logit_bytes_per_element)
     return grad + recv + out
 
 

@@ -44,6 +44,8 @@ from pydantic import Field, model_validator
 
 from autopar.errors import AutoparInputError
 from autopar.specs._base import Spec
+from autopar.specs.training import (AttentionImpl, CpRing, CrossEntropy, CudaGraphs, DpImpl, Elementwise, Fp8Recipe,
+                                    LossRuntime, MasterWeights, OptimizerImpl, PpFsdp, Projections, SelectiveAc)
 
 if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
@@ -56,11 +58,11 @@ class StackKnobs(Spec):
     """The switches of one stack (every field has the Megatron-Core default, so a stack file names only what
     differs). Each maps to :class:`autopar.specs.training.TrainingSpec` fields by :meth:`training_fields`."""
 
-    elementwise: Literal["fused", "compiled", "eager"] = Field(
+    elementwise: Elementwise = Field(
         default="fused", description="Elementwise kernels (norms, RoPE, SwiGLU): fused, compiled or eager.")
-    attention: Literal["best", "sdpa_fa2"] = Field(
+    attention: AttentionImpl = Field(
         default="best", description="Attention kernel: the chip file's best (FA3/cuDNN/FA4) or SDPA's FA2.")
-    fp8_recipe: Literal["te", "tensorwise", "rowwise"] = Field(
+    fp8_recipe: Fp8Recipe = Field(
         default="te", description="FP8 scaling recipe and its quantisation kernels (precision fp8 only).")
     tp_overlap: Literal["none", "async_tp", "userbuffers"] = Field(
         default="userbuffers", description="TP communication overlap.")
@@ -72,17 +74,17 @@ class StackKnobs(Spec):
     ep_overlap: bool = Field(default=True, description="EP all-to-all overlapped (Megatron --overlap-moe-expert-"
                                                        "parallel-comm / moe_a2a_overlap).")
     cp_overlap: bool = Field(default=True, description="CP ring exchange overlapped with attention.")
-    cp_ring: Literal["te_p2p", "torch_allgather"] = Field(
+    cp_ring: CpRing = Field(
         default="te_p2p", description="Ring attention implementation: Transformer Engine's p2p ring or PyTorch's "
                                       "all-gather ring (TrainingSpec.cp_ring).")
-    pp_fsdp: Literal["per_microbatch", "per_step"] = Field(
+    pp_fsdp: PpFsdp = Field(
         default="per_microbatch", description="FSDP traffic under PP: every micro-batch, or once per step "
                                               "(TrainingSpec.pp_fsdp).")
-    cross_entropy: Literal["fused", "unfused"] = Field(default="fused", description="Loss kernel.")
-    loss_runtime: Literal["megatron", "torch"] = Field(
+    cross_entropy: CrossEntropy = Field(default="fused", description="Loss kernel.")
+    loss_runtime: LossRuntime = Field(
         default="megatron", description="Who holds the logits around the loss (memory only): Megatron's loss "
                                         "path, or PyTorch's as torchtitan runs it (TrainingSpec.loss_runtime).")
-    selective_ac: Literal["modules", "op"] = Field(
+    selective_ac: SelectiveAc = Field(
         default="modules", description="What 'selective' recompute re-runs: Megatron's modules or torchtitan's "
                                        "op-level SAC.")
     fp8_attention: bool = Field(default=False, description="Attention core in FP8 (TE fp8_dot_product_attention).")
@@ -91,18 +93,18 @@ class StackKnobs(Spec):
                                    "TrainingSpec.fp8_param_gather). Transformer Engine FP8 precisions only (fp8 "
                                    "te, fp8_block, mxfp8): refused with others, as Megatron refuses fp8_param "
                                    "without fp8.")
-    projections: Literal["fused", "separate"] = Field(
+    projections: Projections = Field(
         default="fused", description="Attention and MLP input projections: fused (Megatron-Core linear_qkv, "
                                      "linear_fc1) or separate GEMMs (torchtitan wq/wk/wv, w1/w3), each priced at its "
                                      "own shape.")
     fp8_output_proj: bool = Field(
         default=False, description="LM head in MXFP8 (Megatron-Core fp8_output_proj; TrainingSpec.fp8_lm_head). "
                                    "Precision mxfp8 only.")
-    data_parallel: Literal["megatron", "fsdp2"] = Field(
+    data_parallel: DpImpl = Field(
         default="megatron", description="Data-parallel implementation: Megatron-Core's DDP / distributed optimizer, "
                                         "or PyTorch FSDP2 as torchtitan sets it up (fp32 reduce-scatter, all-gather "
                                         "copy-out on the compute stream).")
-    optimizer: Literal["fused", "foreach"] = Field(
+    optimizer: OptimizerImpl = Field(
         default="fused", description="Adam(W) kernels: fused (one pass) or torch's foreach (one pass per op).")
     fused_grouped_mlp: bool = Field(
         default=False, description="Routed experts through Transformer Engine's op fuser (Megatron-Core "
@@ -115,12 +117,12 @@ class StackKnobs(Spec):
                                     "as NeMo's distributed_fused_adam with optim.dtype bf16 (apex DistributedFusedAdam "
                                     "'dtype: datatype for optimizer state', NVIDIA/apex@f9f19d5c apex/contrib/optimizers/"
                                     "distributed_fused_adam.py) or Megatron-Core --exp-avg-dtype/--exp-avg-sq-dtype bf16.")
-    master_weights_dtype: Literal["fp32", "none"] = Field(
+    master_weights_dtype: MasterWeights = Field(
         default="fp32", description="The optimizer's master copy of the weights (TrainingSpec.master_weights_dtype; "
                                     "memory): 'none' when the bf16 weights are updated in place, as NeMo 24.07 sets "
                                     "apex store_params=False when optim.dtype equals the model dtype (NVIDIA/NeMo@"
                                     "r2.0.0rc1 (579983fb) megatron_base_model.py setup_optimization).")
-    cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
+    cuda_graphs: CudaGraphs = Field(
         default="none", description="CUDA graphs: full_iteration removes the per-layer host overhead "
                                      "(TrainingSpec.cuda_graphs).")
 

@@ -13,6 +13,21 @@ from autopar.specs.hardware import Precision
 OVERLAPS = ("tp", "dp", "ep", "cp")   # the communication overlaps a run can switch on (``*_comm_overlap``)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
 
+# The value sets of the switches a stack file also sets (StackKnobs, autopar/specs/stack.py), declared once.
+Elementwise = Literal["fused", "compiled", "eager"]
+AttentionImpl = Literal["best", "sdpa_fa2"]
+Fp8Recipe = Literal["te", "tensorwise", "rowwise"]
+CpRing = Literal["te_p2p", "torch_allgather"]
+PpFsdp = Literal["per_microbatch", "per_step"]
+CrossEntropy = Literal["fused", "unfused"]
+LossRuntime = Literal["megatron", "torch"]
+SelectiveAc = Literal["modules", "op"]
+Projections = Literal["fused", "separate"]
+DpImpl = Literal["megatron", "fsdp2"]
+OptimizerImpl = Literal["fused", "foreach"]
+CudaGraphs = Literal["none", "partial", "full_iteration"]
+MasterWeights = Literal["fp32", "none"]
+
 
 class TrainingSpec(Spec):
     """Sequence length, batch and precisions of one pre-training run.
@@ -28,7 +43,7 @@ class TrainingSpec(Spec):
     precision: Precision = Field(default="bf16", description="Math precision of the transformer GEMMs.")
     weight_dtype: Literal["bf16", "fp16", "fp32"] = Field(default="bf16", description="Dtype of model weights.")
     grad_dtype: Literal["fp32", "bf16", "fp16"] = Field(default="bf16", description="Dtype of gradient buffers.")
-    master_weights_dtype: Literal["fp32", "none"] = Field(
+    master_weights_dtype: MasterWeights = Field(
         default="fp32", description="Optimizer's master copy of the weights; 'none' when weights are updated in place.")
     optimizer_state_dtype: Literal["fp32", "bf16", "fp16"] = Field(
         default="fp32", description="Dtype of each Adam moment (2 moments).")
@@ -69,30 +84,30 @@ class TrainingSpec(Spec):
         default=True,
         description="Ring attention overlaps each KV block transfer with the attention block it feeds (Megatron-Core "
                     "p2p context parallelism). Off: the KV exchange is exposed (autopar.cost.cp).")
-    pp_fsdp: Literal["per_microbatch", "per_step"] = Field(
+    pp_fsdp: PpFsdp = Field(
         default="per_microbatch",
         description="ZeRO-3/FSDP under pipeline parallelism: 'per_microbatch' (gathers and reduce-scatters every "
                     "micro-batch, as without PP) or 'per_step' (torchtitan + torch.distributed.pipelining: weights "
                     "kept unsharded between micro-batches, one gather per step, the gradients reduce-scattered "
                     "once after the stage's last backward, exposed; autopar.cost.dp).")
-    cp_ring: Literal["te_p2p", "torch_allgather"] = Field(
+    cp_ring: CpRing = Field(
         default="te_p2p",
         description="Which ring attention runs context parallelism: 'te_p2p' (Megatron-Core / Transformer Engine: "
                     "one KV send per ring step, hidden behind that step's block) or 'torch_allgather' (PyTorch's "
                     "experimental context_parallel as torchtitan runs it: KV all-gathered once per layer and pass, "
                     "dK/dV passed around in fp32, the partial outputs merged by unfused elementwise kernels; "
                     "autopar.cost.cp).")
-    elementwise: Literal["fused", "compiled", "eager"] = Field(
+    elementwise: Elementwise = Field(
         default="fused",
         description="Elementwise kernels (norms, RoPE, SwiGLU): 'fused' (Transformer Engine / Megatron fusions), "
                     "'compiled' (torch.compile) or 'eager' (one PyTorch kernel per op, fp32 upcasts through HBM); "
                     "priced as HBM bytes per op (autopar/cost/compute.py ELEMENTWISE_BYTES).")
-    attention_impl: Literal["best", "sdpa_fa2"] = Field(
+    attention_impl: AttentionImpl = Field(
         default="best",
         description="Attention kernel: 'best' (the hardware file's own flash-attention figures) or 'sdpa_fa2' "
                     "(PyTorch SDPA's FlashAttention-2 backend: the file's kernel_model.attention_kernels['fa2'] "
                     "figures, KernelModel.with_attention_kernel).")
-    fp8_recipe: Literal["te", "tensorwise", "rowwise"] = Field(
+    fp8_recipe: Fp8Recipe = Field(
         default="te",
         description="FP8 scaling recipe (precision fp8): 'te' (Transformer Engine, fused cast-transpose), "
                     "'tensorwise' or 'rowwise' (torchao Float8Linear); sets the quantisation kernels' HBM bytes.")
@@ -116,13 +131,13 @@ class TrainingSpec(Spec):
                     "grouped FC1, activation and FC2 with their biases) instead of TEGroupedMLP's eager path, whose "
                     "expert output bias is added in unfused PyTorch kernels (autopar.blocks.moe.EXPERT_BIAS_ELEMS; "
                     "models with expert biases only).")
-    cuda_graphs: Literal["none", "partial", "full_iteration"] = Field(
+    cuda_graphs: CudaGraphs = Field(
         default="none",
         description="CUDA graphs: 'none', 'partial' (Transformer Engine graphs of some scopes: attention, router, "
                     "EP preprocess; the routed experts stay eager) or 'full_iteration' (Megatron-Core's whole "
                     "forward-backward replayed as one graph: no host launch work, no device-host sync). Priced on "
                     "the per-layer host overhead (autopar.cost.compute.HOST_OVERHEAD_SHARE).")
-    selective_ac: Literal["modules", "op"] = Field(
+    selective_ac: SelectiveAc = Field(
         default="modules",
         description="What the 'selective' recompute policy re-runs: 'modules' (Megatron-Core: the attention core) "
                     "or 'op' (torchtitan's op-level SAC: every second matmul and every elementwise op; "
@@ -136,12 +151,12 @@ class TrainingSpec(Spec):
         description="Attention core: 'flash' (FlashAttention-class fused kernel, s x s scores never stored) or "
                     "'unfused' (batched QK^T and AV GEMMs around a fused softmax kernel, with the scores and "
                     "dropout stored: Megatron-LM before FlashAttention, e.g. its 2021 runs).")
-    cross_entropy: Literal["fused", "unfused"] = Field(
+    cross_entropy: CrossEntropy = Field(
         default="fused",
         description="Loss kernel over the vocabulary: 'fused' (Megatron --cross-entropy-loss-fusion, Transformer "
                     "Engine) or 'unfused' (plain torch log-softmax, as autopar's own runner): sets the HBM traffic "
                     "and the fp32 buffers the last stage holds.")
-    loss_runtime: Literal["megatron", "torch"] = Field(
+    loss_runtime: LossRuntime = Field(
         default="megatron",
         description="Who holds the last stage's logits around the loss (memory only, autopar/cost/memory.py "
                     "logit_bytes_per_element): 'megatron' (the micro-batch's logits live through its loss backward) "
@@ -154,20 +169,20 @@ class TrainingSpec(Spec):
                     "and GatedDeltaNet CP: an all-to-all swaps the sequence split for a head split around the "
                     "scan, so heads must divide by tp·cp) or 'state_pass' (each CP rank scans its own tokens and "
                     "the recurrent states are passed along the sequence: LASP, autopar's runner).")
-    projections: Literal["fused", "separate"] = Field(
+    projections: Projections = Field(
         default="fused",
         description="How the stack launches the attention and MLP input projections: 'fused' (Megatron-Core: one "
                     "QKV GEMM, one gate-up GEMM) or 'separate' (torchtitan: wq, wk, wv and w1, w3 as their own "
                     "nn.Linear): the same FLOPs in smaller GEMMs, each priced at its own shape "
                     "(autopar.blocks Block.separate_gemms, autopar.cost.shapes).")
-    dp_impl: Literal["megatron", "fsdp2"] = Field(
+    dp_impl: DpImpl = Field(
         default="megatron",
         description="Data-parallel implementation: 'megatron' (Megatron-Core DDP / distributed optimizer: gradients "
                     "reduced in grad_dtype from contiguous buffers, parameters gathered in place) or 'fsdp2' "
                     "(PyTorch fully_shard as torchtitan@9dec370 sets it up: gradients reduce-scattered in fp32, "
                     "its mixed_precision_reduce, and each all-gather copied out into the unsharded parameters on "
                     "the compute stream; autopar.cost.dp).")
-    optimizer_impl: Literal["fused", "foreach"] = Field(
+    optimizer_impl: OptimizerImpl = Field(
         default="fused",
         description="Adam(W) kernels: 'fused' (one pass over parameter, gradient and moments: Megatron's / "
                     "Transformer Engine's FusedAdam, torch fused=True) or 'foreach' (torch.optim.AdamW's default "

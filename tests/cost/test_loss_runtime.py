@@ -22,18 +22,35 @@ def logit_gib(tokens: int, tp: int) -> float:
     return tokens * MODEL.vocab_size / tp / GIB
 
 
+def working_gib(runtime: str, layout: Layout, gpus: int = 8, seq: int = 4096, gb: int = 16, stage: int = -1) -> float:
+    """GiB of one layer's backward working set on the stage (the layer phase, beside the stored activations)."""
+    from autopar.cost.memory import activation_elems_per_token, linear_input_scale
+    tr = TrainingSpec(seq_len=seq, global_batch=gb, loss_runtime=runtime, cross_entropy="unfused")
+    est = Estimator(MODEL, load_hardware("h100_sxm"), tr, gpus)
+    L = est.resolve(layout)
+    st = est.stages(L.stage_layers)[stage]
+    _, working = activation_elems_per_token(est.profile, st, L, linear_input_scale(tr))
+    return L.micro_batch * seq * tr.activation_bytes * working / GIB
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_without_pp_the_bf16_logits_are_dropped_and_loss_parallel_holds_four_more_bytes(tp):
-    # Megatron's path: the bf16 logits (2 B) and the unfused loss's 12 B; torchtitan drops the logits before the
-    # backward ('del pred'), ATen's log_softmax holds 12 B without TP, DTensor loss_parallel 16 B with it
+    # Megatron's path: the bf16 logits (2 B) and the unfused loss's 12 B, summed with one layer's backward working
+    # set; torchtitan drops the logits before the backward ('del pred'), ATen's log_softmax holds 12 B without TP,
+    # DTensor loss_parallel 16 B with it, and the caching allocator keeps the freed bf16 logits' block (2 B) beside
+    # them; that peak comes before any layer's backward, so torch's stage holds the larger phase, not both
     lay = Layout(tp=tp, micro_batch=2, zero_stage=1, recompute="full")
     delta = activations("megatron", lay) - activations("torch", lay)
-    per_elem = 2 + 12 - (16 if tp > 1 else 12)
+    per_elem = 2 + 12 - (16 if tp > 1 else 12) - 2
     # ... and torch's final norm runs eagerly outside the compiled blocks: its fp32 input and bf16 output are saved
     # (6 B per element of its input, b·s·h, sequence-parallel under TP: the Layout's default sp)
     from autopar.cost.memory import TORCH_FINAL_NORM_BYTES
     norm = 2 * 4096 * MODEL.hidden_size * TORCH_FINAL_NORM_BYTES / tp / GIB
-    assert delta == pytest.approx(per_elem * logit_gib(2 * 4096, tp) - norm, rel=1e-9)
+    working = working_gib("torch", lay)
+    assert working == pytest.approx(working_gib("megatron", lay), rel=1e-12)
+    loss_phase = ((16 if tp > 1 else 12) + 2) * logit_gib(2 * 4096, tp) + norm
+    assert loss_phase > working > 0          # the loss phase is the peak here
+    assert delta == pytest.approx(per_elem * logit_gib(2 * 4096, tp) - norm + working, rel=1e-9)
 
 
 def test_under_pp_the_last_stage_keeps_every_micro_batchs_logits():
@@ -55,5 +72,53 @@ def test_under_pp_the_last_stage_keeps_every_micro_batchs_logits():
     assert pipeline_boundary_tensors(st, L) == 16 - 1
     from autopar.cost.memory import TORCH_FINAL_NORM_BYTES
     boundary = 15 * 4096 * MODEL.hidden_size * 2 / GIB + 4096 * MODEL.hidden_size * TORCH_FINAL_NORM_BYTES / GIB
-    assert last["torch"] - last["megatron"] == pytest.approx((12 + 2 * 16 - 14) * logit_gib(4096, 1) + boundary,
-                                                             rel=1e-9)
+    # (the loss phase, 12 + 2 B per logit element and the final norm, outweighs one layer's working set, which
+    # Megatron's path adds and torch's does not)
+    working = working_gib("torch", lay, gpus=4, gb=32)
+    assert (12 + 2) * logit_gib(4096, 1) > working > 0
+    assert last["torch"] - last["megatron"] == pytest.approx((12 + 2 + 2 * 16 - 14) * logit_gib(4096, 1) + boundary
+                                                             - working, rel=1e-9)
+
+
+def test_compiled_op_sac_blocks_keep_no_down_projection_output():
+    """torchtitan's op-level SAC: eager autograd stores every MUST_SAVE output, the down projection's too; a compiled
+    block saves only what its backward reads, 1 h per token and layer less (measured: benchmarks/torch_sac_memory.py,
+    7.766 h eager, 6.766 h compiled per layer); full AC keeps each layer's input either way."""
+    from autopar.cost.memory import activation_elems_per_token
+    lay = Layout(tp=1, micro_batch=2, zero_stage=3, recompute="selective")
+    got = {}
+    for ew in ("eager", "compiled"):
+        tr = TrainingSpec(seq_len=8192, global_batch=16, loss_runtime="torch", selective_ac="op", elementwise=ew)
+        est = Estimator(MODEL, load_hardware("h100_sxm"), tr, 8)
+        L = est.resolve(lay)
+        st = est.stages(L.stage_layers)[0]
+        got[ew] = activation_elems_per_token(est.profile, st, L)
+        full = activation_elems_per_token(est.profile, st, L.model_copy(update={"recompute": "full"}))
+        assert full[0] == st.n_layers * MODEL.hidden_size
+        got[ew, "full"] = full
+    n, h = MODEL.num_layers, MODEL.hidden_size
+    assert got["eager"][0] - got["compiled"][0] == pytest.approx(n * h, rel=1e-12)
+    assert got["eager"][1] == got["compiled"][1] > 0            # one layer's backward re-materialises the same
+    assert got["eager", "full"] == got["compiled", "full"]
+    assert got["eager"][0] / (n * h) == pytest.approx(7.75)    # x, Q, V, w1's output, SDPA's output, w2's output
+
+
+def test_the_torch_stage_holds_the_larger_of_its_loss_and_layer_phases():
+    """The last stage's loss backward (fp32 temporaries, the cached bf16 logits block, the final norm) comes before
+    any layer's backward: torch's runtime holds the larger of that and one layer's working set; a long sequence with
+    a small vocabulary share makes the layer phase the larger."""
+    from autopar.cost.memory import activation_bytes, activation_elems_per_token, linear_input_scale
+    lay = Layout(tp=1, micro_batch=1, zero_stage=3, recompute="full")
+    for seq, vocab_wins in ((4096, True), (4096, False)):
+        model = MODEL if vocab_wins else MODEL.model_copy(update={"vocab_size": 256})
+        tr = TrainingSpec(seq_len=seq, global_batch=8, loss_runtime="torch", cross_entropy="unfused")
+        est = Estimator(model, load_hardware("h100_sxm"), tr, 8)
+        L = est.resolve(lay)
+        st = est.stages(L.stage_layers)[-1]
+        kept, working = activation_elems_per_token(est.profile, st, L, linear_input_scale(tr))
+        tokens = seq * L.micro_batch
+        stored, layer = tokens * 2 * kept, tokens * 2 * working
+        from autopar.cost.memory import TORCH_FINAL_NORM_BYTES
+        loss = tokens * model.vocab_size * (12 + 2) + tokens * model.hidden_size * TORCH_FINAL_NORM_BYTES
+        assert (loss > layer) == vocab_wins
+        assert activation_bytes(est.profile, st, L, tr) == pytest.approx(stored + max(loss, layer), rel=1e-12)

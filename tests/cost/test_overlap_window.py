@@ -126,3 +126,20 @@ def test_the_switches_come_from_the_cli_flag():
     assert overlap_fields(ns) == {"tp_comm_overlap": False, "dp_comm_overlap": True, "ep_comm_overlap": False,
                                   "cp_comm_overlap": False}
     assert ON.overlaps() == "tp,dp,ep,cp" and OFF.overlaps() == "none"
+
+
+@pytest.mark.parametrize("selective_ac", ["modules", "op"])
+def test_the_window_holds_the_recompute_the_step_pays(selective_ac):
+    """The compute communication hides behind is the layers' forward, backward and recomputation as the step time
+    prices them (compute.recompute_shares), also under torchtitan's op-level SAC, whose recompute re-runs shares of
+    every module rather than whole modules."""
+    from autopar.cost.compute import layer_seconds
+
+    tr = ON.model_copy(update={"selective_ac": selective_ac})
+    est = Estimator(load_model("llama3_8b"), H100, tr, 16)
+    L = est.resolve(Layout(tp=2, fsdp=True, recompute="selective"))
+    st = est.stages(L.stage_layers)[0]
+    _, total = hiding_windows(est.profile, st, L, tr, est.kernels)
+    layers = sum(n * layer_seconds(est.profile, j, L, tr, est.kernels)
+                 for j, n in est.profile.kind_counts(st.first, st.last))
+    assert total == pytest.approx(layers)

@@ -53,17 +53,23 @@ def test_without_pp_nothing_changes():
 
 def test_torch_pipelining_keeps_its_stage_buffers():
     """torch.distributed.pipelining (loss_runtime 'torch'): per micro-batch a gradient-receive buffer on every stage
-    but the last, an activation-receive buffer on every stage but the first, and each in-flight stage output; counted
-    in stage-boundary tensors beyond the stored layer inputs (autopar/cost/memory.py docstring)."""
+    but the last, an activation-receive buffer on every stage but the first, and every micro-batch's stage output
+    (output_chunks on every stage before pytorch/pytorch#153383); counted in stage-boundary tensors beyond the stored
+    layer inputs (autopar/cost/memory.py docstring)."""
     from types import SimpleNamespace
 
     from autopar.cost.memory import pipeline_boundary_tensors
     pp, M = 4, 8
     stage = lambda i: SimpleNamespace(pp=pp, index=i, is_first=i == 0, is_last=i == pp - 1)   # noqa: E731
     L = SimpleNamespace(grad_accum=M, vpp=1)
-    # first: M gradient buffers + pp in-flight outputs; middle: M of each (the in-flight inputs already counted);
-    # last: the M - 1 receive buffers beyond its one in-flight input, no kept output (its logits are counted apart)
-    assert [pipeline_boundary_tensors(stage(i), L) for i in range(pp)] == [M + pp, 2 * M, 2 * M, M - 1]
+    # first: M gradient buffers + M kept outputs; stage i in the middle: M gradient buffers, the M - (pp - i) receive
+    # buffers beyond its pp - i in-flight inputs, M kept outputs; last: the M - 1 receive buffers beyond its one
+    # in-flight input, no kept output (its logits are counted apart)
+    assert [pipeline_boundary_tensors(stage(i), L) for i in range(pp)] == [2 * M, 3 * M - 3, 3 * M - 2, M - 1]
+    # interleaved, 2 chunks per rank: the last rank keeps the M outputs of its first chunk (its second ends in logits)
+    L2 = SimpleNamespace(grad_accum=M, vpp=2)
+    c_last = min(2 * 0 + (2 - 1) * pp + 1, 2 * M)       # Megatron's warm-up count on the last rank: 5 chunks
+    assert pipeline_boundary_tensors(stage(pp - 1), L2) == M + (2 * M - c_last) + M
 
 
 def test_fsdp_under_pp_holds_zero1_bytes_as_torchtitan_runs_it():

@@ -12,30 +12,32 @@ ROWS = {r.row_id: r for r in predict_rows()}
 
 # Still under-predicted, and what is known of why (not fitted away: see README 'Accuracy'). torchtitan prints the
 # caching allocator's peak *reserved* memory; the model's reserve (CUDA context, NCCL) lies outside that figure.
-_EAGER = ("eager elementwise kernels: the same layout compiled measures 5.0-5.4 GiB less (Table 1 and 3), the fp32 "
-          "intermediates eager norms, RoPE and SwiGLU materialise in each recomputed layer's backward, not counted "
-          "(the memory model prices compiled and eager alike)")
-_CP8K = ("8B at 32K tokens per GPU under CP 2 and 8, compiled, full AC: 0.1 and 0.4 GiB (0.1-0.5%) short at the loss "
-         "backward's peak (12 B per logit element, 56% of the peak); CP 1 and 4 are not; what grows with CP here (RoPE "
-         "tables sharded beside the full buffer, ring-attention buffers, which live in the attention backward, not at "
-         "the loss peak) is not counted")
+_EAGER8 = ("eager op-SAC on 8 GPUs: 0.2 GiB (0.2%) short at the loss backward's peak, where eager and compiled blocks "
+           "differ only by the down projection's output eager keeps (counted; the measured eager-compiled gap is "
+           "5.4 GiB, 4.0 of it that output); on one H200 (benchmarks/torch_sac_memory.py) the allocator's reserved "
+           "excess at that peak was 2.19 B per logit element under eager op SAC where 2 are counted (the freed bf16 "
+           "logits' block), and FSDP2's streams and the optimizer's first-step placement are not measured there")
 _PP405 = ("405B under PP 8 with FSDP2 (parameters gathered, fp32 gradients accumulated, priced as ZeRO-1 with fp32 "
-          "gradients; the last stage keeping every micro-batch's logits; pipelining's receive buffers and kept stage "
-          "outputs): the fullest stage is still 4.6-14.2 GiB short; the interleaved run of the same table, which the "
-          "model says holds more, measured 10 GiB less")
+          "gradients; every stage keeping each micro-batch's output, the last its logits; pipelining's receive "
+          "buffers): the fullest stage is still 5.6-15.2 GiB short, while the interleaved run of the same table, which "
+          "the model says holds more, measured 10 GiB less; the recipe read (train_configs/llama3_405b.toml@9dec370) "
+          "also gathers Float8 weights (enable_fsdp_float8_all_gather), which would lower the weights term, not "
+          "raise it")
 KNOWN_UNDER = {
-    "tt2412-l31-8b-h100gt-8-eager": _EAGER,
-    "tt2412-l31-8b-h100gt-128-eager": _EAGER,
-    "tt2412-l31-8b-h100gt-8-cp2-seq64k": _CP8K,
-    "tt2412-l31-8b-h100gt-8-cp8-seq256k": _CP8K,
-    "tt2412-l31-70b-h100gt-256-2d": "FSDP 32 x TP 8 at 131K tokens per GPU: 3.7 GiB short, where the async-TP run of "
-                                    "the same layout measured 4.3 GiB less; not explained",
+    "tt2412-l31-8b-h100gt-8-eager": _EAGER8,
+    "tt2412-l31-70b-h100gt-256-2d": "FSDP 32 x TP 8 at 131K tokens per GPU: 4.0 GiB short, where the async-TP run of "
+                                    "the same layout measured 4.3 GiB less; at the loss peak both hold the same "
+                                    "tensors (async TP adds its workspace); a likely cause, not measured: "
+                                    "the unfused TP matmuls' full-sequence outputs (2 GiB each) left in the "
+                                    "allocator's cache",
     "tt2412-l31-405b-h100gt-512-1f1b": _PP405,
     "tt2412-l31-405b-h100gt-512-cp1-seq32k": _PP405,
     "tt2412-l31-405b-h100gt-512-cp2-seq64k": _PP405,
     "tt2412-l31-405b-h100gt-512-cp4-seq128k": _PP405,
     "tt2412-l31-405b-h100gt-512-cp8-seq256k": _PP405 + "; CP 8 measures 8 GiB above CP 1-4 at the same tokens per "
-                                              "GPU: ring-attention buffers that grow with CP are not counted",
+                                              "GPU: ring-attention buffers that grow with CP (all-gathered K/V, fp32 "
+                                              "dK/dV) live in a layer's backward, about 4 GiB at CP 8 by "
+                                              "estimate, not counted",
 }
 
 
