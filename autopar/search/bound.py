@@ -196,15 +196,13 @@ class Bounds:
         """(g, J, S) twice, without and with virtual stages: a floor of the EP term ``stage_times`` adds on each
         distinct stage of meshes that share one split, at recompute r: ``ep.ep_time_per_microbatch`` itself, with
         T_ep from :meth:`_ep_per_layer` and, for the window W that hides it, ``kernels`` (the stage's layer kernels,
-        which ``compute.hiding_windows`` sums too), raised by 1e-9 for the summation order: exposure only falls as W
-        grows. (Under op-level selective checkpointing the window counts recomputed parts whole and the layer
-        kernels by share: W unbounded there, T_ep/M.) ``stage_times`` adds the overlap's SM cost on top."""
+        which ``compute.hiding_windows`` sums too, recompute by the same shares), raised by 1e-9 for the summation
+        order: exposure only falls as W grows. ``stage_times`` adds the overlap's SM cost on top."""
         sp, est, tr = self.t.space, self.t.est, self.t.space.training
         stages = self.t.stages[positions[0]]
         n_moe = np.array([st.sum(est.profile, "moe_layers") for st in stages])
         total = (np.stack([self._ep_per_layer(p, r) for p in positions])[:, :, None] * n_moe) * est.imbalance
-        window = np.inf if tr.selective_ac == "op" else kernels * (1.0 + 1e-9)
-        window = np.broadcast_to(window, total.shape)
+        window = np.broadcast_to(kernels * (1.0 + 1e-9), total.shape)
         out = np.zeros((2,) + total.shape)
         rc = sp.recompute[r]
         groups: dict[tuple, list[int]] = {}   # the overlap's rules read ep and whether vpp counts (Tables.stage_max)

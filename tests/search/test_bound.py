@@ -4,6 +4,7 @@ a real mesh never above its layouts' step times."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from autopar.cost import Estimator
 from autopar.search import SearchOptions
@@ -50,7 +51,8 @@ def test_a_mesh_bound_is_below_every_layout_of_it_and_refines_upwards():
             assert np.rint(levels[-1] * SCALE_T) <= best + 1                # never above a layout that fits
 
 
-def test_the_ep_floor_is_below_the_ep_term_and_raises_the_floor():
+@pytest.mark.parametrize("selective_ac", ["modules", "op"])
+def test_the_ep_floor_is_below_the_ep_term_and_raises_the_floor(selective_ac):
     """The floors' EP part (``Bounds._ep_floor``: the cost model's own exposure with the layer kernels as the
     window) never exceeds the EP term ``stage_times`` gives each stage, with and without virtual stages, and on a
     MoE model with the all-to-all overlap on it lifts the floors of expert-parallel meshes (what lets the branch and
@@ -59,9 +61,9 @@ def test_the_ep_floor_is_below_the_ep_term_and_raises_the_floor():
                       num_kv_heads=4, vocab_size=32000,
                       moe=MoESpec(num_experts=16, top_k=2, expert_ffn_hidden_size=1024))
     hw = load_hardware("h100_sxm")
-    tr = TrainingSpec(seq_len=4096, global_batch=64, ep_comm_overlap=True)
+    tr = TrainingSpec(seq_len=4096, global_batch=64, ep_comm_overlap=True, selective_ac=selective_ac)
     space = build_space(model, hw, tr, 32, SearchOptions(mbs=[1, 2], vpp=[1, 2], zero=[1],
-                                                         recompute=["none", "full"]))
+                                                         recompute=["none", "selective", "full"]))
     meshes, _, _ = mesh_validity(space)
     est = Estimator(model, hw, tr, 32)
     t = Tables(space, est, meshes)
