@@ -5,16 +5,19 @@ Public API (planning never imports torch):
     autopar.solve(model, hardware, training, gpus, options) -> SolveResult (ranked Plans)
     autopar.tune(...)  -> measured-best plan (Optuna over short real runs; needs the `profile` extra)
     spec types: ModelSpec, HardwareSpec, TrainingSpec, Layout; loaders load_model, load_hardware
-The search (OR-Tools) and the tuner (Optuna, torch) load on first use, so `autopar estimate` starts fast.
+Every name loads on first use (PEP 562), so importing ``autopar.cli`` or ``autopar.errors`` loads neither numpy nor
+pydantic: the CLI sets up its process first (autopar.cli.main), `autopar estimate` never loads OR-Tools, and the
+tuner (Optuna, torch) loads only for `tune`.
 """
 
-from autopar.cost import Estimate, Estimator, estimate
-from autopar.errors import AutoparInputError, LayoutError
-from autopar.specs import HardwareSpec, Layout, ModelSpec, TrainingSpec
-from autopar.specs.loaders import load_hardware, load_model
+import importlib
 
 __version__ = "0.1.0"
-_LAZY = {"Plan": "autopar.search", "SearchOptions": "autopar.search", "SolveResult": "autopar.search",
+_LAZY = {"Estimate": "autopar.cost", "Estimator": "autopar.cost", "estimate": "autopar.cost",
+         "AutoparInputError": "autopar.errors", "LayoutError": "autopar.errors",
+         "HardwareSpec": "autopar.specs", "Layout": "autopar.specs", "ModelSpec": "autopar.specs",
+         "TrainingSpec": "autopar.specs", "load_hardware": "autopar.specs.loaders", "load_model": "autopar.specs.loaders",
+         "Plan": "autopar.search", "SearchOptions": "autopar.search", "SolveResult": "autopar.search",
          "solve": "autopar.search", "tune": "autopar.tune"}
 __all__ = ["AutoparInputError", "Estimate", "Estimator", "HardwareSpec", "Layout", "LayoutError", "ModelSpec",
            "Plan", "SearchOptions", "SolveResult", "TrainingSpec", "estimate", "load_hardware", "load_model", "solve",
@@ -23,6 +26,9 @@ __all__ = ["AutoparInputError", "Estimate", "Estimator", "HardwareSpec", "Layout
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'autopar' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 
 from autopar.blocks import channel_block
+from autopar.cost._select import maximum
 from autopar.cost.collectives import Network
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.stage import Stage
@@ -97,10 +98,11 @@ def ep_time_per_microbatch(prof: ModelProfile, st: Stage, L: Layout, tr: Trainin
                            total: float | None = None) -> float:
     """Exposed EP seconds of one micro-batch: T_ep times ``imbalance`` (the busiest rank's load), less what the
     partner micro-batch's kernels (``window``, W above) hide where the schedule overlaps at all. ``total``: T_ep ·
-    imbalance when the caller has it already (the estimator prices the hidden part too)."""
+    imbalance when the caller has it already (the estimator prices the hidden part too). ``total``, ``window`` and
+    ``L.grad_accum`` may be broadcastable numpy arrays (the search's step-time floors): the result is elementwise."""
     t = ep_comm_seconds(prof, st, L, tr, net) * imbalance if total is None else total
-    if not t or not tr.ep_comm_overlap or ep_overlap_blockers(L, prof.model):
+    if (getattr(t, "ndim", 0) == 0 and not t) or not tr.ep_comm_overlap or ep_overlap_blockers(L, prof.model):
         return t
     m = L.grad_accum
     rest = t * (1.0 - 1.0 / m)
-    return t / m + max(0.0, rest / 2 - 2.0 * window / 3) + max(0.0, rest / 2 - window / 3)
+    return t / m + maximum(0.0, rest / 2 - 2.0 * window / 3) + maximum(0.0, rest / 2 - window / 3)

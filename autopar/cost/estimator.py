@@ -124,6 +124,18 @@ class Estimator:
     def stage_times(self, L: Layout, st: Stage) -> StageTimes:
         """Seconds of one micro-batch on stage ``st`` by term; the micro-batch time is the sum of all but the
         forward-only compute (:func:`microbatch_seconds`)."""
+        return self._ep_exposed(L, st, self._stage_shared(L, st))
+
+    def stage_times_interleaved(self, L: Layout, L_v: Layout, st: Stage) -> tuple[StageTimes, StageTimes]:
+        """:meth:`stage_times` of ``L`` and of ``L_v``, the same layout with other virtual stages (only ``vpp``
+        differs), the same numbers priced once: of the terms only the EP exposure reads ``vpp`` (the EP overlap's
+        blockers, :func:`autopar.cost.ep.ep_overlap_blockers`). The search times both of every MoE mesh."""
+        shared = self._stage_shared(L, st)
+        return self._ep_exposed(L, st, shared), self._ep_exposed(L_v, st, shared)
+
+    def _stage_shared(self, L: Layout, st: Stage) -> tuple:
+        """The terms of :meth:`stage_times` that do not read ``vpp``: (compute, forward compute, TP, CP exposed,
+        the stage's kernel window W, T_ep times the imbalance, offload)."""
         prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
         t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
                                                 self.imbalance, self.moe_overhead_s,
@@ -134,15 +146,20 @@ class Estimator:
             gemm_w, kern_w = _compute.hiding_windows(prof, st, L, tr, self.kernels, self.imbalance)
         cp, cp_total = cp_times(prof, st, L, tr, hw, net, self.kernels)
         ep_total = ep_comm_seconds(prof, st, L, tr, net) * self.imbalance
-        ep = ep_time_per_microbatch(prof, st, L, tr, hw, net, self.imbalance, kern_w, ep_total)
         if L.cp > 1 and tr.cp_comm_overlap:   # the ring's hidden transfers slow the attention they hide under
             cp += overlap_cost(max(0.0, cp_total - cp), hw, "sm", net.link(L.cp, L.tp))
+        tp = tp_time_per_microbatch(prof, st, L, tr, hw, net, gemm_w, self.kernels)
+        off = offload_time_per_microbatch(prof, st, L, tr, hw, t_fwd, t_tot) if L.offload_activations else 0.0
+        return t_tot, t_fwd, tp, cp, kern_w, ep_total, off
+
+    def _ep_exposed(self, L: Layout, st: Stage, shared: tuple) -> StageTimes:
+        """:class:`StageTimes` from :meth:`_stage_shared`'s terms and the EP exposure of ``L``."""
+        prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
+        t_tot, t_fwd, tp, cp, kern_w, ep_total, off = shared
+        ep = ep_time_per_microbatch(prof, st, L, tr, hw, net, self.imbalance, kern_w, ep_total)
         if tr.ep_comm_overlap and ep_total > ep:   # the partner micro-batch's kernels run beside the all-to-alls
             ep += overlap_cost(max(0.0, ep_total - ep), hw, "sm", net.link(L.ep, L.etp))
-        return StageTimes(
-            compute=t_tot, tp=tp_time_per_microbatch(prof, st, L, tr, hw, net, gemm_w, self.kernels),
-            cp=cp, ep=ep, forward=t_fwd,
-            offload=offload_time_per_microbatch(prof, st, L, tr, hw, t_fwd, t_tot) if L.offload_activations else 0.0)
+        return StageTimes(compute=t_tot, tp=tp, cp=cp, ep=ep, forward=t_fwd, offload=off)
 
     def stage_overhead_s(self, st: Stage) -> float:
         """Seconds per micro-batch on stage ``st`` that no kernel accounts for (``compute.overhead_time``: the

@@ -79,6 +79,7 @@ class Kernels:
         self.waves = waves if waves is not None and waves.kernel == km.grouped_gemm_kernel else None
         self.cache: dict = {}   # compute.layer_parts results, keyed by the layout axes they depend on
         self._attn: dict = {}
+        self._gemm: dict = {}   # gemm's arguments -> its (forward, backward): layouts share most shapes
 
     def gemm_eff(self, m: float, n: float, k: float, hi: bool = False, grouped: bool = False) -> float:
         """eff_gemm(M, N, K) = gemm_max · M/(M + half_m) · N/(N + half_m) · K/(K + half_nk)
@@ -91,7 +92,18 @@ class Kernels:
     def gemm(self, m: float, n: float, k: float, weight_elems: float, wb: float, gb: float,
              grouped: bool = False, hi: bool = False) -> tuple[float, float]:
         """(forward, backward) seconds of a GEMM (or ``grouped``: all local experts, m = tokens per expert,
-        ``weight_elems`` = all local experts' weights). wb, gb: bytes per weight and per weight gradient."""
+        ``weight_elems`` = all local experts' weights). wb, gb: bytes per weight and per weight gradient. Priced once
+        per distinct shape (:meth:`_gemm_seconds`; the search asks about the same few hundred shapes tens of
+        thousands of times)."""
+        key = (m, n, k, weight_elems, wb, gb, grouped, hi)
+        hit = self._gemm.get(key)
+        if hit is None:
+            hit = self._gemm[key] = self._gemm_seconds(m, n, k, weight_elems, wb, gb, grouped, hi)
+        return hit
+
+    def _gemm_seconds(self, m: float, n: float, k: float, weight_elems: float, wb: float, gb: float,
+                      grouped: bool, hi: bool) -> tuple[float, float]:
+        """:meth:`gemm`, priced."""
         if m <= 0:
             return 0.0, 0.0
         eff = self.gemm_eff(m, n, k, hi, grouped) * (self.grouped_max if grouped else 1.0)

@@ -72,18 +72,19 @@ class LayerSums:
 class ModelProfile:
     """Model-derived constants for the cost model (per token, per layer)."""
 
-    def kind_counts(self, first: int, last: int) -> list[tuple[int, int]]:
-        """(kind index, number of layers of that kind) among layers [first, last)."""
-        out = []
-        for j, pre in enumerate(self._kind_prefix):
-            n = int(round(pre[last] - pre[first]))
-            if n:
-                out.append((j, n))
-        return out
+    def kind_counts(self, first: int, last: int) -> tuple[tuple[int, int], ...]:
+        """(kind index, number of layers of that kind) among layers [first, last); kept per range (every stage
+        time asks it several times)."""
+        hit = self._kind_counts.get((first, last))
+        if hit is None:
+            hit = self._kind_counts[(first, last)] = tuple(
+                (j, n) for j, pre in enumerate(self._kind_prefix) if (n := int(round(pre[last] - pre[first]))))
+        return hit
 
     def __init__(self, model: ModelSpec, training: TrainingSpec):
         self.model = model
         self.training = training
+        self._kind_counts: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
         m, s = model, training.seq_len
         h, g = m.hidden_size, m.kv_heads
         cols: dict[str, list[float]] = {f: [] for f in LayerSums.__dataclass_fields__}

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from autopar.cost import Estimator
+from autopar.cost.ep import ep_comm_seconds, ep_time_per_microbatch
 from autopar.cost.estimator import step_seconds
 from autopar.cost.pipeline import p2p_time
 from autopar.search.space import Space
@@ -122,10 +123,12 @@ class Bounds:
         self._p2p_bound: dict[int, np.ndarray] = {}   # pos -> p2p (J, K)
         self.lb_by_mbs: dict[int, np.ndarray] = {}    # pos -> step-time lower bound per micro-batch (see _level)
         self._floor: dict[int, np.ndarray] = {}       # pos -> step-time floor per micro-batch
+        self._bound_j: dict[tuple[int, int], tuple[float, int]] = {}   # (pos, j) -> least bound, its recompute r
         self._fit: dict[int, np.ndarray] = {}         # pos -> (micro-batch, recompute) pairs that can fit
         self._level: dict[int, np.ndarray] = {}       # pos -> per micro-batch: 0 floor, 1 bound, 2 bound + tail
         self._kernel_s: dict[tuple, np.ndarray] = {}  # (tp, cp, ep, etp, r) -> layer seconds (J, kinds)
         self._kinds_of: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # split -> layers per kind, overhead
+        self._ep_layer_s: dict[tuple, np.ndarray] = {}   # (tp, cp, ep, etp, r) -> T_ep of one MoE layer (J,)
 
     def bound(self, pos: int, j: int, r: int) -> float:
         """Step-time lower bound of mesh ``pos`` at micro-batch j and recompute r: ``step_seconds`` at the best valid
@@ -171,27 +174,78 @@ class Bounds:
             hit = self._kinds_of[split] = (counts, np.array([self.t.est.stage_overhead_s(st) for st in stages]))
         return hit
 
+    def _ep_per_layer(self, pos: int, r: int) -> np.ndarray:
+        """(J,): T_ep of one MoE layer of the mesh per micro-batch at recompute r, every dispatch/combine and ETP
+        collective (``ep.ep_comm_seconds``, which is the stage's MoE layers times this; none hidden, mean load). Like
+        :meth:`_layer_kernels`, it depends on tp, cp, ep, etp, the micro-batch and recompute only: priced once."""
+        sp, est = self.t.space, self.t.est
+        mi = self.t.meshes[pos]
+        tp, cp, _, ep, etp = sp.meshes[mi]
+        hit = self._ep_layer_s.get((tp, cp, ep, etp, r))
+        if hit is None:
+            st = max(self.t.stages[pos], key=lambda s: s.sum(est.profile, "moe_layers"))
+            n = st.sum(est.profile, "moe_layers")
+            L = sp.layout_grid([mi], None, sp.recompute[r], micro_batch=self.t.mbs)
+            hit = np.zeros(len(sp.mbs))
+            if n:
+                hit = hit + ep_comm_seconds(est.profile, st, L, sp.training, est.net) / n
+            self._ep_layer_s[(tp, cp, ep, etp, r)] = hit
+        return hit
+
+    def _ep_floor(self, positions: list[int], r: int, kernels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(g, J, S) twice, without and with virtual stages: a floor of the EP term ``stage_times`` adds on each
+        distinct stage of meshes that share one split, at recompute r: ``ep.ep_time_per_microbatch`` itself, with
+        T_ep from :meth:`_ep_per_layer` and, for the window W that hides it, ``kernels`` (the stage's layer kernels,
+        which ``compute.hiding_windows`` sums too, recompute by the same shares), raised by 1e-9 for the summation
+        order: exposure only falls as W grows. ``stage_times`` adds the overlap's SM cost on top."""
+        sp, est, tr = self.t.space, self.t.est, self.t.space.training
+        stages = self.t.stages[positions[0]]
+        n_moe = np.array([st.sum(est.profile, "moe_layers") for st in stages])
+        total = (np.stack([self._ep_per_layer(p, r) for p in positions])[:, :, None] * n_moe) * est.imbalance
+        window = np.broadcast_to(kernels * (1.0 + 1e-9), total.shape)
+        out = np.zeros((2,) + total.shape)
+        rc = sp.recompute[r]
+        groups: dict[tuple, list[int]] = {}   # the overlap's rules read ep and whether vpp counts (Tables.stage_max)
+        for g, p in enumerate(positions):
+            groups.setdefault((sp.meshes[self.t.meshes[p]][3], bool(self.t.vpp_matters[p])), []).append(g)
+        for (_, vpp_matters), rows in groups.items():
+            M = self.t.M[np.asarray(positions)[rows]][:, :, None]
+            for c, vpp in enumerate((1, 2 if vpp_matters else 1)):
+                L = sp.layout_grid([self.t.meshes[positions[rows[0]]]], None, rc, vpp=vpp, zero=1, grad_accum=M)
+                out[c, rows] = ep_time_per_microbatch(est.profile, stages[0], L, tr, sp.hardware, est.net,
+                                                      est.imbalance, window[rows], total[rows])
+        return out[0], out[1]
+
     def floors(self, positions: list[int], r: int) -> np.ndarray:
         """(n, J): a step-time floor of each mesh and micro-batch at recompute r, never above :meth:`bound` and
         without a call of ``stage_times``: ``step_seconds`` with t_mb replaced by the slowest stage's layers
         alone, each priced by ``Estimator.layer_seconds``, plus the stage's overhead (``Estimator.stage_overhead_s``,
-        the very term ``stage_times`` adds; it also adds the head, the embedding gradient and the TP/CP/EP/offload
-        communication, none negative, and ``step_seconds`` grows with t_mb), no p2p, no tail, at the best valid vpp
-        (inf: none valid)."""
+        the very term ``stage_times`` adds) and a floor of its EP term (:meth:`_ep_floor`, with and without virtual
+        stages as :meth:`bound` takes them); ``stage_times`` also adds the head, the embedding gradient and the
+        TP/CP/offload communication, none negative, and ``step_seconds`` grows with t_mb), no p2p, no tail, at the
+        best valid vpp (inf: none valid)."""
         if not positions:
             return np.zeros((0, len(self.t.space.mbs)))
         layer_s = np.stack([self._layer_kernels(p, r) for p in positions])   # (n, J, kinds)
-        t_floor = np.zeros(layer_s.shape[:2])
+        t_floor = np.zeros((2,) + layer_s.shape[:2])   # without, with virtual stages
+        moe = self.t.est.model.is_moe
         for split in dict.fromkeys(self.t.splits[p] for p in positions):   # meshes of one split share their stages
             sel = np.array([self.t.splits[p] == split for p in positions])
             counts, overhead = self._stage_kinds(positions[int(np.argmax(sel))])
-            t_floor[sel] = (layer_s[sel] @ counts.T + overhead).max(axis=2)
+            kernels = layer_s[sel] @ counts.T   # (g, J, S)
+            if moe:
+                ep1, ep_v = self._ep_floor([p for p, k in zip(positions, sel) if k], r, kernels)
+                t_floor[0, sel] = (kernels + overhead + ep1).max(axis=2)
+                t_floor[1, sel] = (kernels + overhead + ep_v).max(axis=2)
+            else:
+                t_floor[:, sel] = (kernels + overhead).max(axis=2)
         # 1e-9: the floor sums in another order than stage_times; keep it below the bound in floating point too
         t_floor *= 1.0 - 1e-9
         pos = np.asarray(positions, np.int64)
         grid = SimpleNamespace(grad_accum=self.t.M[pos][:, :, None], pp=self.t.pp[pos][:, None, None],
                                vpp=self.t.vpp[None, None, :])
-        return np.where(self.t.inter_ok[pos], step_seconds(grid, t_floor[:, :, None], 0.0, 0.0), np.inf).min(axis=2)
+        t_mb = np.where(self.t.vpp > 1, t_floor[1][:, :, None], t_floor[0][:, :, None])
+        return np.where(self.t.inter_ok[pos], step_seconds(grid, t_mb, 0.0, 0.0), np.inf).min(axis=2)
 
     def start_bounds(self, positions: list[int], fit: np.ndarray) -> None:
         """Each mesh's floor per micro-batch: the least :meth:`floors` over its recompute policies that can fit
@@ -228,12 +282,15 @@ class Bounds:
         """Raise micro-batch j's lower bound one level: from its floor to the least :meth:`bound` of its pairs that
         can fit, then to that plus the least DP/optimizer tail over the ZeRO stages (``Tables.tail_of``; it adds to
         every layout of the micro-batch, whatever its recompute and vpp)."""
-        rs = np.nonzero(self._fit[pos][j])[0]
-        bound = min(self.bound(pos, j, int(r)) for r in rs)
         if self._level[pos][j] == 0:
-            self.lb_by_mbs[pos][j] = max(bound, self.lb_by_mbs[pos][j])
-        else:
-            self.lb_by_mbs[pos][j] = bound + float(self.t.tail_of(pos, j, int(rs[0])).min())
+            rs = np.nonzero(self._fit[pos][j])[0].tolist()
+            bounds = [self.bound(pos, j, r) for r in rs]
+            i = int(np.argmin(bounds))
+            self._bound_j[(pos, j)] = bounds[i], rs[i]
+            self.lb_by_mbs[pos][j] = max(bounds[i], self.lb_by_mbs[pos][j])
+        else:   # the tail is the same for every policy: taken from one already timed (Tables.tail_of)
+            bound, r = self._bound_j[(pos, j)]
+            self.lb_by_mbs[pos][j] = bound + float(self.t.tail_of(pos, j, r).min())
         self._level[pos][j] += 1
 
     def pairs_within(self, pos: int, jr: np.ndarray, limit_us: int) -> np.ndarray:

@@ -139,13 +139,14 @@ class Space:
         return self.splits[pp] or (self.model.num_layers // pp,) * pp
 
     def layout_grid(self, meshes: list[int], shape: tuple[int, ...] | None, rc: str, *, micro_batch=1, vpp=1,
-                    zero=0) -> Layout:
+                    zero=0, grad_accum=None) -> Layout:
         """The layouts of several meshes of one pipeline depth (same pp) at once: the degrees as numpy arrays of
         ``shape`` (one entry per mesh on the first axis), the knobs as broadcastable arrays (``micro_batch``,
         ``vpp``, ``zero``; the gradient accumulation follows dp and the micro-batch). What the cost model's term
         functions take to fill the search's tables in one call. Not a valid pydantic Layout (arrays in int
         fields); only for the term functions that say they accept arrays. ``shape`` None: one mesh, its degrees
-        plain ints (as the collective-time functions need)."""
+        plain ints (as the collective-time functions need). ``grad_accum``: the micro-batches per step given (the
+        layouts' own, ``Tables.M``, for several meshes of the same degrees as far as the term reads them)."""
         values = dict(self.layout(meshes[0], 1, rc, 1, 0).__dict__)
         grid = _fast_layout(values)   # its __dict__ is ``values``, filled in below
         if shape is not None:
@@ -155,7 +156,8 @@ class Space:
             values.update(tp=tp, cp=cp, ep=ep, etp=etp, sequence_parallel=tp > 1 if sp is None else sp)
             values["dp"] = self.gpus // grid.dense_ranks
         values.update(micro_batch=micro_batch, vpp=vpp, zero_stage=zero, fsdp=np.asarray(zero) == 3,
-                      grad_accum=np.maximum(1, self.training.global_batch // (values["dp"] * np.asarray(micro_batch))))
+                      grad_accum=np.maximum(1, self.training.global_batch // (values["dp"] * np.asarray(micro_batch)))
+                      if grad_accum is None else grad_accum)
         return grid
 
 

@@ -149,14 +149,25 @@ class Tables:
         key = (pos, j, r, interleaved)
         if key not in self._times:
             sp = self.space
-            L = sp.layout(self.meshes[pos], sp.mbs[j], sp.recompute[r], 2 if interleaved else 1, 1)
-            t_mb, t_fwd = 0.0, {}
-            for st in self.stages[pos]:
-                times = self.est.stage_times(L, st)
-                t_mb = max(t_mb, microbatch_seconds(times))
-                t_fwd[st.index] = times.forward
-            self._times[key] = (t_mb, t_fwd)
+            L = sp.layout(self.meshes[pos], sp.mbs[j], sp.recompute[r], 1, 1)
+            stages = self.stages[pos]
+            if self.vpp_matters[pos]:   # both timed at once: they share every term but the EP exposure
+                L_v = sp.layout(self.meshes[pos], sp.mbs[j], sp.recompute[r], 2, 1)
+                pairs = [self.est.stage_times_interleaved(L, L_v, st) for st in stages]
+                self._times[key[:3] + (False,)] = self._slowest(stages, [p[0] for p in pairs])
+                self._times[key[:3] + (True,)] = self._slowest(stages, [p[1] for p in pairs])
+            else:
+                self._times[key] = self._slowest(stages, [self.est.stage_times(L, st) for st in stages])
         return self._times[key]
+
+    @staticmethod
+    def _slowest(stages, times_of) -> tuple[float, dict[int, float]]:
+        """(t_mb of the slowest stage, forward compute time per stage index) from each stage's ``stage_times``."""
+        t_mb, t_fwd = 0.0, {}
+        for st, times in zip(stages, times_of):
+            t_mb = max(t_mb, microbatch_seconds(times))
+            t_fwd[st.index] = times.forward
+        return t_mb, t_fwd
 
     def tail_of(self, pos: int, j: int, r: int) -> np.ndarray:
         """(Z,): per ZeRO stage, the max over the mesh's stages of exposed DP/FSDP + optimizer seconds

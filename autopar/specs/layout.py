@@ -10,6 +10,7 @@ All validity rules live in :func:`check_layout`; its messages show the arithmeti
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
@@ -236,6 +237,12 @@ def max_vpp(stage_layers: tuple[int, ...]) -> int:
     """The most virtual stages a split allows: each virtual stage needs a layer, except that the first and the last
     pipeline stage may give one virtual stage to the embedding or the loss alone (Megatron-LM
     --account-for-embedding/loss-in-pipeline-split)."""
+    return _max_vpp(tuple(stage_layers))
+
+
+@functools.lru_cache(maxsize=256)
+def _max_vpp(stage_layers: tuple[int, ...]) -> int:
+    """:func:`max_vpp`, kept per split (every layout check asks it)."""
     last = len(stage_layers) - 1
     return min(x + (1 if i in (0, last) else 0) for i, x in enumerate(stage_layers)) if stage_layers else 1
 

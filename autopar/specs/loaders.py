@@ -77,12 +77,19 @@ def read_structured_file(path: Path) -> Any:
         raise AutoparInputError(f"{_show(path)}: malformed JSON at line {err.lineno} column {err.colno}: "
                                 f"{err.msg}") from None
     except yaml.YAMLError as err:
+        if "maximum nesting depth" in str(getattr(err, "problem", "")):   # libyaml's own depth limit (1,000)
+            raise AutoparInputError(f"{_show(path)}: nested too deeply to be a spec file") from None
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         raise AutoparInputError(f"{_show(path)}: malformed YAML{at}: {getattr(err, 'problem', err)}") from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+# libyaml's parser where PyYAML was built with it (the wheels are): the same safe constructors and the same
+# documents, parsed about 10x faster (a hardware file: 10 ms in Python, under 1 ms; every solve reads three files).
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _UniqueKeyLoader(_SAFE_LOADER):
     """SafeLoader that rejects a key written twice in one mapping (YAML would silently keep the last)."""
 
     def construct_mapping(self, node, deep=False):  # type: ignore[override]

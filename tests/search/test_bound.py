@@ -4,13 +4,14 @@ a real mesh never above its layouts' step times."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from autopar.cost import Estimator
 from autopar.search import SearchOptions
 from autopar.search.bound import Bounds, prune
 from autopar.search.space import build_space
 from autopar.search.tables import SCALE_T, Tables, cap_mib, mesh_validity
-from autopar.specs import ModelSpec, TrainingSpec
+from autopar.specs import ModelSpec, MoESpec, TrainingSpec
 from autopar.specs.loaders import load_hardware
 
 
@@ -48,3 +49,38 @@ def test_a_mesh_bound_is_below_every_layout_of_it_and_refines_upwards():
                 levels.append(b.lb_by_mbs[pos][j])
             assert len(levels) == 3 and levels == sorted(levels)           # raised, never lowered
             assert np.rint(levels[-1] * SCALE_T) <= best + 1                # never above a layout that fits
+
+
+@pytest.mark.parametrize("selective_ac", ["modules", "op"])
+def test_the_ep_floor_is_below_the_ep_term_and_raises_the_floor(selective_ac):
+    """The floors' EP part (``Bounds._ep_floor``: the cost model's own exposure with the layer kernels as the
+    window) never exceeds the EP term ``stage_times`` gives each stage, with and without virtual stages, and on a
+    MoE model with the all-to-all overlap on it lifts the floors of expert-parallel meshes (what lets the branch and
+    bound skip them without timing them)."""
+    model = ModelSpec(name="moe", num_layers=8, hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=16,
+                      num_kv_heads=4, vocab_size=32000,
+                      moe=MoESpec(num_experts=16, top_k=2, expert_ffn_hidden_size=1024))
+    hw = load_hardware("h100_sxm")
+    tr = TrainingSpec(seq_len=4096, global_batch=64, ep_comm_overlap=True, selective_ac=selective_ac)
+    space = build_space(model, hw, tr, 32, SearchOptions(mbs=[1, 2], vpp=[1, 2], zero=[1],
+                                                         recompute=["none", "selective", "full"]))
+    meshes, _, _ = mesh_validity(space)
+    est = Estimator(model, hw, tr, 32)
+    t = Tables(space, est, meshes)
+    b = Bounds(t)
+    lifted = 0
+    for split in dict.fromkeys(t.splits):
+        positions = [p for p in range(len(meshes)) if t.splits[p] == split]
+        for r, rc in enumerate(space.recompute):
+            layer_s = np.stack([b._layer_kernels(p, r) for p in positions])
+            counts, _ = b._stage_kinds(positions[0])
+            ep1, ep_v = b._ep_floor(positions, r, layer_s @ counts.T)
+            for g, pos in enumerate(positions):
+                for j, mbs in enumerate(space.mbs):
+                    for c, vpp in enumerate((1, 2)):
+                        L = space.layout(meshes[pos], mbs, rc, vpp if t.vpp_matters[pos] else 1, 1)
+                        for s, st in enumerate(t.stages[pos]):
+                            floor = (ep1, ep_v)[c][g, j, s]
+                            assert 0 <= floor <= est.stage_times(L, st).ep * (1 + 1e-12), (pos, mbs, rc, vpp, s)
+                            lifted += floor > 0
+    assert lifted > 0

@@ -130,3 +130,38 @@ def test_elements_per_token_accept_degree_arrays():
     kept, working = activation_elems_per_token(est.profile, st_, space.layout(0, 1, "full", 1, 0),
                                                 linear_input_scale(tr))
     assert kept > 0 and working > 0
+
+
+def test_ep_exposure_and_traffic_over_arrays_equal_the_scalar_calls():
+    """The step-time floors (``Bounds._ep_floor``) call ``ep_comm_seconds`` over the micro-batches and
+    ``ep_time_per_microbatch`` over meshes, micro-batches and stages at once: each element is the scalar call's,
+    with and without virtual stages (the overlap's rules) and at windows from none to beyond the traffic."""
+    from autopar.cost.ep import ep_comm_seconds, ep_time_per_microbatch
+    model, hw = _model(True, 8, 2, 0), load_hardware("h100_sxm")
+    tr = TrainingSpec(seq_len=2048, global_batch=64, ep_comm_overlap=True)
+    space = build_space(model, hw, tr, 16, SearchOptions(mbs=[1, 2, 4]))
+    est = Estimator(model, hw, tr, 16)
+    mbs = np.array(space.mbs)
+    seen = 0
+    for mi, (tp, cp, pp, ep, etp) in enumerate(space.meshes):
+        if ep * etp == 1 or not space.splits.get(pp):
+            continue
+        st_ = est.stages(space.stage_layers(pp))[0]
+        for rc in ("none", "full"):
+            grid = space.layout_grid([mi], None, rc, micro_batch=mbs)
+            total = np.asarray(ep_comm_seconds(est.profile, st_, grid, tr, est.net)) * est.imbalance
+            window = total[:, None] * np.array([0.0, 0.5, 2.0, np.inf])[None, :]            # (J, 4)
+            for vpp in (1, 2):
+                M = grid.grad_accum
+                Lv = space.layout_grid([mi], None, rc, micro_batch=mbs, vpp=vpp, grad_accum=M[:, None])
+                arr = ep_time_per_microbatch(est.profile, st_, Lv, tr, hw, est.net, est.imbalance, window,
+                                             total[:, None] * np.ones(4))
+                for j, b in enumerate(space.mbs):
+                    L = space.layout(mi, b, rc, vpp, 0)
+                    t = ep_comm_seconds(est.profile, st_, L, tr, est.net) * est.imbalance
+                    assert t == total[j]
+                    for w in range(4):
+                        assert np.broadcast_to(arr, (len(mbs), 4))[j, w] == ep_time_per_microbatch(
+                            est.profile, st_, L, tr, hw, est.net, est.imbalance, float(window[j, w]), t)
+                seen += 1
+    assert seen
