@@ -36,7 +36,9 @@ from autopar.blocks._base import Block, Linear, Rule, norm_residual
 #    megatron/utils.py squared_relu, NeMo 24.07's function, not compiled): relu 2 + pow 2 = 4 against 2; backward
 #    pow_backward(grad, self, 2) = grad * (2 * self.pow(1)) (PyTorch tools/autograd/FunctionsManual.cpp: pow(1) a
 #    copy, read f write f; the scalar multiply read f write f; grad * that read 2f write f = 7), then relu's
-#    threshold_backward reads dy and its output and writes dx (3) = 10 against 3 -> (2, 7).
+#    threshold_backward reads dy and its output and writes dx (3) = 10 against 3 -> (2, 7). Megatron-LM's own
+#    --squared-relu (megatron/training/activations.py @ core_r0.8.0) wraps the same expression in jit_fuser =
+#    torch.compile: one fused kernel, what the switch on prices; NeMo 24.07 runs its uncompiled copy above.
 # With linear biases the unfused path adds the fc1 bias in its own kernel first (``intermediate + bias``, the same
 # Megatron-Core mlp.py): read and write the n_in·f wide output, 2·n_in forward; its gradient is the same reduction
 # as under the fused kernel (autograd's sum over tokens either way), so nothing backward.

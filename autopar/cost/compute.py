@@ -66,7 +66,8 @@ ELEMENTWISE_BYTES = {
     "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "moe_act": (5 / 3, 1.6), "shared_act": (5 / 3, 1.6)},
 }
 # The dense MLP's activation is counted op by op by its block instead: under an eager stack, or where the recipe turns
-# bias_activation_fusion off (NeMo 24.07's Nemotron recipes), the ``mlp_act_unfused`` entry adds what the model's
+# bias_activation_fusion off (NeMo 24.07's Nemotron recipes; a compiled stack fuses the chain whatever the switch),
+# the ``mlp_act_unfused`` entry adds what the model's
 # activation function's PyTorch ops move beyond the fused kernel (autopar.blocks.mlp.ACT_UNFUSED_EXTRA: SwiGLU's
 # (2, 3) per unit of FFN width is the 5/3, 8/5 above; squared ReLU's relu-then-pow chain (2, 7)).
 
@@ -238,7 +239,8 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
                                         seq=tr.seq_len / L.cp))
     e = tr.activation_bytes
     ew = ELEMENTWISE_BYTES[tr.elementwise]
-    act_unfused = not tr.bias_activation_fusion or tr.elementwise == "eager"
+    # the activation's op chain: eager always, or unfused by the recipe unless torch.compile fuses the chain
+    act_unfused = tr.elementwise == "eager" or (not tr.bias_activation_fusion and tr.elementwise != "compiled")
     bda = bda_bytes(tr)
     for name, (fwd, bwd) in kind.membound.items():
         if name == "batch_major" and L.micro_batch == 1:   # one sequence: [s, 1, ·] is [1, s, ·], no copy

@@ -63,3 +63,9 @@ def test_gelu_unfused_costs_what_fused_does_without_a_bias():
     kern, p = parts(GPT5B, bias_activation_fusion=False)
     f, e = GPT5B.ffn_hidden_size, 2
     assert p["mlp_act_unfused"] == pytest.approx((kern.stream(2 * f * e * T / 2), 0.0))
+
+
+def test_a_compiled_stack_fuses_the_chain_and_an_eager_one_runs_it():
+    _, compiled = parts(NEM8B, bias_activation_fusion=False, elementwise="compiled")
+    _, eager = parts(NEM8B, elementwise="eager")
+    assert "mlp_act_unfused" not in compiled and "mlp_act_unfused" in eager
