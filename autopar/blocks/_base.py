@@ -21,11 +21,17 @@ from typing import ClassVar
 SPLITS = ("col", "row", "replicated", "expert_col", "expert_row")
 
 
-def norm_residual(h: int) -> dict[str, tuple[float, float]]:
+def norm_residual(h: int, bias: bool = False) -> dict[str, tuple[float, float]]:
     """A sub-block's pre-norm (fused into the linear after it, Transformer Engine LayerNormLinear: read h, write h;
     backward read x, dy, write dx) and its residual add (read 2h, write h each way): memory-bound elements per token,
-    (forward, backward), as every token-mixer and channel sub-block counts them."""
-    return {"norm": (2.0 * h, 3.0 * h), "residual": (3.0 * h, 3.0 * h)}
+    (forward, backward), as every token-mixer and channel sub-block counts them. ``bda`` (and ``bda_bias`` for a
+    sub-block whose output projection has a bias) counts the h elements of the sub-block's output that enter
+    Megatron-Core's bias-dropout-add, priced only for the kernels the recipe adds to that add (dropout, an
+    unfused bias add: :data:`autopar.cost.compute.BDA_BYTES`, bytes per element)."""
+    out = {"norm": (2.0 * h, 3.0 * h), "residual": (3.0 * h, 3.0 * h), "bda": (float(h), float(h))}
+    if bias:
+        out["bda_bias"] = (float(h), float(h))
+    return out
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,7 @@ class Attention(Block):
 
     def membound(self) -> dict[str, tuple[float, float]]:
         h, r = self.hidden, self.rope_width()
-        return {**norm_residual(h), "rope": (2.0 * r, 2.0 * r)}
+        return {**norm_residual(h, self.linear_bias), "rope": (2.0 * r, 2.0 * r)}
 
     def _qkv_width(self) -> int:
         """Width of the QKV GEMM's output (the FP8 cast of its result)."""

@@ -63,9 +63,40 @@ CROSS_ENTROPY_BYTES = {"fused": 8.0, "unfused": 44.0}
 ELEMENTWISE_BYTES = {
     "fused": {},
     "compiled": {"grad_sum_eager": (0.0, 0.0)},   # separate projections' input gradients summed in one fused kernel
-    "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "mlp_act": (5 / 3, 1.6), "moe_act": (5 / 3, 1.6),
-              "shared_act": (5 / 3, 1.6)},
+    "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "moe_act": (5 / 3, 1.6), "shared_act": (5 / 3, 1.6)},
 }
+# The dense MLP's activation is counted op by op by its block instead: under an eager stack, or where the recipe turns
+# bias_activation_fusion off (NeMo 24.07's Nemotron recipes; a compiled stack fuses the chain whatever the switch),
+# the ``mlp_act_unfused`` entry adds what the model's
+# activation function's PyTorch ops move beyond the fused kernel (autopar.blocks.mlp.ACT_UNFUSED_EXTRA: SwiGLU's
+# (2, 3) per unit of FFN width is the 5/3, 8/5 above; squared ReLU's relu-then-pow chain (2, 7)).
+
+
+# Bias-dropout-add (Megatron-Core megatron/core/fusions/fused_bias_dropout.py @ core_r0.8.0 (baf94af3),
+# _bias_dropout_add_func: x = x + bias; out = dropout(x, p); out = residual + out), bytes per element of a
+# sub-block's output beyond the residual add already counted (``residual``, 3 elements each way), as (forward,
+# backward), with e the activation dtype's bytes and a 1-byte boolean dropout mask (torch native_dropout returns
+# (output, bool mask); its decomposition torch/_decomp/decompositions.py native_dropout: bool_mask = rand_like(x) > p,
+# the mask what the backward reads):
+#  - fused (bias_dropout_add_fused_train, compiled by jit_fuser = torch.compile on torch >= 2.2, megatron/core/jit.py
+#    at the same commit): one kernel; with dropout it also writes the mask (1) forward, and the backward's
+#    grad * mask * scale reads dy and the mask and writes dx (2e + 1); the bias is read inside it (nothing per
+#    element);
+#  - unfused (bias_dropout_add_fusion off): with dropout, native_dropout's own kernel reads x and writes the output
+#    and the mask (2e + 1) before the add, and native_dropout_backward reads dy and the mask and writes dx
+#    (2e + 1); with a bias, its add is one more kernel forward (read e, write e; its gradient is autograd's sum over
+#    tokens either way);
+#  - dropout 0 (hidden_dropout = 0.0): torch's dropout returns its input without a kernel (ATen Dropout.cpp
+#    _dropout_impl: "if (p == 0 || !train ...) return input"; checked on torch 2.13: F.dropout(x, 0.0, True) is x),
+#    so only the bias add can remain.
+def bda_bytes(tr: TrainingSpec) -> dict[str, tuple[float, float]]:
+    """(forward, backward) bytes per element of the ``bda`` (dropout) and ``bda_bias`` (separate bias add) entries
+    under ``tr``'s bias_dropout_add_fusion and hidden_dropout."""
+    e = float(tr.activation_bytes)
+    drop = tr.hidden_dropout > 0.0
+    if tr.bias_dropout_add_fusion:
+        return {"bda": (1.0, 2.0 * e + 1.0) if drop else (0.0, 0.0), "bda_bias": (0.0, 0.0)}
+    return {"bda": (2.0 * e + 1.0, 2.0 * e + 1.0) if drop else (0.0, 0.0), "bda_bias": (2.0 * e, 0.0)}
 
 # FP8 quantisation bytes per element of each GEMM operand cast (forward: the input activation; backward: the output
 # gradient), by recipe (TrainingSpec.fp8_recipe) and elementwise mode:
@@ -155,7 +186,7 @@ FP8_CAST_MXFP8_BYTES = 4.0
 ROUTED_PARTS = ("moe", "moe_act", "permute", "expert_bias")
 
 # Forward kernels re-run by each Megatron-Core recompute module (``--recompute-modules``).
-RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act"), "moe": ROUTED_PARTS,
+RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act", "mlp_act_unfused"), "moe": ROUTED_PARTS,
                    "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
                    "layernorm": ("norm",), "mla_up_proj": ("mla_up_proj",)}
 
@@ -208,8 +239,15 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
                                         seq=tr.seq_len / L.cp))
     e = tr.activation_bytes
     ew = ELEMENTWISE_BYTES[tr.elementwise]
+    # the activation's op chain: eager always, or unfused by the recipe unless torch.compile fuses the chain
+    act_unfused = tr.elementwise == "eager" or (not tr.bias_activation_fusion and tr.elementwise != "compiled")
+    bda = bda_bytes(tr)
     for name, (fwd, bwd) in kind.membound.items():
         if name == "batch_major" and L.micro_batch == 1:   # one sequence: [s, 1, ·] is [1, s, ·], no copy
+            continue
+        if name == "mlp_act_unfused" and not act_unfused:
+            continue
+        if name in bda and bda[name] == (0.0, 0.0):
             continue
         if name == "expert_bias" and tr.fused_grouped_mlp:   # the bias added inside the fused grouped kernels
             continue
@@ -224,6 +262,8 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
             n_tok = tokens / tp
         scale = imbalance if split == "routed" else 1.0
         fx, bx = ew.get(name, (1.0, 1.0))
+        if name in bda:   # counted in bytes per element, not in elements of the activation dtype
+            fx, bx = bda[name][0] / e, bda[name][1] / e
         fb = (kern.stream(fx * fwd * e * n_tok), kern.stream(bx * bwd * e * n_tok))
         if name in scan:   # the same kernels' FLOPs and bytes: a roofline, the larger of the two
             g = scan.pop(name)
@@ -492,6 +532,7 @@ KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense
                 "router": "dense GEMM", "moe": "grouped GEMM (experts)", "core_attn": "attention core",
                 "ssm_scan": "SSM / linear-attention scan",
                 "norm": "memory-bound", "residual": "memory-bound", "rope": "memory-bound", "mlp_act": "memory-bound",
+                "mlp_act_unfused": "memory-bound", "bda": "memory-bound", "bda_bias": "memory-bound",
                 "shared_act": "memory-bound", "moe_act": "memory-bound", "permute": "memory-bound",
                 "fp8_cast": "memory-bound", "grad_sum": "memory-bound", "grad_sum_eager": "memory-bound",
                 "expert_grad_sum": "memory-bound", "batch_major": "memory-bound", "expert_bias": "memory-bound"}

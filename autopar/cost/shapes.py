@@ -12,7 +12,9 @@ can redo exactly the kernels it names: ``core_attn``, ``mla_up_proj``, ``mlp``, 
 
 Memory-bound bytes (elements per token, forward and backward) come from the blocks (:mod:`autopar.blocks`; each
 block file counts its kernels op by op, one HBM pass each, with sources) and add up per entry of ``TP_SPLIT``:
-``norm`` and ``residual`` (the token-mixer and channel sub-blocks' own), ``rope``, ``mlp_act``, ``shared_act``,
+``norm`` and ``residual`` (the token-mixer and channel sub-blocks' own), ``bda`` and ``bda_bias`` (the elements
+entering each bias-dropout-add, priced by the recipe's switches), ``rope``, ``mlp_act``, ``mlp_act_unfused`` (what
+the activation adds when it runs unfused), ``shared_act``,
 ``moe_act``, ``permute``, ``ssm_scan`` (a linear mixer's scan kernels, split by heads), ``batch_major`` (copies
 between the [s, b, ·] and [b, s, ·] layouts, paid only when the micro-batch holds more than one sequence); and
 ``grad_sum``, ``grad_sum_eager``, ``expert_grad_sum`` where a stack runs separate projections on one input (autograd
@@ -59,11 +61,12 @@ class LayerKind:
 
 # Which memory-bound entries are split by TP (sequence-parallel regions are split only when SP is on; "full": every
 # TP rank runs it over all T tokens and the whole hidden width).
-TP_SPLIT = {"rope": "tp", "mlp_act": "tp", "shared_act": "tp", "norm": "sp", "residual": "sp",
+TP_SPLIT = {"rope": "tp", "mlp_act": "tp", "mlp_act_unfused": "tp", "shared_act": "tp", "norm": "sp",
+            "residual": "sp", "bda": "sp", "bda_bias": "sp",
             "moe_act": "routed", "permute": "routed", "grad_sum": "full", "grad_sum_eager": "full",
             "expert_grad_sum": "routed", "ssm_scan": "tp", "batch_major": "tp", "expert_bias": "routed"}
 # Entries a layer's token mixers share when it has several in parallel (one pre-norm, one residual add).
-SHARED_BY_MIXERS = ("norm", "residual")
+SHARED_BY_MIXERS = ("norm", "residual", "bda", "bda_bias")
 
 # Autograd's sum of input gradients where n separate projections read one input (a GEMM and the ones after it with
 # Linear.shares_input): each writes its own input gradient (T x K; before TP's reduce-scatter / all-reduce every TP rank
@@ -134,7 +137,7 @@ def layer_kind(m: ModelSpec, i: int, seq_len: int, projections: str = "fused") -
         cast += b.fp8_cast_width()
         cast_exp += b.fp8_cast_width_expert()
     for name, (fwd, bwd) in shared.items():
-        f0, b0 = membound[name]
+        f0, b0 = membound.get(name, (0.0, 0.0))
         membound[name] = (f0 + fwd, b0 + bwd)
     routed = channel if channel is not None and channel.routed else None
     linears = tuple(lin for b in blocks for lin in b.launched_gemms(projections))

@@ -77,6 +77,7 @@ _VALUE = {
     "--linear-value-head-dim": ["model.linear_value_head_dim"],
     "--linear-conv-kernel-dim": ["model.linear_conv_kernel_dim"],
     "--mtp-num-layers": ["model.mtp_num_layers"],
+    "--hidden-dropout": ["model.hidden_dropout"],
 }
 _LIST = {"--recompute-modules": "model.recompute_modules", "--offload-modules": "model.offload_modules"}
 # Megatron-LM switch -> Bridge key=value pairs.
@@ -96,6 +97,11 @@ _SWITCH = {
     "--grad-reduce-in-bf16": [("ddp.grad_reduce_in_fp32", "false")],
     "--accumulate-allreduce-grads-in-fp32": [("ddp.grad_reduce_in_fp32", "true")],
     "--attention-output-gate": [("model.attention_output_gate", "true")],
+    # Megatron-Core TransformerConfig.bias_activation_fusion / bias_dropout_fusion (Megatron-LM's
+    # --no-bias-swiglu-fusion / --no-bias-gelu-fusion both clear bias_activation_fusion)
+    "--no-bias-swiglu-fusion": [("model.bias_activation_fusion", "false")],
+    "--no-bias-gelu-fusion": [("model.bias_activation_fusion", "false")],
+    "--no-bias-dropout-fusion": [("model.bias_dropout_fusion", "false")],
 }
 # Megatron-LM precision flags (as precision_args writes them) -> Bridge mixed-precision recipe.
 _PRECISION = {

@@ -39,6 +39,10 @@ compute window covers; autopar.cost.tp, dp, ep):
 
 - ``dp_comm_overlap`` and DP or expert-DP > 1 -> ``--overlap-grad-reduce``, plus ``--overlap-param-gather`` with the
   distributed optimizer or Megatron-FSDP (Megatron requires both for the latter).
+- ``hidden_dropout`` -> ``--hidden-dropout`` (always: Megatron-LM's default 0.1 is not autopar's 0.0);
+  ``bias_activation_fusion`` off -> ``--no-bias-swiglu-fusion`` (gated MLP) or ``--no-bias-gelu-fusion`` (plain:
+  ``megatron/training/argument_utils.py`` sets TransformerConfig.bias_activation_fusion from the one that matches
+  ``--swiglu``); ``bias_dropout_add_fusion`` off -> ``--no-bias-dropout-fusion``.
 - ``fp8_param_gather`` (TE FP8 precisions) -> ``--fp8-param-gather``; Megatron allows it only with the distributed
   optimizer or FSDP (launcher rule ``fp8_param_gather``): a ZeRO-0 layout is refused.
 - ``tp_comm_overlap`` and TP > 1 -> ``--tp-comm-overlap`` (Transformer Engine userbuffers); Megatron allows it only
@@ -206,6 +210,19 @@ def _offload_args(layout: Layout, model: ModelSpec) -> list[str]:
             "--activation-offload-fraction", f"{L.offload_activations:g}"]
 
 
+def _kernel_switch_args(model: ModelSpec, training: TrainingSpec) -> list[str]:
+    """The recipe switches the prediction prices (autopar.cost.compute: the unfused activation, the bias-dropout-add
+    and its dropout): ``--hidden-dropout`` always (Megatron-LM's default is 0.1, autopar's 0.0), and the fusions'
+    ``--no-bias-swiglu-fusion`` (gated MLP) or ``--no-bias-gelu-fusion`` (plain) and ``--no-bias-dropout-fusion``
+    where the training spec turns them off."""
+    args = ["--hidden-dropout", f"{training.hidden_dropout:g}"]
+    if not training.bias_activation_fusion:
+        args.append("--no-bias-swiglu-fusion" if model.gated_mlp else "--no-bias-gelu-fusion")
+    if not training.bias_dropout_add_fusion:
+        args.append("--no-bias-dropout-fusion")
+    return args
+
+
 def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, hardware: HardwareSpec | None = None,
                     *, fsdp_impl: str = "megatron") -> MegatronLaunch:
     """Megatron-LM argv, environment and notes for a resolved layout. ``training``'s overlap switches decide which
@@ -262,6 +279,7 @@ def megatron_launch(layout: Layout, model: ModelSpec, training: TrainingSpec, ha
             f"optimizer_state_dtype={training.optimizer_state_dtype}, master_weights_dtype="
             f"{training.master_weights_dtype}: no Megatron-LM flags emitted for them (Megatron-LM keeps fp32 main "
             f"parameters); leave these knobs at fp32 to emit")
+    args += _kernel_switch_args(model, training)
     if training.precision in ("bf16",) + tuple(_FP8_RECIPE) + ("nvfp4",):
         args.append("--grad-reduce-in-bf16" if training.grad_dtype == "bf16"
                     else "--accumulate-allreduce-grads-in-fp32")

@@ -310,6 +310,11 @@ def _nemotron_h(r: _Reader) -> dict[str, Any]:
     max_pos = r.get("max_position_embeddings", None, nullable=True)
     if max_pos is not None:
         f["max_position_embeddings"] = max_pos
+    # The MLP layers' activation (transformers NemotronHConfig mlp_hidden_act, default "relu2" = ReLU squared in
+    # ACT2FN): priced op by op where a recipe runs it unfused (ModelSpec.activation).
+    act = r.get("mlp_hidden_act", "relu2", kind=str)
+    if act in ("relu2", "relu", "gelu"):
+        f["activation"] = {"relu2": "squared_relu"}.get(act, act)
     if "M" in pattern:
         heads, hd = r.get("mamba_num_heads"), r.get("mamba_head_dim")
         expand = r.get("expand", None, nullable=True)

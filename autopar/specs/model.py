@@ -101,6 +101,10 @@ class MLASpec(Spec):
                                                                   "dense MLA.")
 
 
+# Activations whose MLP has gate and up matrices (Shazeer 2020, arXiv 2002.05202: SwiGLU, GeGLU).
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+
+
 class ModelSpec(Spec):
     """A decoder-only transformer. Field names follow Megatron-LM; every size is a count, not bytes."""
 
@@ -117,6 +121,11 @@ class ModelSpec(Spec):
     vocab_size: int = Field(gt=0, le=limit("vocab"), description="Vocabulary size (V).")
     tie_embeddings: bool = Field(default=False, description="LM head shares the input embedding matrix.")
     gated_mlp: bool = Field(default=True, description="SwiGLU/GeGLU MLP with 3 matrices; False = 2-matrix MLP.")
+    activation: Literal["swiglu", "geglu", "gelu", "relu", "squared_relu"] | None = Field(
+        default=None, description="The dense MLP's activation function, as the model's config states it (priced "
+                                  "by its kernels when a recipe runs it unfused, autopar.blocks.mlp); None = "
+                                  "swiglu for a gated MLP, gelu for a plain one. Gated ones (swiglu, geglu) need "
+                                  "gated_mlp true, the others false.")
     norm: Literal["rmsnorm", "layernorm"] = Field(default="rmsnorm", description="Normalisation type.")
     qkv_bias: bool = Field(default=False, description="Q/K/V projections carry biases (Qwen2, GPT-OSS).")
     linear_bias: bool = Field(default=False, description="All dense linear layers carry biases (GPT-2/3).")
@@ -192,6 +201,10 @@ class ModelSpec(Spec):
         if any(not self.mixers_of(i) and self.channel_of(i) == "none" for i in range(self.num_layers)):
             raise ValueError("a layer has neither a token mixer nor a channel mixer (layer_pattern 'none' where "
                              "mlp_pattern is 'none')")
+        if self.activation is not None and (self.activation in GATED_ACTIVATIONS) != self.gated_mlp:
+            raise ValueError(f"activation '{self.activation}' is {'not ' if self.gated_mlp else ''}a gated "
+                             f"activation but gated_mlp is {str(self.gated_mlp).lower()}: gated ones "
+                             f"({', '.join(GATED_ACTIVATIONS)}) go with gated_mlp true, the others with false")
         a, g = self.num_attention_heads, self.kv_heads
         if a % g:
             raise ValueError(f"num_attention_heads ({a}) must be a multiple of num_kv_heads ({g})")
@@ -309,6 +322,11 @@ class ModelSpec(Spec):
         if self.sliding_window is None:
             return False
         return not (self.sliding_window_every and (i + 1) % self.sliding_window_every == 0)
+
+    @property
+    def mlp_activation(self) -> str:
+        """The dense MLP's activation: the stated one, else swiglu (gated) or gelu (plain)."""
+        return self.activation or ("swiglu" if self.gated_mlp else "gelu")
 
     # ---- parameter counts (exact) ---------------------------------------------------------------------
     @property

@@ -60,6 +60,15 @@ class StackKnobs(Spec):
 
     elementwise: Elementwise = Field(
         default="fused", description="Elementwise kernels (norms, RoPE, SwiGLU): fused, compiled or eager.")
+    bias_activation_fusion: bool = Field(
+        default=True, description="MLP bias and activation in one fused kernel (TrainingSpec.bias_activation_fusion; "
+                                  "NeMo's bias_activation_fusion).")
+    bias_dropout_add_fusion: bool = Field(
+        default=True, description="Bias, dropout and residual add in one fused kernel (TrainingSpec."
+                                  "bias_dropout_add_fusion; NeMo's bias_dropout_add_fusion).")
+    hidden_dropout: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="Dropout before each residual add (TrainingSpec.hidden_dropout; "
+                                                 "Megatron --hidden-dropout, NeMo hidden_dropout).")
     attention: AttentionImpl = Field(
         default="best", description="Attention kernel: the chip file's best (FA3/cuDNN/FA4) or SDPA's FA2.")
     fp8_recipe: Fp8Recipe = Field(
@@ -147,6 +156,8 @@ class StackKnobs(Spec):
                     fp8_lm_head=self.fp8_output_proj, projections=self.projections,
                     dp_impl=self.data_parallel, optimizer_impl=self.optimizer,
                     fused_grouped_mlp=self.fused_grouped_mlp,
+                    bias_activation_fusion=self.bias_activation_fusion,
+                    bias_dropout_add_fusion=self.bias_dropout_add_fusion, hidden_dropout=self.hidden_dropout,
                     optimizer_state_dtype=self.optimizer_state_dtype,
                     master_weights_dtype=self.master_weights_dtype)
 

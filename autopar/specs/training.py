@@ -102,6 +102,24 @@ class TrainingSpec(Spec):
         description="Elementwise kernels (norms, RoPE, SwiGLU): 'fused' (Transformer Engine / Megatron fusions), "
                     "'compiled' (torch.compile) or 'eager' (one PyTorch kernel per op, fp32 upcasts through HBM); "
                     "priced as HBM bytes per op (autopar/cost/compute.py ELEMENTWISE_BYTES).")
+    bias_activation_fusion: bool = Field(
+        default=True,
+        description="The MLP's bias and activation in one fused kernel (Megatron-Core bias_swiglu / bias_gelu, "
+                    "--no-bias-swiglu-fusion / --no-bias-gelu-fusion to turn off; NeMo's bias_activation_fusion). "
+                    "Off: the activation runs as the PyTorch ops of the model's activation function, priced by "
+                    "their HBM passes (autopar/blocks/mlp.py ACT_UNFUSED_EXTRA).")
+    bias_dropout_add_fusion: bool = Field(
+        default=True,
+        description="Each sub-block's bias, dropout and residual add in one fused kernel (Megatron-Core "
+                    "bias_dropout_add_fused_train, --no-bias-dropout-fusion to turn off). Off: a bias add, "
+                    "dropout and the add as separate kernels (autopar/cost/compute.py bda_bytes).")
+    hidden_dropout: float = Field(
+        default=0.0, ge=0.0, lt=1.0,
+        description="Dropout probability on each sub-block's output before the residual add (Megatron "
+                    "--hidden-dropout, NeMo hidden_dropout). 0 (the Llama, Nemotron and DeepSeek recipes' value, "
+                    "and autopar's default) runs no dropout kernel: torch's dropout returns its input at p = 0; "
+                    "above 0 the mask is written forward and read backward (autopar/cost/compute.py bda_bytes). "
+                    "Megatron-LM's own command-line default is 0.1: state it where a run used it.")
     attention_impl: AttentionImpl = Field(
         default="best",
         description="Attention kernel: 'best' (the hardware file's own flash-attention figures) or 'sdpa_fa2' "

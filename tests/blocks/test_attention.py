@@ -41,7 +41,8 @@ def test_kernels_membound_and_stored_activations():
     qkv, o = a.gemms()
     assert (qkv.k, qkv.n, qkv.split, o.k, o.n, o.split) == (4096, 6144, "col", 4096, 4096, "row")
     h, rope = 4096, (32 + 8) * 128
-    assert a.membound() == {"norm": (2 * h, 3 * h), "residual": (3 * h, 3 * h), "rope": (2 * rope, 2 * rope)}
+    assert a.membound() == {"norm": (2 * h, 3 * h), "residual": (3 * h, 3 * h), "bda": (h, h),
+                            "rope": (2 * rope, 2 * rope)}
     assert a.stored() == {"qkv": 32 * 128 + 2 * 8 * 128, "attn_out": 32 * 128}
     assert a.state_elems() == 0 and a.keeps_kv and not a.has_state
 

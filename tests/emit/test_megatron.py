@@ -204,3 +204,18 @@ def test_nemo_optimizer_state_knobs_are_refused_not_dropped():
     tr = TrainingSpec(seq_len=4096, global_batch=1024, optimizer_state_dtype="bf16", master_weights_dtype="none")
     with pytest.raises(AutoparInputError, match="optimizer_state_dtype=bf16"):
         megatron_args(_resolved(LLAMA3_8B, 8, tp=2, zero_stage=1, training=tr), LLAMA3_8B, tr)
+
+
+def test_recipe_kernel_switches_are_the_flags_the_prediction_prices():
+    # Megatron-LM's --hidden-dropout default is 0.1; the prediction's is 0.0: the flag is always written
+    base = TrainingSpec(seq_len=4096, global_batch=1024)
+    args = megatron_args(_resolved(LLAMA3_8B, 8, tp=2, zero_stage=1, training=base), LLAMA3_8B, base)
+    assert value(args, "--hidden-dropout") == "0"
+    assert not {"--no-bias-swiglu-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion"} & set(args)
+    off = TrainingSpec(seq_len=4096, global_batch=1024, bias_activation_fusion=False, bias_dropout_add_fusion=False,
+                       hidden_dropout=0.1)
+    args = megatron_args(_resolved(LLAMA3_8B, 8, tp=2, zero_stage=1, training=off), LLAMA3_8B, off)
+    assert value(args, "--hidden-dropout") == "0.1"
+    assert "--no-bias-swiglu-fusion" in args and "--no-bias-dropout-fusion" in args   # Llama 3: a gated MLP
+    plain = LLAMA3_8B.model_copy(update={"gated_mlp": False})
+    assert "--no-bias-gelu-fusion" in megatron_args(_resolved(plain, 8, tp=2, zero_stage=1, training=off), plain, off)

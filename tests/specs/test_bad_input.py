@@ -222,3 +222,16 @@ def test_file_that_is_not_utf8(tmp_path, encoding):
     path.write_text("name: café\nnum_layers: 2\n", encoding=encoding)
     with pytest.raises(AutoparInputError, match=re.escape(str(path))):
         load_model(path)
+
+
+def test_an_activation_that_contradicts_gated_mlp_is_refused(tmp_path):
+    # llama3_70b is a gated (SwiGLU) MLP: squared ReLU is a plain one, and swiglu on a plain MLP is wrong too
+    path = _write_yaml(tmp_path / "m.yaml", {**_model_data(), "activation": "squared_relu"})
+    with pytest.raises(AutoparInputError, match="activation 'squared_relu' is not a gated activation but gated_mlp is"):
+        load_model(path)
+    path = _write_yaml(tmp_path / "p.yaml", {**_model_data(), "gated_mlp": False, "activation": "swiglu"})
+    with pytest.raises(AutoparInputError, match="activation 'swiglu' is a gated activation but gated_mlp is false"):
+        load_model(path)
+    path = _write_yaml(tmp_path / "q.yaml", {**_model_data(), "activation": "tanh"})
+    with pytest.raises(AutoparInputError, match="activation"):
+        load_model(path)
