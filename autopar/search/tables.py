@@ -136,7 +136,8 @@ class Tables:
         self.mem_done = np.zeros(nm, bool)
         self._elems_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._tails: dict[tuple[int, int, int], np.ndarray] = {}   # (pos, j, r) -> DP/optimizer tail per ZeRO stage
-        self._times: dict[tuple, tuple[float, dict[int, tuple[float, float]]]] = {}   # (pos, j, r, vpp > 1) -> t_mb, windows
+        # (pos, j, r, vpp > 1) -> t_mb, each stage's (forward, backward with recomputation) seconds
+        self._times: dict[tuple, tuple[float, dict[int, tuple[float, float]]]] = {}
 
     def _slot_stage(self, pos: int) -> list:
         stages = self.stages[pos]
