@@ -288,10 +288,11 @@ class Bounds:
             i = int(np.argmin(bounds))
             self._bound_j[(pos, j)] = bounds[i], rs[i]
             self.lb_by_mbs[pos][j] = max(bounds[i], self.lb_by_mbs[pos][j])
-        else:   # the tail of the policy with the least bound (Tables.tail_of). Still a lower bound over the
-            # micro-batch's policies: more recomputation widens the tail's hiding window by what it adds to each
+        else:   # the tail of the policy with the least bound (Tables.tail_of). A lower bound over the
+            # micro-batch's policies as long as the stages' recomputation grows alike (the stages of a mesh differ
+            # by at most a layer): more recomputation widens the tail's hiding window by what it adds to each
             # micro-batch's time, and exposed traffic falls at most one second per second of window
-            # (autopar.cost.dp), so no policy's bound + tail falls below this one's
+            # (autopar.cost.dp). pairs_within, which decides what is tabulated, uses each pair's own tail
             bound, r = self._bound_j[(pos, j)]
             self.lb_by_mbs[pos][j] = bound + float(self.t.tail_of(pos, j, r).min())
         self._level[pos][j] += 1
