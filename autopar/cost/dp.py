@@ -22,12 +22,44 @@ prefetch). Exposed traffic is what does not fit in the compute that can hide it:
 
         exposed = f·T + max(0, (1 − f)·T − W)        T: the reduction (gather), W: the backward (forward)
 
+    Megatron-Core r0.8.0 (NVIDIA/Megatron-LM@baf94af3 megatron/core/optimizer/distrib_optimizer.py) gathers that
+    way: ``zero_grad`` dispatches the first bucket's all-gather and each forward pre-hook waits for its bucket and
+    only then dispatches the next (``_finish_param_sync_helper``: one in flight, "to ensure that the communication
+    kernels don't head-of-line block the compute kernels since we run with CUDA_DEVICE_MAX_CONNECTIONS=1"); the
+    gradients are reduced under the last micro-batch's backward only (``no_sync`` for the others).
+
   * ZeRO-3 / FSDP: every micro-batch gathers each layer's weights before its forward and again before its
     backward, and reduce-scatters its gradients after; one layer's gather is prefetched under the previous layer's
     compute. The first layer's gather and the last layer's reduce-scatter are exposed; the rest hides behind the
-    micro-batch's forward + backward (f = 1 / the stage's layers, FSDP2 wraps each transformer block):
+    micro-batch's forward + backward, its recomputation included (f = 1 / the stage's layers, FSDP2 wraps each
+    transformer block):
 
         exposed per micro-batch = f·(AG + RS) + max(0, (1 − f)·(2·AG + RS) − W_mb)
+
+    Megatron-FSDP runs the same schedule (NVIDIA/Megatron-LM@1e057005, the commit of the Megatron-MoE-ModelZoo
+    Qwen3-235B FSDP row, megatron/core/distributed/custom_fsdp/fully_sharded_data_parallel.py; the row's flags,
+    yanring/Megatron-MoE-ModelZoo@a35c74b3 best-practice/qwen3/run_235b.sh: --use-custom-fsdp
+    --data-parallel-sharding-strategy optim_grads_params, full recompute):
+      - gathers every micro-batch: ``_post_forward`` releases each TransformerLayer's weights after its forward
+        and ``_post_backward`` after its backward;
+      - reduce-scatters every micro-batch: ``grad_reduce_every_bprop`` is true for optim_grads and
+        optim_grads_params, and ``no_sync`` only clears ``is_last_microbatch`` (its docstring: "for grads shard
+        mode there will actually always be gradient sync happening"), so gradient accumulation does not defer it;
+      - with full recomputation, two gathers, not three: ``_root_pre_backward`` marks every unit PRE_BACKWARD, so
+        the recomputed forward's pre-forward hook gathers once without forward prefetch and its post-forward keeps
+        the weights for the backward (docs/source/api-guide/custom_fsdp.md sec. 4.1 at the same commit);
+      - prefetch: ``suggested_AG_prefetch_size`` = 2 x the mean parameters of an FSDP unit (the layer and the next,
+        in forward order, then backward order from ``_pre_backward``); the reduce-scatter runs on its own side
+        stream (``GradReducePipeline(cuda_stream=side_stream_for_buffer_copy_and_grad_accum)``), beside the next
+        layer's recomputation and backward: the window W_mb counts recomputation;
+      - dense and expert weights are separate parameter groups with their own buffers and groups (``dp_cp_group``
+        and ``expt_dp_group``): sharded over dp·cp and edp, priced group by group below.
+    Gradients are reduced in ``TrainingSpec.grad_dtype``. Megatron-LM reduces them in fp32 unless
+    --grad-reduce-in-bf16 (megatron/training/arguments.py@1e057005 sets accumulate_allreduce_grads_in_fp32 for bf16
+    when main_grads_dtype is fp32, and custom_fsdp/param_and_grad_buffer.py makes the main_grad_buffer float32;
+    r0.8.0, arguments.py@baf94af3 lines 299-305, sets it for every bf16 run): the published rows are priced with
+    bf16 gradients (autopar.measure.validation), which that code does not do; an open discrepancy (README
+    'Accuracy').
 
   * ZeRO-3 / FSDP under PP with ``training.pp_fsdp = 'per_step'`` (torchtitan with torch.distributed.pipelining:
     pytorch/torchtitan@9dec370 parallelize_llama.py apply_fsdp sets reshard_after_forward = False under PP, "to
@@ -66,9 +98,12 @@ PyTorch FSDP2 as torchtitan runs it (``training.dp_impl`` fsdp2):
     gather and one reduce-scatter per layer, exposed as ZeRO-3's; under PP with ``pp_fsdp = 'per_step'``
     one of each per step, as ZeRO-3's there (torchtitan's PP rows read as ZeRO-1, fp32 gradients).
 
-Overlap off: everything is exposed. Approximations: the hiding compute of a micro-batch is the stage's kernels
-(recomputation not counted as hiding time), and the expert and dense buffers are bucketed
-    separately.
+Overlap off: everything is exposed. The hiding windows are the stage's kernels of a micro-batch: W_fwd its forward,
+W_bwd its backward with the recomputation (``Estimator.stage_tail``: recomputation runs inside the backward while
+the reductions and prefetched gathers run on their own streams). Approximations: gathers and reduce-scatters share
+one window per micro-batch (Megatron-FSDP's backward prefetch of layer i−1 is issued at layer i's pre-backward, after
+its recomputation, so a gather's own window is a little shorter than the reduce-scatter's), and the expert and dense
+buffers are bucketed separately.
 """
 
 from __future__ import annotations

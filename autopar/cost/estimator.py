@@ -173,23 +173,27 @@ class Estimator:
         embedding gradient, ``layer_overhead_s`` per layer and the communication, none of them negative."""
         return _compute.layer_seconds(self.profile, kind, L, self.training, self.kernels, self.imbalance)
 
-    def stage_tail(self, L: Layout, st: Stage, t_fwd: float | None = None) -> tuple[float, float]:
+    def stage_tail(self, L: Layout, st: Stage, t_fwd: float | None = None,
+                   t_bwd: float | None = None) -> tuple[float, float]:
         """(exposed DP/FSDP communication, optimizer) seconds per step of stage ``st``.
 
-        The communication hides behind the gradient math of a micro-batch (forward t_f, backward 2·t_f) less the
-        time the same link carries the stage's TP, CP and EP traffic of a micro-batch (forward and backward, the
-        same for every recompute policy; :func:`link_busy`); recomputation is not counted as hiding time (a
-        conservative simplification). ``t_fwd`` (the
-        forward time, which does not depend on the recompute policy) may be passed when already known; with it,
-        ``L.zero_stage``, ``L.micro_batch``, ``L.grad_accum`` and ``t_fwd`` may be broadcastable numpy arrays
-        (the search's tables), and the result is elementwise."""
+        The communication hides behind the kernels of a micro-batch: its forward ``t_fwd`` and its backward
+        ``t_bwd``, the recomputation included (the micro-batch's compute less its forward), less the time the same
+        link carries the stage's TP, CP and EP traffic of a micro-batch (forward and backward, the same for every
+        recompute policy; :func:`link_busy`). Recomputation is hiding time: it runs inside the backward, layer by
+        layer, while the gradient buckets already reduced by then and the prefetched gathers are in flight on their
+        own streams (Megatron-Core's DDP buckets; Megatron-FSDP's reduce-scatter on its side stream and its
+        backward-order prefetch, autopar.cost.dp). ``t_fwd`` and ``t_bwd`` (the micro-batch's forward and its
+        backward with recomputation: ``StageTimes.forward`` and ``compute − forward``) may be passed when already
+        known; with them, ``L.zero_stage``, ``L.micro_batch``, ``L.grad_accum`` and the times may be broadcastable
+        numpy arrays (the search's tables), and the result is elementwise."""
         prof, tr, hw = self.profile, self.training, self.hardware
         dense, expert = stage_params(prof, st, L)
-        if t_fwd is None:
-            t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
-                                             self.imbalance, self.moe_overhead_s,
-                                             self.host_expert_s)[1]
-        dp_exposed, dp_total = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, 2.0 * t_fwd,
+        if t_fwd is None or t_bwd is None:
+            t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
+                                                    self.imbalance, self.moe_overhead_s, self.host_expert_s)
+            t_bwd = t_tot - t_fwd
+        dp_exposed, dp_total = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, t_bwd,
                                                 max(1, st.n_layers),
                                                 self.link_busy(L, st) if tr.dp_comm_overlap else None)
         # what hides slows the compute it hides under (NCCL kernels on SMs: autopar.cost.overlap), each sharding
@@ -245,7 +249,7 @@ class Estimator:
                 slow = (t_mb, times)
             if L.offload_activations:
                 host = max(host, offloaded_activation_bytes(prof, st, L, tr))
-            dp_t, opt_t = self.stage_tail(L, st, times.forward)
+            dp_t, opt_t = self.stage_tail(L, st, times.forward, times.compute - times.forward)
             if dp_t + opt_t > tail:
                 tail, tail_terms = dp_t + opt_t, (dp_t, opt_t)
         return self.assemble(L, worst_mem, worst_stage, slow, tail_terms, host / GIB)

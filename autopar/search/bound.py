@@ -280,15 +280,19 @@ class Bounds:
 
     def refine(self, pos: int, j: int) -> None:
         """Raise micro-batch j's lower bound one level: from its floor to the least :meth:`bound` of its pairs that
-        can fit, then to that plus the least DP/optimizer tail over the ZeRO stages (``Tables.tail_of``; it adds to
-        every layout of the micro-batch, whatever its recompute and vpp)."""
+        can fit, then to that plus the least DP/optimizer tail over the ZeRO stages (``Tables.tail_of``) of that
+        policy."""
         if self._level[pos][j] == 0:
             rs = np.nonzero(self._fit[pos][j])[0].tolist()
             bounds = [self.bound(pos, j, r) for r in rs]
             i = int(np.argmin(bounds))
             self._bound_j[(pos, j)] = bounds[i], rs[i]
             self.lb_by_mbs[pos][j] = max(bounds[i], self.lb_by_mbs[pos][j])
-        else:   # the tail is the same for every policy: taken from one already timed (Tables.tail_of)
+        else:   # the tail of the policy with the least bound (Tables.tail_of). A lower bound over the
+            # micro-batch's policies as long as the stages' recomputation grows alike (the stages of a mesh differ
+            # by at most a layer): more recomputation widens the tail's hiding window by what it adds to each
+            # micro-batch's time, and exposed traffic falls at most one second per second of window
+            # (autopar.cost.dp). pairs_within, which decides what is tabulated, uses each pair's own tail
             bound, r = self._bound_j[(pos, j)]
             self.lb_by_mbs[pos][j] = bound + float(self.t.tail_of(pos, j, r).min())
         self._level[pos][j] += 1

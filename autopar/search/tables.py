@@ -6,7 +6,7 @@ few axes each term depends on (j = micro-batch, r = recompute, k = vpp, z = ZeRO
   t_mb_v[m,j,r] the same with virtual stages (vpp > 1, not FSDP): it differs only where the EP all-to-all overlap
      needs them (MoE, EP > 1, PP > 1: ``autopar.cost.ep.ep_overlap_blockers``), and is timed only there; FSDP on an
      interleaved pipeline cannot overlap (the same rules), so it takes t_mb
-  p2p[m,j,k] (``p2p_time``)      tail[m,z,j] = max over stages of ``Estimator.stage_tail`` (DP/FSDP + optimizer)
+  p2p[m,j,k] (``p2p_time``)      tail[m,z,j,r] = max over stages of ``Estimator.stage_tail`` (DP/FSDP + optimizer)
   per distinct stage s: states[m,z,s] + max(activations[m,j,r,k,s] + buffers[m,z,j,s], step copy[m,z,s])
      (memory; the optimizer step's fp32 gradient copy, ``step_grad_copy_bytes``)
 The memory and tail terms are filled one mesh per call: the term functions (``model_state_bytes``,
@@ -125,7 +125,7 @@ class Tables:
         ep_on = est.model.is_moe and space.training.ep_comm_overlap and any(v > 1 for v in space.vpp)
         self.vpp_matters = ep_on & (deg[:, 2] > 1) & (deg[:, 3] > 1)      # (nm,)
         self.p2p = np.zeros((nm, J, K))
-        self.tail = np.zeros((nm, Z, J))
+        self.tail = np.zeros((nm, Z, J, R))
         self.states = np.zeros((slots, nm, Z))
         self.act = np.zeros((slots, nm, J, R, K))
         self.buf = np.zeros((slots, nm, Z, J))
@@ -135,15 +135,18 @@ class Tables:
         self.done = np.zeros(nm, bool)      # time tables filled
         self.mem_done = np.zeros(nm, bool)
         self._elems_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-        self._tails: dict[tuple[int, int], np.ndarray] = {}   # (pos, j) -> DP/optimizer tail per ZeRO stage
-        self._times: dict[tuple, tuple[float, dict[int, float]]] = {}   # (pos, j, r, vpp > 1) -> t_mb, t_fwd
+        self._tails: dict[tuple[int, int, int], np.ndarray] = {}   # (pos, j, r) -> DP/optimizer tail per ZeRO stage
+        # (pos, j, r, vpp > 1) -> t_mb, each stage's (forward, backward with recomputation) seconds
+        self._times: dict[tuple, tuple[float, dict[int, tuple[float, float]]]] = {}
 
     def _slot_stage(self, pos: int) -> list:
         stages = self.stages[pos]
         return [stages[min(s, len(stages) - 1)] for s in range(self.slots)]
 
-    def stage_max(self, pos: int, j: int, r: int, interleaved: bool = False) -> tuple[float, dict[int, float]]:
-        """(t_mb of the slowest stage, forward compute time per stage) at micro-batch j and recompute r, without
+    def stage_max(self, pos: int, j: int, r: int,
+                  interleaved: bool = False) -> tuple[float, dict[int, tuple[float, float]]]:
+        """(t_mb of the slowest stage, (forward, backward with recomputation) compute time per stage: the DP/FSDP
+        hiding windows of ``Estimator.stage_tail``) at micro-batch j and recompute r, without
         (or, ``interleaved``, with) virtual stages: only the EP overlap's blockers tell them apart."""
         interleaved = bool(interleaved and self.vpp_matters[pos])
         key = (pos, j, r, interleaved)
@@ -161,28 +164,29 @@ class Tables:
         return self._times[key]
 
     @staticmethod
-    def _slowest(stages, times_of) -> tuple[float, dict[int, float]]:
-        """(t_mb of the slowest stage, forward compute time per stage index) from each stage's ``stage_times``."""
-        t_mb, t_fwd = 0.0, {}
+    def _slowest(stages, times_of) -> tuple[float, dict[int, tuple[float, float]]]:
+        """(t_mb of the slowest stage, (forward, compute − forward) per stage index) from each stage's
+        ``stage_times``."""
+        t_mb, windows = 0.0, {}
         for st, times in zip(stages, times_of):
             t_mb = max(t_mb, microbatch_seconds(times))
-            t_fwd[st.index] = times.forward
-        return t_mb, t_fwd
+            windows[st.index] = (times.forward, times.compute - times.forward)
+        return t_mb, windows
 
     def tail_of(self, pos: int, j: int, r: int) -> np.ndarray:
         """(Z,): per ZeRO stage, the max over the mesh's stages of exposed DP/FSDP + optimizer seconds
-        (``Estimator.stage_tail``) at micro-batch j. It hides behind the forward time, the same for every recompute
-        policy: taken from recompute r's timing (any r gives it)."""
-        hit = self._tails.get((pos, j))
+        (``Estimator.stage_tail``) at micro-batch j and recompute r: it hides behind the forward and the backward
+        with its recomputation, recompute r's timing."""
+        hit = self._tails.get((pos, j, r))
         if hit is None:
             sp = self.space
-            fwd = self.stage_max(pos, j, r)[1]
+            windows = self.stage_max(pos, j, r)[1]
             L = sp.layout_grid([self.meshes[pos]], None, "none", micro_batch=sp.mbs[j], zero=self.zero)
             hit = np.zeros(len(sp.zero))
             for st in self.stages[pos]:
-                dp_t, opt_t = self.est.stage_tail(L, st, fwd[st.index])
+                dp_t, opt_t = self.est.stage_tail(L, st, *windows[st.index])
                 hit = np.maximum(hit, dp_t + opt_t)
-            self._tails[(pos, j)] = hit
+            self._tails[(pos, j, r)] = hit
         return hit
 
     def fill(self, pos: int) -> None:
@@ -261,7 +265,7 @@ class Tables:
         for j, r in zip(*np.nonzero(jr)):
             self.t_mb[pos, j, r] = self.stage_max(pos, int(j), int(r))[0]
             self.t_mb_v[pos, j, r] = self.stage_max(pos, int(j), int(r), True)[0]
-            self.tail[pos, :, j] = self.tail_of(pos, int(j), int(r))
+            self.tail[pos, :, j, r] = self.tail_of(pos, int(j), int(r))
         self.p2p[pos] = p2p_time(sp.layout_grid([mi], None, "none", micro_batch=self.mbs[:, None],
                                                 vpp=self.vpp[None, :]), tr, prof.hidden, hw, est.net)
         self.done[pos] = True
@@ -289,7 +293,7 @@ class Tables:
             inter = (self.vpp[None, None, None, :, None] > 1) & (self.zero[None, None, None, None, :] != 3)
             t_mb = np.where(inter, self.t_mb_v[rows][:, :, :, None, None], self.t_mb[rows][:, :, :, None, None])
             step = step_seconds(grid, t_mb, self.p2p[rows][:, :, None, :, None],
-                                np.transpose(self.tail[rows], (0, 2, 1))[:, :, None, None, :])
+                                np.transpose(self.tail[rows], (0, 2, 3, 1))[:, :, :, None, :])
             step = np.minimum(np.nan_to_num(np.broadcast_to(step, shape), nan=UNREACHABLE_S), UNREACHABLE_S)
             step_us = np.rint(step * SCALE_T).astype(np.int64).reshape(n, -1)
         mem = np.minimum(np.nan_to_num(mem, copy=False, nan=UNREACHABLE_BYTES), UNREACHABLE_BYTES, out=mem)

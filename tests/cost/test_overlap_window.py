@@ -116,6 +116,23 @@ def test_dp_buckets_one_exposed_and_each_collective_pays_its_latency():
     assert on_inf == pytest.approx(tot * 40e6 / 1e9, rel=1e-6)
 
 
+def test_the_backwards_recomputation_is_dp_hiding_time():
+    """Full recomputation re-runs each layer's forward inside the backward while the gradient reduce-scatters and
+    the prefetched gathers run on their own streams (Megatron-FSDP, cost/dp.py): the FSDP window is the micro-batch's
+    whole compute, recomputation included, so it exposes less than the same layout without recomputation, and
+    stage_tail prices exactly the backward window compute − forward."""
+    lay = dict(tp=2, ep=8, fsdp=True, micro_batch=4)   # the model zoo's Qwen3 FSDP layout
+    est, L, st, t_none, (dp_none, _) = _times("qwen3_235b_a22b", 256, ON, recompute="none", **lay)
+    est, L_full, st, t_full, (dp_full, _) = _times("qwen3_235b_a22b", 256, ON, recompute="full", **lay)
+    assert t_full.forward == pytest.approx(t_none.forward)     # the forward is the same: only the backward grew
+    assert t_full.compute > t_none.compute
+    assert 0.0 < dp_full < dp_none                               # traffic left over without it, hidden by it
+    assert est.stage_tail(L_full, st) == pytest.approx(
+        est.stage_tail(L_full, st, t_full.forward, t_full.compute - t_full.forward))
+    # the window without recomputation, handed to the recompute layout, gives back the larger exposure
+    assert est.stage_tail(L_full, st, t_none.forward, t_none.compute - t_none.forward)[0] == pytest.approx(dp_none)
+
+
 def test_the_switches_come_from_the_cli_flag():
     from autopar.cli.common import overlap_fields, overlap_set
     import argparse

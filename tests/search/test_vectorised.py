@@ -77,6 +77,7 @@ def test_time_terms_over_knob_arrays_equal_the_scalar_calls(moe, layers, gpus, g
     est = Estimator(model, hw, tr, gpus)
     mbs, vpp, zero = np.array(space.mbs), np.array(space.vpp), np.array(space.zero)
     t_fwd = np.array([0.01, 0.02, 0.04])[: len(mbs)]
+    t_bwd = np.array([0.02, 0.05, 0.07])[: len(mbs)]   # backward with recomputation: its own hiding window
     for mi, mesh in enumerate(space.meshes):
         if space.splits.get(mesh[2]) is None:
             continue
@@ -84,11 +85,11 @@ def test_time_terms_over_knob_arrays_equal_the_scalar_calls(moe, layers, gpus, g
                        est.profile.hidden, hw, est.net)
         grid = space.layout_grid([mi], None, "none", micro_batch=mbs[None, :], zero=zero[:, None])
         for st_ in est.stages(space.layout(mi, 1, "none", 1, 0).stage_layers):
-            dp_t, opt_t = est.stage_tail(grid, st_, t_fwd[None, :])
+            dp_t, opt_t = est.stage_tail(grid, st_, t_fwd[None, :], t_bwd[None, :])
             for z_i, z in enumerate(space.zero):
                 for j, b in enumerate(space.mbs):
                     L = space.layout(mi, b, "none", 1, z)
-                    want = est.stage_tail(L, st_, float(t_fwd[j]))
+                    want = est.stage_tail(L, st_, float(t_fwd[j]), float(t_bwd[j]))
                     got = (np.broadcast_to(dp_t, (len(zero), len(mbs)))[z_i, j],
                            np.broadcast_to(opt_t, (len(zero), len(mbs)))[z_i, j])
                     assert got == pytest.approx(want, rel=1e-12, abs=1e-15)
