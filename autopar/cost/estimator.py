@@ -70,6 +70,13 @@ def step_seconds(L: Layout, t_mb: float, p2p: float, tail: float) -> float:
     return L.grad_accum * t_mb + bubble_time(L, t_mb) + p2p + tail
 
 
+# The Layout fields the terms of Estimator._stage_shared read (compute, hiding windows, TP, CP, EP volume, offload:
+# autopar/cost/compute.py, tp.py, cp.py, ep.ep_comm_seconds, offload.py); the key of its memo. A term that comes to
+# read another field must add it here (tests/cost/test_estimator_cache.py checks warm against cold estimates).
+SHARED_TERM_FIELDS = ("micro_batch", "cp", "tp", "sp", "ep", "etp", "recompute", "offload_activations")
+_PLAIN = frozenset((str, int, float, bool))
+
+
 class Estimator:
     """Predicts memory and step time of layouts for one (model, hardware, training, gpus).
 
@@ -96,9 +103,11 @@ class Estimator:
                           else 1.0)
 
     def with_hardware(self, hardware: HardwareSpec) -> "Estimator":
-        """The same model and training on other hardware constants, reusing the model profile (calibration)."""
+        """The same model and training on other hardware constants, reusing the model profile (calibration). The
+        stages are its own: their memos hold hardware-priced terms (:meth:`_stage_shared`)."""
         other = object.__new__(Estimator)
         other.__dict__.update(self.__dict__)
+        other._stages = {}
         other._bind(hardware)
         return other
 
@@ -135,7 +144,25 @@ class Estimator:
 
     def _stage_shared(self, L: Layout, st: Stage) -> tuple:
         """The terms of :meth:`stage_times` that do not read ``vpp``: (compute, forward compute, TP, CP exposed,
-        the stage's kernel window W, T_ep times the imbalance, offload)."""
+        the stage's kernel window W, T_ep times the imbalance, offload).
+
+        Kept in the stage's memo (stages of :meth:`stages`, which belong to this Estimator) per the layout fields
+        these terms read, :data:`SHARED_TERM_FIELDS`, when all are plain Python values: layouts that differ only
+        in dp, ZeRO stage, gradient accumulation, virtual stages or HSDP price them once. Everything else they
+        read (model, training, hardware, the calibrated overheads) is fixed per Estimator."""
+        memo = st.memo
+        if memo is None:
+            return self._price_shared(L, st)
+        key = ("stage_shared",) + tuple(getattr(L, f) for f in SHARED_TERM_FIELDS)
+        if any(type(v) not in _PLAIN for v in key):   # numpy values (the search's grids): priced, not kept
+            return self._price_shared(L, st)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = self._price_shared(L, st)
+        return hit
+
+    def _price_shared(self, L: Layout, st: Stage) -> tuple:
+        """:meth:`_stage_shared`'s terms, priced."""
         prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
         t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
                                                 self.imbalance, self.moe_overhead_s,
