@@ -20,6 +20,7 @@ counted); MFU = model TFLOP/s / dense peak of the training precision (PaLM, arXi
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 from autopar.cost import compute as _compute
@@ -74,7 +75,25 @@ def step_seconds(L: Layout, t_mb: float, p2p: float, tail: float) -> float:
 # autopar/cost/compute.py, tp.py, cp.py, ep.ep_comm_seconds, offload.py); the key of its memo. A term that comes to
 # read another field must add it here (tests/cost/test_estimator_cache.py checks warm against cold estimates).
 SHARED_TERM_FIELDS = ("micro_batch", "cp", "tp", "sp", "ep", "etp", "recompute", "offload_activations")
+_shared_key = operator.attrgetter(*SHARED_TERM_FIELDS)
 _PLAIN = frozenset((str, int, float, bool))
+
+
+def _memoised(st: Stage, name: str, L: Layout, price):
+    """``price(L, st)``, kept in the stage's memo under (name, L's :data:`SHARED_TERM_FIELDS`) when those are all
+    plain Python values (the search's grids hold numpy arrays: priced, not kept) and the stage has a memo (the
+    Estimator's own stages, :meth:`Estimator.stages`)."""
+    memo = st.memo
+    if memo is None:
+        return price(L, st)
+    key = _shared_key(L)
+    if not _PLAIN.issuperset(map(type, key)):
+        return price(L, st)
+    key = (name, key)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = price(L, st)
+    return hit
 
 
 class Estimator:
@@ -150,16 +169,7 @@ class Estimator:
         these terms read, :data:`SHARED_TERM_FIELDS`, when all are plain Python values: layouts that differ only
         in dp, ZeRO stage, gradient accumulation, virtual stages or HSDP price them once. Everything else they
         read (model, training, hardware, the calibrated overheads) is fixed per Estimator."""
-        memo = st.memo
-        if memo is None:
-            return self._price_shared(L, st)
-        key = ("stage_shared",) + tuple(getattr(L, f) for f in SHARED_TERM_FIELDS)
-        if any(type(v) not in _PLAIN for v in key):   # numpy values (the search's grids): priced, not kept
-            return self._price_shared(L, st)
-        hit = memo.get(key)
-        if hit is None:
-            hit = memo[key] = self._price_shared(L, st)
-        return hit
+        return _memoised(st, "stage_shared", L, self._price_shared)
 
     def _price_shared(self, L: Layout, st: Stage) -> tuple:
         """:meth:`_stage_shared`'s terms, priced."""
@@ -233,7 +243,12 @@ class Estimator:
     def link_busy(self, L: Layout, st: Stage) -> dict[str, float]:
         """Seconds per micro-batch that NVLink and the network carry stage ``st``'s TP, CP and EP traffic (forward
         and backward, none hidden, at the mean expert load): what DP/FSDP traffic on the same link shares the
-        bandwidth with. A group's traffic is put on the network when it spans NVLink domains."""
+        bandwidth with. A group's traffic is put on the network when it spans NVLink domains. Kept in the stage's
+        memo as :meth:`_stage_shared` is (these volumes read no layout field beyond its key)."""
+        return dict(_memoised(st, "link_busy", L, self._price_link_busy))
+
+    def _price_link_busy(self, L: Layout, st: Stage) -> dict[str, float]:
+        """:meth:`link_busy`, priced."""
         prof, tr, net = self.profile, self.training, self.net
         busy = {"nvlink": 0.0, "network": 0.0}
         for t, n, stride in ((tp_comm_seconds(prof, st, L, tr, net, 2), L.tp, 1),
