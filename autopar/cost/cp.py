@@ -149,7 +149,7 @@ def cp_ring_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
 
 def _torch_ring_transfers(prof: ModelProfile, L: Layout, tr: TrainingSpec, net: Network):
     """(one KV all-gather, one fp32 dK/dV send) of PyTorch's ring, seconds (module docstring)."""
-    kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * _torch_ring_kv_elems(prof, L) * tr.activation_bytes
+    kv_bytes = L.micro_batch * (tr.seq_len / L.cp) * torch_ring_kv_elems(prof, L) * tr.activation_bytes
     return (net.time("all_gather", L.cp * kv_bytes, L.cp, L.tp),
             net.time("send_recv", 2 * kv_bytes, 2, L.tp))     # fp32 accumulators: twice the bf16 bytes
 
@@ -179,7 +179,7 @@ TORCH_RING_STEP_B = {
 }
 
 
-def _torch_ring_kv_elems(prof: ModelProfile, L: Layout) -> float:
+def torch_ring_kv_elems(prof: ModelProfile, L: Layout) -> float:
     """K and V elements per token PyTorch's ring passes: every local query head's (repeat_kv before SDPA)."""
     m = prof.model
     return m.num_attention_heads / L.tp * (m.qk_head_dim + m.v_head_dim)
@@ -192,7 +192,7 @@ def torch_ring_merge_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec) -> t
     tokens = L.micro_batch * tr.seq_len / L.cp
     heads = m.num_attention_heads / L.tp
     o, q = tokens * heads * m.v_head_dim, tokens * heads * m.qk_head_dim
-    kv = tokens * _torch_ring_kv_elems(prof, L)   # K and V elements together
+    kv = tokens * torch_ring_kv_elems(prof, L)   # K and V elements together
     steps = L.cp - 1
     merge, kv_step = TORCH_RING_STEP_B["eager" if tr.elementwise == "eager" else "compiled"]
     fwd = o * (TORCH_RING_FWD_FIRST_LAST_B + steps * merge) + kv * steps * TORCH_RING_KV_CAT_B

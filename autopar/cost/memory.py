@@ -66,6 +66,24 @@ are not measured here). The gradient term stays in both phases: with FSDP2 and A
 the reserved peak exceeds the allocated one by the loss path's bytes and 1.0 x the fp32 gradients' size, the
 blocks ``zero_grad`` frees and the allocator keeps cached through the next loss peak.
 
+Ring attention (``TrainingSpec.cp_ring`` 'torch_allgather', CP > 1: torch.distributed.tensor.experimental's
+context_parallel as torchtitan@9dec370 runs it, ``--experimental.context_parallel_rotate_method`` 'allgather' by
+default; torch/distributed/tensor/experimental/_attention.py read at a stored pytorch/pytorch@f2127dbd, with the
+all-gather rotater of pytorch/pytorch#132820, 2024-08, and ``set_rotate_method`` of #142093, 2024-12-05, both
+before the 2024-12-23 torch 1963fc8 of the torchtitan tables; the loops ASSUMED unchanged since, as
+:mod:`autopar.cost.cp` does). Inside one attention layer's backward, with K, V repeated to every local query head
+before SDPA (torchtitan models/llama/model.py ``repeat_kv``), KV = b·s/cp · a/tp · (d_qk + d_v) elements of K and V
+together and Q = b·s/cp · a/tp · d_qk, ``_templated_ring_attention_backward`` holds at a ring step i >= 1:
+``_AllGatherRotater``'s gathered K/V of all cp ranks (cp·KV, activation dtype), the fp32 dQ accumulator
+(``torch.zeros_like(query, dtype=float32)``: 4·Q B), three fp32 dK/dV buffers (the one received from the previous
+rank, which ``grad_key += grad_key_`` updates in place, its ``torch.cat`` for the next send and the all-to-all
+rotater's ``permute_tensor`` output: 3 · 4·KV B) and the flash backward's dQ, dK, dV of that step (activation dtype,
+Q + KV): :func:`torch_ring_backward_bytes`. These belong to the layer phase (the larger of it and the loss phase on a
+torch last stage). The forward's ring (the same gather, the fp32 merge of the outputs, about 18 B per output element)
+holds less and is over before the backward's starts. At torchtitan's 8B CP rows (TP 1, 32K tokens per GPU) the loss
+phase stays the larger at every CP (the measured 83.9-84.5 GiB are flat in CP); at 405B (TP 8, PP 8) the first
+stages have no loss phase and grow with CP, by 2.6 GiB at CP 2 and 4.1 GiB at CP 8.
+
 torch.distributed.pipelining's stage buffers (``loss_runtime`` 'torch', the PyTorch pipeline runtime torchtitan drives;
 torch/distributed/pipelining/stage.py, read at pytorch/pytorch@0138610, the same structure as the Dec 2024 release
 the torchtitan tables ran): ``_prepare_backward_infra`` creates, for every micro-batch of the step, a gradient-receive
@@ -167,6 +185,7 @@ rest (caching-allocator fragmentation).
 from __future__ import annotations
 
 from autopar.cost._select import maximum, minimum, where
+from autopar.cost.cp import torch_ring_kv_elems
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.result import GIB, MemoryBreakdown
 from autopar.cost.stage import Stage
@@ -383,6 +402,8 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         layers = (1 - f) * layers + f * resident_offload_layers(st)
     act = mb_tokens * e * kept * layers
     layer_phase = mb_tokens * e * working          # one layer's backward working set
+    if tr.cp_ring == "torch_allgather" and st.sum(prof, "attn_layers"):
+        layer_phase = layer_phase + torch_ring_backward_bytes(prof, L, tr)
     logits = mb_tokens / (L.cp * L.tp) * prof.vocab * (1 + prof.model.mtp_layers) if st.is_last else 0.0
     if tr.loss_runtime == "torch":   # PyTorch's runtime (docstring), per element of one sequence-sharded b·s·h tensor
         boundary = mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden
@@ -400,6 +421,24 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         mtp_layers = prof.model.mtp_layers * minimum(st.pp, L.grad_accum)
         act = act + mb_tokens * e * (kept / max(st.n_layers, 1)) * mtp_layers
     return act
+
+
+def torch_ring_backward_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec):
+    """Bytes PyTorch's all-gather ring attention (``cp_ring`` 'torch_allgather') holds inside one attention layer's
+    backward beside that layer's working set, one micro-batch, CP > 1 (module docstring, Ring attention): the
+    all-gathered K/V of the whole sequence (activation dtype), the fp32 dQ accumulator, three fp32 dK/dV buffers (the
+    received one, its concatenation and the all-to-all's output) and the step's dQ, dK, dV from the flash backward
+    (activation dtype). ``L.cp``, ``L.tp`` and ``L.micro_batch`` may be numpy arrays (elementwise result)."""
+    m = prof.model
+    e = tr.activation_bytes
+    tokens = L.micro_batch * tr.seq_len / L.cp
+    kv = tokens * torch_ring_kv_elems(prof, L)               # K and V elements together, every local query head's
+    q = tokens * m.num_attention_heads / L.tp * m.qk_head_dim
+    held = L.cp * kv * e + TORCH_RING_FP32_BYTES * (q + 3 * kv) + e * (q + kv)
+    return where(L.cp > 1, held, 0.0)
+
+
+TORCH_RING_FP32_BYTES = 4   # the backward's accumulators and dK/dV messages are fp32 (convert_to_f32 defaults True)
 
 
 def pipeline_boundary_tensors(st: Stage, L: Layout):

@@ -8,8 +8,10 @@ state their peak memory but are not in the throughput set yet (torchtitan's H200
 throughput too, so they can move into published_runs.csv as they are).
 
 The prediction is the fullest stage's memory (``Estimate.memory_gib``); the measurement is what the source printed
-(torchtitan prints the CUDA caching allocator's peak *reserved* memory, ``reserved_bytes.all.peak``, the maximum over
-ranks; metrics.py@9dec370). ``tests/measure/test_published_memory.py`` checks that no prediction is below its
+(torchtitan prints the CUDA caching allocator's peak *reserved* memory, ``reserved_bytes.all.peak``, of the rank that
+logs, metrics.py@9dec370: rank 0 on the console, the last stage's first rank in TensorBoard; its Dec 2024 tables give
+the maximum over all GPUs: "Different PP ranks can have different peak memory usages. We take the maximum across all
+GPUs", footnote 1 of torchtitan@b5bcd76c benchmarks/llama3_h100_202412_torchtitan.md). ``tests/measure/test_published_memory.py`` checks that no prediction is below its
 measurement, and names the rows where it still is.
 """
 

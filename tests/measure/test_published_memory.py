@@ -19,25 +19,28 @@ _EAGER8 = ("eager op-SAC on 8 GPUs: 0.2 GiB (0.2%) short at the loss backward's 
            "logits' block), and FSDP2's streams and the optimizer's first-step placement are not measured there")
 _PP405 = ("405B under PP 8 with FSDP2 (parameters gathered, fp32 gradients accumulated, priced as ZeRO-1 with fp32 "
           "gradients; every stage keeping each micro-batch's output, the last its logits; pipelining's receive "
-          "buffers): the fullest stage is still 5.6-15.2 GiB short, while the interleaved run of the same table, which "
-          "the model says holds more, measured 10 GiB less; the recipe read (train_configs/llama3_405b.toml@9dec370) "
-          "also gathers Float8 weights (enable_fsdp_float8_all_gather), which would lower the weights term, not "
-          "raise it")
+          "buffers; under CP the ring attention's gathered K/V and fp32 dQ/dK/dV buffers in a layer's backward): the "
+          "fullest stage is still 4.3-12.8 GiB short. The published figure is the maximum over all GPUs (the "
+          "table's footnote 1, torchtitan@b5bcd76c benchmarks/llama3_h100_202412_torchtitan.md), so the fullest "
+          "stage is the one to compare. Unexplained: 1F1B at 4 x 8K tokens per micro-batch measures 7.2 GiB more "
+          "than CP 1 at 1 x 32K (the same tokens, layout and schedule), and the interleaved run, which the model "
+          "says holds more, measured 10 GiB less; the recipe (train_configs/llama3_405b.toml@9dec370) also gathers "
+          "Float8 weights (enable_fsdp_float8_all_gather), which would lower the weights term, not raise it")
 KNOWN_UNDER = {
     "tt2412-l31-8b-h100gt-8-eager": _EAGER8,
     "tt2412-l31-70b-h100gt-256-2d": "FSDP 32 x TP 8 at 131K tokens per GPU: 4.0 GiB short, where the async-TP run of "
                                     "the same layout measured 4.3 GiB less; at the loss peak both hold the same "
-                                    "tensors (async TP adds its workspace); a likely cause, not measured: "
-                                    "the unfused TP matmuls' full-sequence outputs (2 GiB each) left in the "
-                                    "allocator's cache",
+                                    "tensors (async TP adds its workspace); a likely cause, counted in "
+                                    "source but not enabled (it moves l3paper-405b-16384's fastest valid VPP and "
+                                    "the in-sample error above 8%): with TP overlap off, a column-parallel "
+                                    "linear's backward holds its full unreduced input gradient beside the gathered "
+                                    "input while the reduce-scatter runs (2.3 GiB here; 0.94 -> 0.98)",
     "tt2412-l31-405b-h100gt-512-1f1b": _PP405,
     "tt2412-l31-405b-h100gt-512-cp1-seq32k": _PP405,
     "tt2412-l31-405b-h100gt-512-cp2-seq64k": _PP405,
     "tt2412-l31-405b-h100gt-512-cp4-seq128k": _PP405,
-    "tt2412-l31-405b-h100gt-512-cp8-seq256k": _PP405 + "; CP 8 measures 8 GiB above CP 1-4 at the same tokens per "
-                                              "GPU: ring-attention buffers that grow with CP (all-gathered K/V, fp32 "
-                                              "dK/dV) live in a layer's backward, about 4 GiB at CP 8 by "
-                                              "estimate, not counted",
+    "tt2412-l31-405b-h100gt-512-cp8-seq256k": _PP405 + "; CP 8 measures 7.8 GiB above CP 4 at the same tokens per "
+                                              "GPU where the counted ring buffers grow by 1.0 GiB",
 }
 
 

@@ -165,3 +165,28 @@ def test_ep_exposure_and_traffic_over_arrays_equal_the_scalar_calls():
                             est.profile, st_, L, tr, hw, est.net, est.imbalance, float(window[j, w]), t)
                 seen += 1
     assert seen
+
+
+def test_torch_ring_activation_bytes_over_arrays_equal_the_scalar_calls():
+    """The torchtitan stack's terms (PyTorch's loss path, pipelining buffers, the all-gather ring attention's
+    backward buffers under CP) over mesh arrays with CP > 1: each element is the scalar call's."""
+    model, hw = _model(False, 8, 2, 0), load_hardware("h100_sxm")
+    tr = TrainingSpec(seq_len=8192, global_batch=16, loss_runtime="torch", cp_ring="torch_allgather")
+    space = build_space(model, hw, tr, 16, SearchOptions())
+    est = Estimator(model, hw, tr, 16)
+    mbs, vpp = np.array(space.mbs), np.array(space.vpp)
+    checked = 0
+    for pp in sorted({m[2] for m in space.meshes if space.splits.get(m[2])}):
+        meshes = [i for i, m in enumerate(space.meshes) if m[2] == pp]
+        G = len(meshes)
+        for rc in space.recompute:
+            grid = space.layout_grid(meshes, (G, 1, 1), rc, micro_batch=mbs[None, :, None], vpp=vpp[None, None, :])
+            for st_ in est.stages(space.layout(meshes[0], 1, "none", 1, 0).stage_layers):
+                act = np.broadcast_to(activation_bytes(est.profile, st_, grid, tr), (G, len(mbs), len(vpp)))
+                for g, mi in enumerate(meshes):
+                    for j, b in enumerate(space.mbs):
+                        for k, v in enumerate(space.vpp):
+                            L = space.layout(mi, b, rc, v, 0)
+                            assert act[g, j, k] == pytest.approx(activation_bytes(est.profile, st_, L, tr), rel=1e-12)
+                            checked += L.cp > 1
+    assert checked > 0
