@@ -79,20 +79,18 @@ _shared_key = operator.attrgetter(*SHARED_TERM_FIELDS)
 _PLAIN = frozenset((str, int, float, bool))
 
 
-def _memoised(st: Stage, name: str, L: Layout, price):
-    """``price(L, st)``, kept in the stage's memo under (name, L's :data:`SHARED_TERM_FIELDS`) when those are all
-    plain Python values (the search's grids hold numpy arrays: priced, not kept) and the stage has a memo (the
-    Estimator's own stages, :meth:`Estimator.stages`)."""
-    memo = st.memo
-    if memo is None:
+def _memoised(priced: dict, st: Stage, name: str, L: Layout, price):
+    """``price(L, st)``, kept in ``priced`` (an Estimator's, emptied whenever it binds hardware) under (name, the
+    stage's place, L's :data:`SHARED_TERM_FIELDS`) when those fields are all plain Python values (the search's grids
+    hold numpy arrays: priced, not kept). The stage's place (index, pp, first, last) names its layers, and with them
+    everything the Estimator's profile sums over them."""
+    fields = _shared_key(L)
+    if not _PLAIN.issuperset(map(type, fields)):
         return price(L, st)
-    key = _shared_key(L)
-    if not _PLAIN.issuperset(map(type, key)):
-        return price(L, st)
-    key = (name, key)
-    hit = memo.get(key)
+    key = (name, st.index, st.pp, st.first, st.last, fields)
+    hit = priced.get(key)
     if hit is None:
-        hit = memo[key] = price(L, st)
+        hit = priced[key] = price(L, st)
     return hit
 
 
@@ -120,13 +118,13 @@ class Estimator:
         self.host_expert_s = host * (hardware.host_us_per_expert_fwd or 0.0) * 1e-6   # compute.moe_host_time
         self.imbalance = (hardware.efficiency.moe_dropless_imbalance if self.training.moe_routing == "dropless"
                           else 1.0)
+        self._priced: dict = {}   # hardware-priced stage terms (:func:`_memoised`), for this binding only
 
     def with_hardware(self, hardware: HardwareSpec) -> "Estimator":
-        """The same model and training on other hardware constants, reusing the model profile (calibration). The
-        stages are its own: their memos hold hardware-priced terms (:meth:`_stage_shared`)."""
+        """The same model and training on other hardware constants, reusing the model profile and the stages
+        (calibration); the hardware-priced terms kept so far are not carried over (:meth:`_bind`)."""
         other = object.__new__(Estimator)
         other.__dict__.update(self.__dict__)
-        other._stages = {}
         other._bind(hardware)
         return other
 
@@ -165,11 +163,10 @@ class Estimator:
         """The terms of :meth:`stage_times` that do not read ``vpp``: (compute, forward compute, TP, CP exposed,
         the stage's kernel window W, T_ep times the imbalance, offload).
 
-        Kept in the stage's memo (stages of :meth:`stages`, which belong to this Estimator) per the layout fields
-        these terms read, :data:`SHARED_TERM_FIELDS`, when all are plain Python values: layouts that differ only
-        in dp, ZeRO stage, gradient accumulation, virtual stages or HSDP price them once. Everything else they
-        read (model, training, hardware, the calibrated overheads) is fixed per Estimator."""
-        return _memoised(st, "stage_shared", L, self._price_shared)
+        Kept per stage and the layout fields these terms read, :data:`SHARED_TERM_FIELDS` (:func:`_memoised`):
+        layouts that differ only in dp, ZeRO stage, gradient accumulation, virtual stages or HSDP price them once.
+        Everything else they read (model, training, hardware, the calibrated overheads) is fixed per binding."""
+        return _memoised(self._priced, st, "stage_shared", L, self._price_shared)
 
     def _price_shared(self, L: Layout, st: Stage) -> tuple:
         """:meth:`_stage_shared`'s terms, priced."""
@@ -243,9 +240,9 @@ class Estimator:
     def link_busy(self, L: Layout, st: Stage) -> dict[str, float]:
         """Seconds per micro-batch that NVLink and the network carry stage ``st``'s TP, CP and EP traffic (forward
         and backward, none hidden, at the mean expert load): what DP/FSDP traffic on the same link shares the
-        bandwidth with. A group's traffic is put on the network when it spans NVLink domains. Kept in the stage's
-        memo as :meth:`_stage_shared` is (these volumes read no layout field beyond its key)."""
-        return dict(_memoised(st, "link_busy", L, self._price_link_busy))
+        bandwidth with. A group's traffic is put on the network when it spans NVLink domains. Kept as
+        :meth:`_stage_shared`'s terms are (these volumes read no layout field beyond its key)."""
+        return dict(_memoised(self._priced, st, "link_busy", L, self._price_link_busy))
 
     def _price_link_busy(self, L: Layout, st: Stage) -> dict[str, float]:
         """:meth:`link_busy`, priced."""

@@ -16,8 +16,8 @@ class Stage:
     first: int
     last: int
     sums: dict | None = None     # per-token totals of every per-layer quantity, filled once by the Estimator
-    # results of pure functions of (this stage, a few plain-int layout degrees) that several terms of one estimate
-    # need, each keyed by its function's name and those degrees (memory.stage_params); made with the sums
+    # results of pure functions of (this stage, a few plain-int layout degrees), hardware-free, that several terms of
+    # one estimate need, each keyed by its function's name and those degrees (memory.stage_params); made with the sums
     memo: dict | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
