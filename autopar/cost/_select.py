@@ -28,7 +28,7 @@ def where(cond, a, b):
 
 def minimum(a, b):
     """``min(a, b)``, elementwise when either is an array."""
-    if not (_is_array(a) or _is_array(b)):
+    if (type(a) in _SCALARS and type(b) in _SCALARS) or not (_is_array(a) or _is_array(b)):
         return min(a, b)
     import numpy as np
     return np.minimum(a, b)
@@ -36,7 +36,7 @@ def minimum(a, b):
 
 def maximum(a, b):
     """``max(a, b)``, elementwise when either is an array."""
-    if not (_is_array(a) or _is_array(b)):
+    if (type(a) in _SCALARS and type(b) in _SCALARS) or not (_is_array(a) or _is_array(b)):
         return max(a, b)
     import numpy as np
     return np.maximum(a, b)
