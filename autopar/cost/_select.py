@@ -9,14 +9,18 @@ they import on first use: ``autopar estimate`` does not load numpy.
 
 from __future__ import annotations
 
+# Plain Python scalars, tested by exact type first: the estimator calls these helpers about a hundred times per
+# estimate with such values, and a type lookup is cheaper than the ``ndim`` probe arrays need.
+_SCALARS = frozenset((bool, int, float))
+
 
 def _is_array(x) -> bool:
-    return getattr(x, "ndim", 0) > 0
+    return type(x) not in _SCALARS and getattr(x, "ndim", 0) > 0
 
 
 def where(cond, a, b):
     """``a if cond else b``, elementwise when ``cond`` is an array."""
-    if not _is_array(cond):
+    if type(cond) is bool or not _is_array(cond):
         return a if cond else b
     import numpy as np
     return np.where(cond, a, b)
@@ -24,7 +28,7 @@ def where(cond, a, b):
 
 def minimum(a, b):
     """``min(a, b)``, elementwise when either is an array."""
-    if not (_is_array(a) or _is_array(b)):
+    if (type(a) in _SCALARS and type(b) in _SCALARS) or not (_is_array(a) or _is_array(b)):
         return min(a, b)
     import numpy as np
     return np.minimum(a, b)
@@ -32,7 +36,7 @@ def minimum(a, b):
 
 def maximum(a, b):
     """``max(a, b)``, elementwise when either is an array."""
-    if not (_is_array(a) or _is_array(b)):
+    if (type(a) in _SCALARS and type(b) in _SCALARS) or not (_is_array(a) or _is_array(b)):
         return max(a, b)
     import numpy as np
     return np.maximum(a, b)

@@ -72,6 +72,7 @@ class Network:
         self.a_net = hw.scaleout_latency_us * 1e-6
         self.measured = hw.measured_busbw_gbps
         self._coef: dict[tuple[str, int, int], tuple[float, float]] = {}
+        self._link: dict[tuple[int, int], str] = {}
 
     def placement(self, n: int, stride: int) -> tuple[int, int]:
         """(k members per NVLink domain, m domains spanned) for a group of n ranks ``stride`` apart."""
@@ -80,8 +81,12 @@ class Network:
 
     def link(self, n: int, stride: int) -> str:
         """The link a group of n ranks ``stride`` apart runs its collectives on: 'network' when it spans NVLink
-        domains, else 'nvlink'."""
-        return "network" if self.placement(n, stride)[1] > 1 else "nvlink"
+        domains, else 'nvlink'. Cached per (n, stride): it depends on nothing else of the group."""
+        key = (n, stride)
+        hit = self._link.get(key)
+        if hit is None:
+            hit = self._link[key] = "network" if self.placement(n, stride)[1] > 1 else "nvlink"
+        return hit
 
     def coefficients(self, op: str, n: int, stride: int) -> tuple[float, float]:
         """(seconds per byte, fixed seconds) so that time(S) = S·c + t0. Zero for n = 1."""

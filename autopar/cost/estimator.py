@@ -20,6 +20,7 @@ counted); MFU = model TFLOP/s / dense peak of the training precision (PaLM, arXi
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 from autopar.cost import compute as _compute
@@ -70,6 +71,29 @@ def step_seconds(L: Layout, t_mb: float, p2p: float, tail: float) -> float:
     return L.grad_accum * t_mb + bubble_time(L, t_mb) + p2p + tail
 
 
+# The Layout fields the terms of Estimator._stage_shared read (compute, hiding windows, TP, CP, EP volume, offload:
+# autopar/cost/compute.py, tp.py, cp.py, ep.ep_comm_seconds, offload.py); the key of its memo. A term that comes to
+# read another field must add it here (tests/cost/test_estimator_cache.py checks warm against cold estimates).
+SHARED_TERM_FIELDS = ("micro_batch", "cp", "tp", "sp", "ep", "etp", "recompute", "offload_activations")
+_shared_key = operator.attrgetter(*SHARED_TERM_FIELDS)
+_PLAIN = frozenset((str, int, float, bool))
+
+
+def _memoised(priced: dict, st: Stage, name: str, L: Layout, price):
+    """``price(L, st)``, kept in ``priced`` (an Estimator's, emptied whenever it binds hardware) under (name, the
+    stage's place, L's :data:`SHARED_TERM_FIELDS`) when those fields are all plain Python values (the search's grids
+    hold numpy arrays: priced, not kept). The stage's place (index, pp, first, last) names its layers, and with them
+    everything the Estimator's profile sums over them."""
+    fields = _shared_key(L)
+    if not _PLAIN.issuperset(map(type, fields)):
+        return price(L, st)
+    key = (name, st.index, st.pp, st.first, st.last, fields)
+    hit = priced.get(key)
+    if hit is None:
+        hit = priced[key] = price(L, st)
+    return hit
+
+
 class Estimator:
     """Predicts memory and step time of layouts for one (model, hardware, training, gpus).
 
@@ -94,9 +118,11 @@ class Estimator:
         self.host_expert_s = host * (hardware.host_us_per_expert_fwd or 0.0) * 1e-6   # compute.moe_host_time
         self.imbalance = (hardware.efficiency.moe_dropless_imbalance if self.training.moe_routing == "dropless"
                           else 1.0)
+        self._priced: dict = {}   # hardware-priced stage terms (:func:`_memoised`), for this binding only
 
     def with_hardware(self, hardware: HardwareSpec) -> "Estimator":
-        """The same model and training on other hardware constants, reusing the model profile (calibration)."""
+        """The same model and training on other hardware constants, reusing the model profile and the stages
+        (calibration); the hardware-priced terms kept so far are not carried over (:meth:`_bind`)."""
         other = object.__new__(Estimator)
         other.__dict__.update(self.__dict__)
         other._bind(hardware)
@@ -135,7 +161,15 @@ class Estimator:
 
     def _stage_shared(self, L: Layout, st: Stage) -> tuple:
         """The terms of :meth:`stage_times` that do not read ``vpp``: (compute, forward compute, TP, CP exposed,
-        the stage's kernel window W, T_ep times the imbalance, offload)."""
+        the stage's kernel window W, T_ep times the imbalance, offload).
+
+        Kept per stage and the layout fields these terms read, :data:`SHARED_TERM_FIELDS` (:func:`_memoised`):
+        layouts that differ only in dp, ZeRO stage, gradient accumulation, virtual stages or HSDP price them once.
+        Everything else they read (model, training, hardware, the calibrated overheads) is fixed per binding."""
+        return _memoised(self._priced, st, "stage_shared", L, self._price_shared)
+
+    def _price_shared(self, L: Layout, st: Stage) -> tuple:
+        """:meth:`_stage_shared`'s terms, priced."""
         prof, tr, hw, net = self.profile, self.training, self.hardware, self.net
         t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
                                                 self.imbalance, self.moe_overhead_s,
@@ -210,7 +244,12 @@ class Estimator:
     def link_busy(self, L: Layout, st: Stage) -> dict[str, float]:
         """Seconds per micro-batch that NVLink and the network carry stage ``st``'s TP, CP and EP traffic (forward
         and backward, none hidden, at the mean expert load): what DP/FSDP traffic on the same link shares the
-        bandwidth with. A group's traffic is put on the network when it spans NVLink domains."""
+        bandwidth with. A group's traffic is put on the network when it spans NVLink domains. Kept as
+        :meth:`_stage_shared`'s terms are (these volumes read no layout field beyond its key)."""
+        return dict(_memoised(self._priced, st, "link_busy", L, self._price_link_busy))
+
+    def _price_link_busy(self, L: Layout, st: Stage) -> dict[str, float]:
+        """:meth:`link_busy`, priced."""
         prof, tr, net = self.profile, self.training, self.net
         busy = {"nvlink": 0.0, "network": 0.0}
         for t, n, stride in ((tp_comm_seconds(prof, st, L, tr, net, 2), L.tp, 1),

@@ -198,8 +198,21 @@ _FP8 = ("fp8", "fp8_block", "mxfp8", "nvfp4")
 
 def stage_params(prof: ModelProfile, st: Stage, L: Layout) -> tuple[float, float]:
     """(dense, expert) parameters this GPU holds before ZeRO sharding. The degrees (``L.tp``, ``L.ep``, ``L.etp``)
-    may be numpy arrays over meshes (elementwise result)."""
-    tp = L.tp
+    may be numpy arrays over meshes (elementwise result). With plain-int degrees the result is kept in the stage's
+    memo (an estimate asks for it four times per stage): it reads nothing of the layout but these three degrees."""
+    tp, ep, etp = L.tp, L.ep, L.etp
+    memo = st.memo
+    if memo is None or type(tp) is not int or type(ep) is not int or type(etp) is not int:
+        return _stage_params(prof, st, tp, ep, etp)
+    key = ("stage_params", tp, ep, etp)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _stage_params(prof, st, tp, ep, etp)
+    return hit
+
+
+def _stage_params(prof: ModelProfile, st: Stage, tp, ep, etp) -> tuple[float, float]:
+    """:func:`stage_params` from the three degrees alone (ints or numpy arrays)."""
     dense = st.sum(prof, "dense_params") / tp
     # KV heads fewer than TP: each rank keeps one whole KV head (replicated)
     dense = dense + where(tp > prof.kv_heads, st.sum(prof, "kv_params") * (1.0 / prof.kv_heads - 1.0 / tp), 0.0)
@@ -209,12 +222,12 @@ def stage_params(prof: ModelProfile, st: Stage, L: Layout) -> tuple[float, float
         dense += prof.head_params / tp
         if prof.model.tie_embeddings and st.pp > 1:
             dense += prof.embedding_params / tp  # the last stage keeps its own copy of a tied embedding
-    expert = st.sum(prof, "expert_params") / (L.ep * L.etp)
+    expert = st.sum(prof, "expert_params") / (ep * etp)
     if st.is_last and prof.mtp_params:
         m = prof.model
         mtp_expert = m.mtp_layers * m.mtp_module_expert_params
         dense += (prof.mtp_params - mtp_expert) / tp
-        expert += mtp_expert / (L.ep * L.etp)
+        expert += mtp_expert / (ep * etp)
     return dense, expert
 
 

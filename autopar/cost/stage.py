@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autopar.cost.layer_sums import ModelProfile
 
@@ -16,6 +16,9 @@ class Stage:
     first: int
     last: int
     sums: dict | None = None     # per-token totals of every per-layer quantity, filled once by the Estimator
+    # results of pure functions of (this stage, a few plain-int layout degrees), hardware-free, that several terms of
+    # one estimate need, each keyed by its function's name and those degrees (memory.stage_params); made with the sums
+    memo: dict | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def n_layers(self) -> int:
@@ -38,7 +41,7 @@ class Stage:
     def with_sums(self, prof: ModelProfile) -> "Stage":
         lay = prof.layers
         return Stage(self.index, self.pp, self.first, self.last,
-                     {k: lay.between(k, self.first, self.last) for k in lay.__dataclass_fields__})
+                     {k: lay.between(k, self.first, self.last) for k in lay.__dataclass_fields__}, {})
 
 
 def split_stages(stage_layers: tuple[int, ...]) -> list[Stage]:

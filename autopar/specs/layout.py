@@ -46,6 +46,17 @@ def normalize_recompute(value: str) -> str:
     return ",".join(sorted(mods))
 
 
+@functools.lru_cache(maxsize=256)
+def _recompute_modules(recompute: str) -> frozenset[str]:
+    """The modules a (normalised) ``Layout.recompute`` value recomputes; a pure function of the string, cached
+    because the cost model asks for it several times per stage and estimate."""
+    if recompute in ("none", "full"):
+        return frozenset()
+    if recompute == "selective":
+        return frozenset({"core_attn"})
+    return frozenset(recompute.split(","))
+
+
 class Layout(Spec):
     """Parallel degrees and step settings. ``dp`` and ``grad_accum`` may be left None: they are derived
     from the GPU count and the global batch by :func:`resolve_layout`."""
@@ -124,11 +135,7 @@ class Layout(Spec):
 
     @property
     def recompute_modules(self) -> frozenset[str]:
-        if self.recompute in ("none", "full"):
-            return frozenset()
-        if self.recompute == "selective":
-            return frozenset({"core_attn"})
-        return frozenset(self.recompute.split(","))
+        return _recompute_modules(self.recompute)
 
     def min_gpus(self) -> int:
         """Smallest world that runs this layout at dp = edp = 1: PP·max(TP·CP, EP·ETP)."""

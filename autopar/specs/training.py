@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -239,17 +240,17 @@ class TrainingSpec(Spec):
                              f"(fp8_output_proj), not precision {self.precision}")
         return self
 
-    @property
+    @cached_property
     def fp8_params_te(self) -> bool:
         """The precision keeps Transformer Engine FP8 weights (the recipes fp8_param_gather applies to)."""
         return self.precision in ("fp8_block", "mxfp8") or (self.precision == "fp8" and self.fp8_recipe == "te")
 
-    @property
+    @cached_property
     def fp8_primary_weights(self) -> bool:
         """``fp8_param_gather`` in effect: the weights are FP8 tensors with no bf16 copy (autopar.cost.memory)."""
         return self.fp8_param_gather and self.fp8_params_te
 
-    @property
+    @cached_property
     def param_gather_bytes(self) -> int:
         """Bytes per parameter of the data-parallel parameter all-gather (ZeRO-1/2's updated weights, FSDP's
         gathers): the weight dtype, or FP8 (1 B) under ``fp8_param_gather`` (Megatron-LM d98e8a64
@@ -266,19 +267,19 @@ class TrainingSpec(Spec):
     def tokens_per_step(self) -> int:
         return self.seq_len * self.global_batch
 
-    @property
+    @cached_property
     def weight_bytes(self) -> int:
         return DTYPE_BYTES[self.weight_dtype]
 
-    @property
+    @cached_property
     def grad_bytes(self) -> int:
         return DTYPE_BYTES[self.grad_dtype]
 
-    @property
+    @cached_property
     def optimizer_bytes(self) -> int:
         """Optimizer bytes per parameter: master weights + 2 Adam moments."""
         return DTYPE_BYTES[self.master_weights_dtype] + 2 * DTYPE_BYTES[self.optimizer_state_dtype]
 
-    @property
+    @cached_property
     def activation_bytes(self) -> int:
         return DTYPE_BYTES[self.activation_dtype]
