@@ -184,6 +184,8 @@ rest (caching-allocator fragmentation).
 
 from __future__ import annotations
 
+import operator
+
 from autopar.cost._select import maximum, minimum, where
 from autopar.cost.cp import torch_ring_kv_elems
 from autopar.cost.layer_sums import ModelProfile
@@ -257,6 +259,14 @@ def linear_input_scale(tr: TrainingSpec) -> float:
     return 1.0 / tr.activation_bytes if tr.precision in _FP8 else 1.0
 
 
+# The Layout fields _activation_elems_per_token reads: the key of its memo in the stage (with ``lin``; the profile and
+# its training spec are the stage's own). A term that comes to read another field must add it here
+# (tests/cost/test_estimator_cache.py checks a key without any one of them fails).
+ACT_ELEMS_FIELDS = ("tp", "cp", "sp", "recompute")
+_act_elems_key = operator.attrgetter(*ACT_ELEMS_FIELDS)
+_PLAIN = frozenset((str, int, float, bool))
+
+
 def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
                                lin: float = 1.0) -> tuple[float, float]:
     """(stored elements per token of one micro-batch over the stage, working set of one layer) per GPU.
@@ -266,7 +276,22 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
     Tokens here are the b·s tokens of a micro-batch of one data-parallel rank; divided by tp·cp (or cp for
     norm tensors without SP). ``lin`` scales the tensors that are GEMM inputs (norm outputs, attention
     output, the MLP activation output, routed tokens entering the experts): see :func:`linear_input_scale`.
-    The degrees may be numpy arrays over meshes (elementwise result)."""
+    The degrees may be numpy arrays over meshes (elementwise result).
+    With plain-number degrees the result is kept in the stage's memo (an estimate asks for it once per stage, the
+    search once per mesh), keyed by :data:`ACT_ELEMS_FIELDS` and ``lin``."""
+    memo = st.memo
+    fields = _act_elems_key(L)
+    if memo is None or not _PLAIN.issuperset(map(type, fields)):
+        return _activation_elems_per_token(prof, st, L, lin)
+    key = ("activation_elems_per_token", fields, lin)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _activation_elems_per_token(prof, st, L, lin)
+    return hit
+
+
+def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: float) -> tuple[float, float]:
+    """:func:`activation_elems_per_token`, priced: reads only the fields in :data:`ACT_ELEMS_FIELDS` of ``L``."""
     sp_div = L.cp * where(L.sp, L.tp, 1)
     tp_div = L.tp * L.cp
     n = st.n_layers
