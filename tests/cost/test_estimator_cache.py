@@ -1,7 +1,8 @@
 """The Estimator's memos (stage_params, activation_elems_per_token and the vpp-free stage terms kept per stage, the
 layer prices kept per Kernels) never change an answer: over layouts that differ in one field at a time, an estimate
 from an Estimator that has priced every other layout first equals, to the last bit, the estimate of a fresh
-Estimator. A memo keyed too loosely (a field a term reads but the key leaves out) would hand one layout another's numbers and fail here."""
+Estimator. A memo keyed too loosely (a field a term reads but the key leaves out) would hand one layout another's
+numbers and fail here."""
 
 from __future__ import annotations
 
