@@ -264,7 +264,7 @@ def linear_input_scale(tr: TrainingSpec) -> float:
 # (tests/cost/test_estimator_cache.py checks a key without any one of them fails).
 ACT_ELEMS_FIELDS = ("tp", "cp", "sp", "recompute")
 _act_elems_key = operator.attrgetter(*ACT_ELEMS_FIELDS)
-_PLAIN = frozenset((str, int, float, bool))
+_PLAIN = frozenset((str, int, float, bool, type(None)))   # values a memo key may hold (not numpy arrays)
 
 
 def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
@@ -371,9 +371,40 @@ def held_zero_stage(st: Stage, L: Layout, tr: TrainingSpec):
     return L.zero_stage
 
 
+# The Layout fields the model-state terms read (stage_params: tp, ep, etp; shard_groups: dp, cp, hsdp_shard and
+# edp, which is dp·tp·cp / (ep·etp); held_zero_stage: zero_stage): the key, with the function's name, of their memos
+# in the stage. A term that comes to read another field must add it here (tests/cost/test_estimator_cache.py checks
+# a key without any one of them fails).
+STATE_FIELDS = ("tp", "ep", "etp", "dp", "cp", "hsdp_shard", "zero_stage")
+_state_key = operator.attrgetter(*STATE_FIELDS)
+
+
+def _state_memoised(name: str, price, prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec):
+    """``price(prof, st, L, tr)``, kept in the stage's memo under (name, L's :data:`STATE_FIELDS`) when those are
+    plain values and ``tr`` is the stage's own training spec (the profile's); priced afresh otherwise (the search's
+    grids hold numpy arrays)."""
+    memo = st.memo
+    if memo is None or tr is not prof.training:
+        return price(prof, st, L, tr)
+    fields = _state_key(L)
+    if not _PLAIN.issuperset(map(type, fields)):
+        return price(prof, st, L, tr)
+    key = (name, fields)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = price(prof, st, L, tr)
+    return hit
+
+
 def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes on one GPU of the stage, after ZeRO sharding.
-    ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result)."""
+    ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result). Kept in the stage's memo
+    (:func:`_state_memoised`)."""
+    return _state_memoised("model_state_bytes", _model_state_bytes, prof, st, L, tr)
+
+
+def _model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> tuple[float, float, float]:
+    """:func:`model_state_bytes`, priced: reads only the fields in :data:`STATE_FIELDS` of ``L``."""
     dense, expert = stage_params(prof, st, L)
     sd, se = shard_groups(L)
     z = held_zero_stage(st, L, tr)
@@ -533,7 +564,13 @@ TORCHAO_RECIPES = ("tensorwise", "rowwise")   # TrainingSpec.fp8_recipe values r
 def step_grad_copy_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
     """Bytes of the fp32 gradient copy the optimizer step makes (module docstring): 4 B per parameter the rank
     updates when the gradient buffers are narrower than fp32 and the optimizer keeps fp32 master weights; ZeRO-3
-    none. ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result)."""
+    none. ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result). Kept in the stage's
+    memo (:func:`_state_memoised`)."""
+    return _state_memoised("step_grad_copy_bytes", _step_grad_copy_bytes, prof, st, L, tr)
+
+
+def _step_grad_copy_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
+    """:func:`step_grad_copy_bytes`, priced: reads only the fields in :data:`STATE_FIELDS` of ``L``."""
     if tr.grad_bytes >= 4 or tr.master_weights_dtype != "fp32":
         return 0.0
     dense, expert = stage_params(prof, st, L)
