@@ -377,16 +377,19 @@ def held_zero_stage(st: Stage, L: Layout, tr: TrainingSpec):
 # a key without any one of them fails).
 STATE_FIELDS = ("tp", "ep", "etp", "dp", "cp", "hsdp_shard", "zero_stage")
 _state_key = operator.attrgetter(*STATE_FIELDS)
+# buffer_bytes reads these and the micro-batch (the gathered SP/TP input, the MoE dispatch buffers)
+BUFFER_FIELDS = STATE_FIELDS + ("micro_batch",)
+_buffer_key = operator.attrgetter(*BUFFER_FIELDS)
 
 
-def _state_memoised(name: str, price, prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec):
-    """``price(prof, st, L, tr)``, kept in the stage's memo under (name, L's :data:`STATE_FIELDS`) when those are
-    plain values and ``tr`` is the stage's own training spec (the profile's); priced afresh otherwise (the search's
-    grids hold numpy arrays)."""
+def _state_memoised(name: str, key, price, prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec):
+    """``price(prof, st, L, tr)``, kept in the stage's memo under (name, ``key(L)``: the fields ``price`` reads,
+    :data:`STATE_FIELDS` or :data:`BUFFER_FIELDS`) when those are plain values and ``tr`` is the stage's own
+    training spec (the profile's); priced afresh otherwise (the search's grids hold numpy arrays)."""
     memo = st.memo
     if memo is None or tr is not prof.training:
         return price(prof, st, L, tr)
-    fields = _state_key(L)
+    fields = key(L)
     if not _PLAIN.issuperset(map(type, fields)):
         return price(prof, st, L, tr)
     key = (name, fields)
@@ -400,7 +403,7 @@ def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec
     """(weights, gradients, optimizer state) bytes on one GPU of the stage, after ZeRO sharding.
     ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result). Kept in the stage's memo
     (:func:`_state_memoised`)."""
-    return _state_memoised("model_state_bytes", _model_state_bytes, prof, st, L, tr)
+    return _state_memoised("model_state_bytes", _state_key, _model_state_bytes, prof, st, L, tr)
 
 
 def _model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> tuple[float, float, float]:
@@ -527,7 +530,13 @@ def offloaded_activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: Tra
 
 def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
     """Communication, FSDP-gather and FP8 weight-copy buffers. ``L.micro_batch``, ``L.zero_stage`` and the
-    degrees may be broadcastable numpy arrays (elementwise result)."""
+    degrees may be broadcastable numpy arrays (elementwise result). Kept in the stage's memo under
+    :data:`BUFFER_FIELDS` (:func:`_state_memoised`)."""
+    return _state_memoised("buffer_bytes", _buffer_key, _buffer_bytes, prof, st, L, tr)
+
+
+def _buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
+    """:func:`buffer_bytes`, priced: reads only the fields in :data:`BUFFER_FIELDS` of ``L``."""
     mb_tokens = L.micro_batch * tr.seq_len
     e, h = tr.activation_bytes, prof.hidden
     buf = mb_tokens / L.cp * h * e                      # gathered SP/TP input of one linear
@@ -566,7 +575,7 @@ def step_grad_copy_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingS
     updates when the gradient buffers are narrower than fp32 and the optimizer keeps fp32 master weights; ZeRO-3
     none. ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result). Kept in the stage's
     memo (:func:`_state_memoised`)."""
-    return _state_memoised("step_grad_copy_bytes", _step_grad_copy_bytes, prof, st, L, tr)
+    return _state_memoised("step_grad_copy_bytes", _state_key, _step_grad_copy_bytes, prof, st, L, tr)
 
 
 def _step_grad_copy_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:

@@ -110,33 +110,38 @@ def test_activation_elems_memo_is_keyed_by_every_field_it_reads(monkeypatch):
         assert _act_elems_memo_mismatches(Estimator(model, hw, tr, 16), model) > 0, dropped
 
 
-def _state_memo_mismatches(est: Estimator, model) -> int:
-    """Price model_state_bytes and step_grad_copy_bytes over every STATE_FIELDS value on one memoised stage, each
-    layout after all the others; count results that differ from a memo-free stage's."""
+def _state_memo_mismatches(est: Estimator, model, terms) -> int:
+    """Price ``terms`` (memory functions kept in the stage's memo) over every BUFFER_FIELDS value (STATE_FIELDS and
+    the micro-batch) on one memoised stage, each layout after all the others; count results that differ from a
+    memo-free stage's."""
     st = est.stages((model.num_layers,))[0]
-    cases = [Layout(tp=tp, ep=ep, etp=etp, dp=dp, cp=cp, hsdp_shard=hsdp, zero_stage=z)
-             for tp, ep, etp, dp, cp, hsdp, z in itertools.product((1, 2), (1, 4), (1, 2), (2, 8), (1, 2), (None, 2),
-                                                                  (0, 1, 2, 3))
+    cases = [Layout(tp=tp, ep=ep, etp=etp, dp=dp, cp=cp, hsdp_shard=hsdp, zero_stage=z, micro_batch=mb)
+             for tp, ep, etp, dp, cp, hsdp, z, mb in itertools.product((1, 2), (1, 4), (1, 2), (2, 8), (1, 2),
+                                                                      (None, 2), (0, 1, 2, 3), (1, 2))
              if dp * tp * cp % (ep * etp) == 0]   # a whole expert-data-parallel degree
     bare = st.__class__(st.index, st.pp, st.first, st.last, st.sums)    # no memo: priced afresh
-    terms = (memory.model_state_bytes, memory.step_grad_copy_bytes)
     tr = est.training
     want = [tuple(f(est.profile, bare, L, tr) for f in terms) for L in cases]
-    assert len(set(want)) > len(cases) // 4    # the fields do change the price
+    assert len(set(want)) > len(cases) // 8    # the fields do change the price
     for L in cases:
         for f in terms:
             f(est.profile, st, L, tr)
     return sum(tuple(f(est.profile, st, L, tr) for f in terms) != w for L, w in zip(cases, want))
 
 
-def test_model_state_memo_is_keyed_by_every_field_it_reads(monkeypatch):
-    """The stage's model-state memos (weights, gradients, optimizer state; the optimizer step's gradient copy) return
-    the unmemoised price for every (tp, ep, etp, dp, cp, hsdp_shard, zero_stage); with any one of STATE_FIELDS left out
-    of the key the same check fails (the key is not too loose)."""
+@pytest.mark.parametrize("fields,key,terms", [
+    ("STATE_FIELDS", "_state_key", ("model_state_bytes", "step_grad_copy_bytes")),
+    ("BUFFER_FIELDS", "_buffer_key", ("buffer_bytes",))])
+def test_memory_memos_are_keyed_by_every_field_they_read(monkeypatch, fields, key, terms):
+    """The stage's memory memos (weights, gradients, optimizer state and the optimizer step's gradient copy under
+    STATE_FIELDS; the buffers under BUFFER_FIELDS) return the unmemoised price for every value of their fields; with
+    any one field left out of the key the same check fails (the key is not too loose). FP8 training: its weight
+    copies make the buffers read the sharding group."""
     model, hw = load_model("mixtral_8x7b"), load_hardware("h100_sxm")
-    tr = TrainingSpec(seq_len=4096, global_batch=64)
-    assert _state_memo_mismatches(Estimator(model, hw, tr, 64), model) == 0
-    for dropped in memory.STATE_FIELDS:
-        kept = [f for f in memory.STATE_FIELDS if f != dropped]
-        monkeypatch.setattr(memory, "_state_key", operator.attrgetter(*kept))
-        assert _state_memo_mismatches(Estimator(model, hw, tr, 64), model) > 0, dropped
+    tr = TrainingSpec(seq_len=4096, global_batch=64, precision="fp8")
+    funcs = [getattr(memory, t) for t in terms]
+    assert _state_memo_mismatches(Estimator(model, hw, tr, 64), model, funcs) == 0
+    for dropped in getattr(memory, fields):
+        kept = [f for f in getattr(memory, fields) if f != dropped]
+        monkeypatch.setattr(memory, key, operator.attrgetter(*kept))
+        assert _state_memo_mismatches(Estimator(model, hw, tr, 64), model, funcs) > 0, dropped
