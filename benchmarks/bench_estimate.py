@@ -3,8 +3,9 @@
 Targets (issue: foundation): the process in under 0.5 s; >= 20,000 estimates/s. Prints its figures.
 
 The library figure repeats one layout on one Estimator (the target's definition), so the Estimator's per-stage memos
-(autopar.cost.estimator: the vpp-free stage terms and the link loads, kept per the layout fields they read) serve
-every call after the first. The "distinct layouts" figure prices each of 1,386 valid llama3_70b layouts once on a
+(autopar.cost.estimator: the vpp-free stage terms and the link loads; autopar.cost.memory: the activation elements
+per token, the model states and the buffers; each kept per the layout fields it reads) serve every call after the
+first. The "distinct layouts" figure prices each of 1,386 valid llama3_70b layouts once on a
 fresh Estimator, as a search or a tuner meets them: the memos then serve only layouts that share those fields. Each
 figure is per second of wall time and per second of the process's CPU time (on a busy machine the second leaves
 out the waits for a core).

@@ -40,3 +40,10 @@ def maximum(a, b):
         return max(a, b)
     import numpy as np
     return np.maximum(a, b)
+
+
+def may_hold(cond) -> bool:
+    """False only when ``cond`` is a plain false scalar: whether a branch ``where(cond, a, b)`` would pick ``a``
+    can be taken. A caller may leave ``a`` unpriced (any placeholder) when this is False; arrays always price both
+    branches, so the tables keep the shapes and values they had."""
+    return bool(cond) if type(cond) is bool or not _is_array(cond) else True

@@ -108,7 +108,7 @@ buffers are bucketed separately.
 
 from __future__ import annotations
 
-from autopar.cost._select import maximum, where
+from autopar.cost._select import maximum, may_hold, where
 from autopar.cost.collectives import Network
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout
@@ -137,6 +137,9 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
     broadcastable numpy arrays (the search's tables): the result is then elementwise."""
     M = L.grad_accum
     z = L.zero_stage
+    # which ZeRO branches the result can read: with a plain-number zero stage only the chosen one is priced (the
+    # other is a placeholder that ``where`` never picks); with an array both, elementwise
+    need3, need0, need12 = may_hold(z >= 3), may_hold(z == 0), may_hold((z >= 1) & (z < 3))
     on = tr.dp_comm_overlap
     busy = busy or {}
     units = max(1, units)
@@ -153,48 +156,50 @@ def dp_time_per_step(dense: float, expert: float, L: Layout, tr: TrainingSpec, h
         copy_out = 2.0 * w_bytes / hbm if fsdp2 else 0.0   # one gather's copy-out: read + write (docstring)
         load = busy.get(net.link(n, stride), 0.0)
         w_fwd, w_bwd = maximum(t_fwd_mb - load / 3.0, 0.0), maximum(t_bwd_mb - 2.0 * load / 3.0, 0.0)
-        # ZeRO-3 / FSDP: per micro-batch, one gather (forward), one gather and one reduce-scatter (backward) per layer
-        ag, rs = _times(net, "all_gather", w_bytes, n, stride, units), _times(net, "reduce_scatter", g_bytes, n,
-                                                                               stride, units)
-        if per_step:
-            tot3 = ag + rs
-            exp3 = f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else tot3
-        else:
-            per_mb = 2 * ag + rs
-            tot3 = M * per_mb
-            exp3 = M * (f_unit * (ag + rs) + _exposed((1.0 - f_unit) * per_mb, w_fwd + w_bwd)) if on else tot3
-        if fsdp2 and n > 1:
-            # copy-out of every gather on the compute stream: twice per micro-batch, or once per step under PP
-            gathers = 1.0 if per_step else 2.0 * M
-            tot3, exp3 = tot3 + gathers * copy_out, exp3 + gathers * copy_out
-            # ZeRO-1/2 as FSDP2 runs them (reshard_after_forward False, resharded after each backward, gradients
-            # reduce-scattered every micro-batch: torchtitan leaves gradient sync on across accumulation steps):
-            # per micro-batch one gather and one reduce-scatter per layer; under PP per step, ZeRO-3's own
+        tot3 = exp3 = tot_f2 = exp_f2 = 0.0   # placeholders of branches not priced (above)
+        if need3 or (fsdp2 and n > 1 and need12):   # FSDP2's ZeRO-1/2 reads ZeRO-3's gathers
+            # ZeRO-3 / FSDP: per micro-batch, one gather (forward), one gather and one reduce-scatter (backward) per
+            # layer
+            ag, rs = _times(net, "all_gather", w_bytes, n, stride, units), _times(net, "reduce_scatter", g_bytes, n,
+                                                                                   stride, units)
             if per_step:
-                tot_f2, exp_f2 = tot3, exp3
+                tot3 = ag + rs
+                exp3 = f_unit * ag + _exposed((1.0 - f_unit) * ag, w_fwd) + rs if on else tot3
             else:
-                once = ag + rs
-                tot_f2 = M * once + M * copy_out
-                exp_f2 = (M * (f_unit * once + _exposed((1.0 - f_unit) * once, w_fwd + w_bwd)) if on
-                          else M * once) + M * copy_out
+                per_mb = 2 * ag + rs
+                tot3 = M * per_mb
+                exp3 = M * (f_unit * (ag + rs) + _exposed((1.0 - f_unit) * per_mb, w_fwd + w_bwd)) if on else tot3
+            if fsdp2 and n > 1:
+                # copy-out of every gather on the compute stream: twice per micro-batch, or once per step under PP
+                gathers = 1.0 if per_step else 2.0 * M
+                tot3, exp3 = tot3 + gathers * copy_out, exp3 + gathers * copy_out
+                # ZeRO-1/2 as FSDP2 runs them (reshard_after_forward False, resharded after each backward, gradients
+                # reduce-scattered every micro-batch: torchtitan leaves gradient sync on across accumulation steps):
+                # per micro-batch one gather and one reduce-scatter per layer; under PP per step, ZeRO-3's own
+                if per_step:
+                    tot_f2, exp_f2 = tot3, exp3
+                else:
+                    once = ag + rs
+                    tot_f2 = M * once + M * copy_out
+                    exp_f2 = (M * (f_unit * once + _exposed((1.0 - f_unit) * once, w_fwd + w_bwd)) if on
+                              else M * once) + M * copy_out
         # bucketed ZeRO-0/1/2 (and the HSDP replica all-reduce): one collective per bucket with overlap, one for
         # everything without (Megatron-Core: bucket_size None when --overlap-grad-reduce is off)
         f_b = min(1.0, max(BUCKET_MIN_PARAMS, BUCKET_PER_RANK_PARAMS * n) / params) if on else 1.0
         buckets = -(-1.0 // f_b)   # ceil(1 / f_b)
-        if replicate > 1:  # HSDP: all-reduce the gradient shards across replicas once per step
+        if replicate > 1 and need3:  # HSDP: all-reduce the gradient shards across replicas once per step
             t = _times(net, "all_reduce", g_bytes / n, replicate, stride * n, buckets)
             tot3, exp3 = tot3 + t, exp3 + (_bucketed(t, f_b, w_bwd) if on else t)
         # ZeRO-0: all-reduce the gradients; ZeRO-1/2: reduce-scatter them and all-gather the updated weights
-        t_grad = where(z == 0, _times(net, "all_reduce", g_bytes, n, stride, buckets),
-                       _times(net, "reduce_scatter", g_bytes, n, stride, buckets))
-        t_param = where(z == 0, 0.0, _times(net, "all_gather", w_bytes, n, stride, buckets))
-        tot12 = t_grad + t_param if n > 1 else 0.0
-        if n > 1:
+        tot12 = exp12 = 0.0
+        if n > 1 and (need0 or need12):
+            t_grad = where(z == 0, _times(net, "all_reduce", g_bytes, n, stride, buckets) if need0 else 0.0,
+                           _times(net, "reduce_scatter", g_bytes, n, stride, buckets) if need12 else 0.0)
+            t_param = where(z == 0, 0.0, _times(net, "all_gather", w_bytes, n, stride, buckets) if need12 else 0.0)
+            tot12 = t_grad + t_param
             exp12 = _bucketed(t_grad, f_b, w_bwd) + _bucketed(t_param, f_b, w_fwd) if on else tot12
             if fsdp2:   # ZeRO-1/2 as FSDP2 without resharding after forward (above); ZeRO-0 stays the all-reduce
                 tot12, exp12 = where(z == 0, tot12, tot_f2), where(z == 0, exp12, exp_f2)
-        else:
-            exp12 = 0.0
         total = total + where(z >= 3, tot3, tot12)
         exposed = exposed + where(z >= 3, exp3, exp12)
     return exposed, total

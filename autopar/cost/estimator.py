@@ -229,7 +229,9 @@ class Estimator:
             t_bwd = t_tot - t_fwd
         dp_exposed, dp_total = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, t_bwd,
                                                 max(1, st.n_layers),
-                                                self.link_busy(L, st) if tr.dp_comm_overlap else None)
+                                                # the memo's own dict: dp_time_per_step only reads it
+                                                _memoised(self._priced, st, "link_busy", L, self._price_link_busy)
+                                                if tr.dp_comm_overlap else None)
         # what hides slows the compute it hides under (NCCL kernels on SMs: autopar.cost.overlap), each sharding
         # group's share (by parameters) at its own link's rate
         hidden = dp_total - dp_exposed

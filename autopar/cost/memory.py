@@ -184,6 +184,8 @@ rest (caching-allocator fragmentation).
 
 from __future__ import annotations
 
+import operator
+
 from autopar.cost._select import maximum, minimum, where
 from autopar.cost.cp import torch_ring_kv_elems
 from autopar.cost.layer_sums import ModelProfile
@@ -257,6 +259,14 @@ def linear_input_scale(tr: TrainingSpec) -> float:
     return 1.0 / tr.activation_bytes if tr.precision in _FP8 else 1.0
 
 
+# The Layout fields _activation_elems_per_token reads: the key of its memo in the stage (with ``lin``; the profile and
+# its training spec are the stage's own). A term that comes to read another field must add it here
+# (tests/cost/test_estimator_cache.py checks a key without any one of them fails).
+ACT_ELEMS_FIELDS = ("tp", "cp", "sp", "recompute")
+_act_elems_key = operator.attrgetter(*ACT_ELEMS_FIELDS)
+_PLAIN = frozenset((str, int, float, bool, type(None)))   # values a memo key may hold (not numpy arrays)
+
+
 def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
                                lin: float = 1.0) -> tuple[float, float]:
     """(stored elements per token of one micro-batch over the stage, working set of one layer) per GPU.
@@ -266,7 +276,22 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
     Tokens here are the b·s tokens of a micro-batch of one data-parallel rank; divided by tp·cp (or cp for
     norm tensors without SP). ``lin`` scales the tensors that are GEMM inputs (norm outputs, attention
     output, the MLP activation output, routed tokens entering the experts): see :func:`linear_input_scale`.
-    The degrees may be numpy arrays over meshes (elementwise result)."""
+    The degrees may be numpy arrays over meshes (elementwise result).
+    With plain-number degrees the result is kept in the stage's memo (an estimate asks for it once per stage, the
+    search once per mesh), keyed by :data:`ACT_ELEMS_FIELDS` and ``lin``."""
+    memo = st.memo
+    fields = _act_elems_key(L)
+    if memo is None or not _PLAIN.issuperset(map(type, fields)):
+        return _activation_elems_per_token(prof, st, L, lin)
+    key = ("activation_elems_per_token", fields, lin)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _activation_elems_per_token(prof, st, L, lin)
+    return hit
+
+
+def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: float) -> tuple[float, float]:
+    """:func:`activation_elems_per_token`, priced: reads only the fields in :data:`ACT_ELEMS_FIELDS` of ``L``."""
     sp_div = L.cp * where(L.sp, L.tp, 1)
     tp_div = L.tp * L.cp
     n = st.n_layers
@@ -346,9 +371,43 @@ def held_zero_stage(st: Stage, L: Layout, tr: TrainingSpec):
     return L.zero_stage
 
 
+# The Layout fields the model-state terms read (stage_params: tp, ep, etp; shard_groups: dp, cp, hsdp_shard and
+# edp, which is dp·tp·cp / (ep·etp); held_zero_stage: zero_stage): the key, with the function's name, of their memos
+# in the stage. A term that comes to read another field must add it here (tests/cost/test_estimator_cache.py checks
+# a key without any one of them fails).
+STATE_FIELDS = ("tp", "ep", "etp", "dp", "cp", "hsdp_shard", "zero_stage")
+_state_key = operator.attrgetter(*STATE_FIELDS)
+# buffer_bytes reads these and the micro-batch (the gathered SP/TP input, the MoE dispatch buffers)
+BUFFER_FIELDS = STATE_FIELDS + ("micro_batch",)
+_buffer_key = operator.attrgetter(*BUFFER_FIELDS)
+
+
+def _state_memoised(name: str, key, price, prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec):
+    """``price(prof, st, L, tr)``, kept in the stage's memo under (name, ``key(L)``: the fields ``price`` reads,
+    :data:`STATE_FIELDS` or :data:`BUFFER_FIELDS`) when those are plain values and ``tr`` is the stage's own
+    training spec (the profile's); priced afresh otherwise (the search's grids hold numpy arrays)."""
+    memo = st.memo
+    if memo is None or tr is not prof.training:
+        return price(prof, st, L, tr)
+    fields = key(L)
+    if not _PLAIN.issuperset(map(type, fields)):
+        return price(prof, st, L, tr)
+    key = (name, fields)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = price(prof, st, L, tr)
+    return hit
+
+
 def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes on one GPU of the stage, after ZeRO sharding.
-    ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result)."""
+    ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result). Kept in the stage's memo
+    (:func:`_state_memoised`)."""
+    return _state_memoised("model_state_bytes", _state_key, _model_state_bytes, prof, st, L, tr)
+
+
+def _model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> tuple[float, float, float]:
+    """:func:`model_state_bytes`, priced: reads only the fields in :data:`STATE_FIELDS` of ``L``."""
     dense, expert = stage_params(prof, st, L)
     sd, se = shard_groups(L)
     z = held_zero_stage(st, L, tr)
@@ -471,7 +530,13 @@ def offloaded_activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: Tra
 
 def buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
     """Communication, FSDP-gather and FP8 weight-copy buffers. ``L.micro_batch``, ``L.zero_stage`` and the
-    degrees may be broadcastable numpy arrays (elementwise result)."""
+    degrees may be broadcastable numpy arrays (elementwise result). Kept in the stage's memo under
+    :data:`BUFFER_FIELDS` (:func:`_state_memoised`)."""
+    return _state_memoised("buffer_bytes", _buffer_key, _buffer_bytes, prof, st, L, tr)
+
+
+def _buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
+    """:func:`buffer_bytes`, priced: reads only the fields in :data:`BUFFER_FIELDS` of ``L``."""
     mb_tokens = L.micro_batch * tr.seq_len
     e, h = tr.activation_bytes, prof.hidden
     buf = mb_tokens / L.cp * h * e                      # gathered SP/TP input of one linear
@@ -508,7 +573,13 @@ TORCHAO_RECIPES = ("tensorwise", "rowwise")   # TrainingSpec.fp8_recipe values r
 def step_grad_copy_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
     """Bytes of the fp32 gradient copy the optimizer step makes (module docstring): 4 B per parameter the rank
     updates when the gradient buffers are narrower than fp32 and the optimizer keeps fp32 master weights; ZeRO-3
-    none. ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result)."""
+    none. ``L.zero_stage`` and the degrees may be broadcastable numpy arrays (elementwise result). Kept in the stage's
+    memo (:func:`_state_memoised`)."""
+    return _state_memoised("step_grad_copy_bytes", _state_key, _step_grad_copy_bytes, prof, st, L, tr)
+
+
+def _step_grad_copy_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> float:
+    """:func:`step_grad_copy_bytes`, priced: reads only the fields in :data:`STATE_FIELDS` of ``L``."""
     if tr.grad_bytes >= 4 or tr.master_weights_dtype != "fp32":
         return 0.0
     dense, expert = stage_params(prof, st, L)
