@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     global _TERM_SEEN
     argv = sys.argv[1:] if argv is None else argv
     _TERM_SEEN = False
-    if argv and argv[0] in ONE_BLAS_THREAD:   # before numpy loads (the autopar package loads it only on use)
+    if argv and argv[0] in ONE_BLAS_THREAD and "numpy" not in sys.modules:
+        # before numpy loads (the autopar package loads it only on use); once numpy is loaded (main() called
+        # in-process) the setting would change nothing here and only leak into later child processes
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     old_term = _catch_sigterm()
     try:

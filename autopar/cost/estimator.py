@@ -37,7 +37,7 @@ from autopar.cost.optimizer import optimizer_time
 from autopar.cost.pipeline import bubble_time, p2p_time
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.result import GIB, Estimate, MemoryBreakdown, TimeBreakdown
-from autopar.cost.stage import Stage, split_stages
+from autopar.cost.stage import Stage, memoised, split_stages
 from autopar.cost.tp import tp_comm_seconds, tp_time_per_microbatch
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout, resolve_layout
@@ -76,22 +76,13 @@ def step_seconds(L: Layout, t_mb: float, p2p: float, tail: float) -> float:
 # read another field must add it here (tests/cost/test_estimator_cache.py checks warm against cold estimates).
 SHARED_TERM_FIELDS = ("micro_batch", "cp", "tp", "sp", "ep", "etp", "recompute", "offload_activations")
 _shared_key = operator.attrgetter(*SHARED_TERM_FIELDS)
-_PLAIN = frozenset((str, int, float, bool))
 
 
 def _memoised(priced: dict, st: Stage, name: str, L: Layout, price):
-    """``price(L, st)``, kept in ``priced`` (an Estimator's, emptied whenever it binds hardware) under (name, the
-    stage's place, L's :data:`SHARED_TERM_FIELDS`) when those fields are all plain Python values (the search's grids
-    hold numpy arrays: priced, not kept). The stage's place (index, pp, first, last) names its layers, and with them
-    everything the Estimator's profile sums over them."""
-    fields = _shared_key(L)
-    if not _PLAIN.issuperset(map(type, fields)):
-        return price(L, st)
-    key = (name, st.index, st.pp, st.first, st.last, fields)
-    hit = priced.get(key)
-    if hit is None:
-        hit = priced[key] = price(L, st)
-    return hit
+    """``price(L, st)``, kept in ``priced`` (an Estimator's, emptied whenever it binds hardware) by
+    :func:`autopar.cost.stage.memoised` under the stage's place (index, pp, first, last: it names the stage's layers,
+    and with them everything the Estimator's profile sums over them) and L's :data:`SHARED_TERM_FIELDS`."""
+    return memoised(priced, name, (st.index, st.pp, st.first, st.last, *_shared_key(L)), price, L, st)
 
 
 class Estimator:
@@ -154,10 +145,9 @@ class Estimator:
 
     def stage_times_interleaved(self, L: Layout, L_v: Layout, st: Stage) -> tuple[StageTimes, StageTimes]:
         """:meth:`stage_times` of ``L`` and of ``L_v``, the same layout with other virtual stages (only ``vpp``
-        differs), the same numbers priced once: of the terms only the EP exposure reads ``vpp`` (the EP overlap's
-        blockers, :func:`autopar.cost.ep.ep_overlap_blockers`). The search times both of every MoE mesh."""
-        shared = self._stage_shared(L, st)
-        return self._ep_exposed(L, st, shared), self._ep_exposed(L_v, st, shared)
+        differs). Of the terms only the EP exposure reads ``vpp`` (the EP overlap's blockers,
+        :func:`autopar.cost.ep.ep_overlap_blockers`); the rest :meth:`_stage_shared` keeps, priced once."""
+        return self.stage_times(L, st), self.stage_times(L_v, st)
 
     def _stage_shared(self, L: Layout, st: Stage) -> tuple:
         """The terms of :meth:`stage_times` that do not read ``vpp``: (compute, forward compute, TP, CP exposed,
@@ -214,7 +204,7 @@ class Estimator:
         The communication hides behind the kernels of a micro-batch: its forward ``t_fwd`` and its backward
         ``t_bwd``, the recomputation included (the micro-batch's compute less its forward), less the time the same
         link carries the stage's TP, CP and EP traffic of a micro-batch (forward and backward, the same for every
-        recompute policy; :func:`link_busy`). Recomputation is hiding time: it runs inside the backward, layer by
+        recompute policy; :meth:`_link_busy`). Recomputation is hiding time: it runs inside the backward, layer by
         layer, while the gradient buckets already reduced by then and the prefetched gathers are in flight on their
         own streams (Megatron-Core's DDP buckets; Megatron-FSDP's reduce-scatter on its side stream and its
         backward-order prefetch, autopar.cost.dp). ``t_fwd`` and ``t_bwd`` (the micro-batch's forward and its
@@ -224,13 +214,12 @@ class Estimator:
         prof, tr, hw = self.profile, self.training, self.hardware
         dense, expert = stage_params(prof, st, L)
         if t_fwd is None or t_bwd is None:
-            t_tot, t_fwd = _compute.microbatch_time(prof, st, L, tr, self.kernels, self.layer_overhead_s,
-                                                    self.imbalance, self.moe_overhead_s, self.host_expert_s)
+            t_tot, t_fwd = self._stage_shared(L, st)[:2]
             t_bwd = t_tot - t_fwd
         dp_exposed, dp_total = dp_time_per_step(dense, expert, L, tr, hw, self.net, t_fwd, t_bwd,
                                                 max(1, st.n_layers),
                                                 # the memo's own dict: dp_time_per_step only reads it
-                                                _memoised(self._priced, st, "link_busy", L, self._price_link_busy)
+                                                _memoised(self._priced, st, "link_busy", L, self._link_busy)
                                                 if tr.dp_comm_overlap else None)
         # what hides slows the compute it hides under (NCCL kernels on SMs: autopar.cost.overlap), each sharding
         # group's share (by parameters) at its own link's rate
@@ -243,15 +232,11 @@ class Estimator:
         p_local = dense / where(L.zero_stage >= 1, sd, 1) + expert / where(L.zero_stage >= 1, se, 1)
         return dp_exposed, optimizer_time(p_local, tr, hw)
 
-    def link_busy(self, L: Layout, st: Stage) -> dict[str, float]:
+    def _link_busy(self, L: Layout, st: Stage) -> dict[str, float]:
         """Seconds per micro-batch that NVLink and the network carry stage ``st``'s TP, CP and EP traffic (forward
         and backward, none hidden, at the mean expert load): what DP/FSDP traffic on the same link shares the
-        bandwidth with. A group's traffic is put on the network when it spans NVLink domains. Kept as
-        :meth:`_stage_shared`'s terms are (these volumes read no layout field beyond its key)."""
-        return dict(_memoised(self._priced, st, "link_busy", L, self._price_link_busy))
-
-    def _price_link_busy(self, L: Layout, st: Stage) -> dict[str, float]:
-        """:meth:`link_busy`, priced."""
+        bandwidth with. A group's traffic is put on the network when it spans NVLink domains. :meth:`stage_tail`
+        keeps it as :meth:`_stage_shared`'s terms are (these volumes read no layout field beyond that key)."""
         prof, tr, net = self.profile, self.training, self.net
         busy = {"nvlink": 0.0, "network": 0.0}
         for t, n, stride in ((tp_comm_seconds(prof, st, L, tr, net, 2), L.tp, 1),

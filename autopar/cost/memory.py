@@ -190,7 +190,7 @@ from autopar.cost._select import maximum, minimum, where
 from autopar.cost.cp import torch_ring_kv_elems
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.result import GIB, MemoryBreakdown
-from autopar.cost.stage import Stage
+from autopar.cost.stage import Stage, memoised
 from autopar.specs.hardware import HardwareSpec
 from autopar.specs.layout import Layout
 from autopar.specs.training import TrainingSpec
@@ -203,14 +203,7 @@ def stage_params(prof: ModelProfile, st: Stage, L: Layout) -> tuple[float, float
     may be numpy arrays over meshes (elementwise result). With plain-int degrees the result is kept in the stage's
     memo (an estimate asks for it four times per stage): it reads nothing of the layout but these three degrees."""
     tp, ep, etp = L.tp, L.ep, L.etp
-    memo = st.memo
-    if memo is None or type(tp) is not int or type(ep) is not int or type(etp) is not int:
-        return _stage_params(prof, st, tp, ep, etp)
-    key = ("stage_params", tp, ep, etp)
-    hit = memo.get(key)
-    if hit is None:
-        hit = memo[key] = _stage_params(prof, st, tp, ep, etp)
-    return hit
+    return memoised(st.memo, "stage_params", (tp, ep, etp), _stage_params, prof, st, tp, ep, etp)
 
 
 def _stage_params(prof: ModelProfile, st: Stage, tp, ep, etp) -> tuple[float, float]:
@@ -264,7 +257,6 @@ def linear_input_scale(tr: TrainingSpec) -> float:
 # (tests/cost/test_estimator_cache.py checks a key without any one of them fails).
 ACT_ELEMS_FIELDS = ("tp", "cp", "sp", "recompute")
 _act_elems_key = operator.attrgetter(*ACT_ELEMS_FIELDS)
-_PLAIN = frozenset((str, int, float, bool, type(None)))   # values a memo key may hold (not numpy arrays)
 
 
 def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
@@ -279,15 +271,8 @@ def activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout,
     The degrees may be numpy arrays over meshes (elementwise result).
     With plain-number degrees the result is kept in the stage's memo (an estimate asks for it once per stage, the
     search once per mesh), keyed by :data:`ACT_ELEMS_FIELDS` and ``lin``."""
-    memo = st.memo
-    fields = _act_elems_key(L)
-    if memo is None or not _PLAIN.issuperset(map(type, fields)):
-        return _activation_elems_per_token(prof, st, L, lin)
-    key = ("activation_elems_per_token", fields, lin)
-    hit = memo.get(key)
-    if hit is None:
-        hit = memo[key] = _activation_elems_per_token(prof, st, L, lin)
-    return hit
+    return memoised(st.memo, "activation_elems_per_token", (*_act_elems_key(L), lin),
+                    _activation_elems_per_token, prof, st, L, lin)
 
 
 def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: float) -> tuple[float, float]:
@@ -386,17 +371,9 @@ def _state_memoised(name: str, key, price, prof: ModelProfile, st: Stage, L: Lay
     """``price(prof, st, L, tr)``, kept in the stage's memo under (name, ``key(L)``: the fields ``price`` reads,
     :data:`STATE_FIELDS` or :data:`BUFFER_FIELDS`) when those are plain values and ``tr`` is the stage's own
     training spec (the profile's); priced afresh otherwise (the search's grids hold numpy arrays)."""
-    memo = st.memo
-    if memo is None or tr is not prof.training:
+    if tr is not prof.training:
         return price(prof, st, L, tr)
-    fields = key(L)
-    if not _PLAIN.issuperset(map(type, fields)):
-        return price(prof, st, L, tr)
-    key = (name, fields)
-    hit = memo.get(key)
-    if hit is None:
-        hit = memo[key] = price(prof, st, L, tr)
-    return hit
+    return memoised(st.memo, name, key(L), price, prof, st, L, tr)
 
 
 def model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) -> tuple[float, float, float]:
@@ -426,16 +403,12 @@ TORCH_LOSS_BYTES = {"plain": 12, "loss_parallel": 16}
 TORCH_FINAL_NORM_BYTES = 6   # eager final RMSNorm: fp32 upcast (4 B) + bf16 normalised output (2 B) per element
 
 
-def logit_bytes_per_element(st: Stage, L: Layout, tr: TrainingSpec):
-    """Bytes per element of one micro-batch's vocab-parallel logits on the last stage (module docstring, Logits),
-    both phases together: Megatron's loss path holds the logits (activation dtype) and the loss kernel's
-    :data:`LOGIT_EXTRA_BYTES`; PyTorch's (``loss_runtime`` 'torch') :func:`torch_loss_bytes` at the loss backward's
-    peak and, under PP, every micro-batch's logits in the activation dtype. ``L.tp`` and ``L.grad_accum`` may be numpy
-    arrays (elementwise result)."""
-    e = tr.activation_bytes
-    if tr.loss_runtime != "torch":
-        return e + LOGIT_EXTRA_BYTES[tr.cross_entropy]
-    return torch_loss_bytes(L, tr) + (e * L.grad_accum if st.pp > 1 else 0.0)
+def logit_bytes_per_element(tr: TrainingSpec) -> float:
+    """Bytes per element of one micro-batch's vocab-parallel logits on the last stage under Megatron's loss path
+    (module docstring, Logits): the logits (activation dtype) and the loss kernel's :data:`LOGIT_EXTRA_BYTES`, held
+    through the loss backward beside the layers' activations. PyTorch's path (``loss_runtime`` 'torch') has a phase
+    of its own, :func:`torch_loss_bytes` (:func:`activation_bytes`)."""
+    return tr.activation_bytes + LOGIT_EXTRA_BYTES[tr.cross_entropy]
 
 
 def torch_loss_bytes(L: Layout, tr: TrainingSpec):
@@ -475,7 +448,7 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         if st.pp > 1:   # torch.distributed.pipelining's stage buffers
             act = act + boundary * e * pipeline_boundary_tensors(st, L)
     else:
-        act = act + layer_phase + logits * logit_bytes_per_element(st, L, tr)
+        act = act + layer_phase + logits * logit_bytes_per_element(tr)
     if st.is_last and prof.model.mtp_layers:  # MTP blocks: about one more layer of the last kind per in-flight mb
         mtp_layers = prof.model.mtp_layers * minimum(st.pp, L.grad_accum)
         act = act + mb_tokens * e * (kept / max(st.n_layers, 1)) * mtp_layers

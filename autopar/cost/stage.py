@@ -6,6 +6,22 @@ from dataclasses import dataclass, field
 
 from autopar.cost.layer_sums import ModelProfile
 
+MEMO_KEY_TYPES = frozenset((str, int, float, bool, type(None)))   # values a memo key may hold (not numpy arrays)
+
+
+def memoised(memo: dict | None, name: str, fields: tuple, price, *args):
+    """``price(*args)``, kept in ``memo`` under (``name``, ``fields``) when there is a memo and every field is a plain
+    value (:data:`MEMO_KEY_TYPES`); priced afresh otherwise (the search's grids hold numpy arrays). ``fields`` must
+    name everything ``price`` reads that can differ between calls on the same memo: the callers' key tuples say
+    which (tests/cost/test_estimator_cache.py fails a key that leaves one out)."""
+    if memo is None or not MEMO_KEY_TYPES.issuperset(map(type, fields)):
+        return price(*args)
+    key = (name, fields)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = price(*args)
+    return hit
+
 
 @dataclass(frozen=True, slots=True)
 class Stage:

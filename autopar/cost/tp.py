@@ -152,6 +152,12 @@ def _fp8_gathers(tr: TrainingSpec, L: Layout):
     return L.sp if (tr.precision == "fp8" and tr.fp8_recipe == "te") else False
 
 
+def _message_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec):
+    """Bytes of one TP collective's b·s/cp·h activation tensor in the activation dtype (before any FP8 volume
+    factor). ``L.micro_batch`` and ``L.cp`` may be numpy arrays (elementwise result)."""
+    return L.micro_batch * (tr.seq_len / L.cp) * prof.hidden * tr.activation_bytes
+
+
 def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, net: Network,
                     per_block: int | None = None) -> float:
     """T_tp: every TP collective of one micro-batch on stage ``st``, none hidden. ``per_block`` overrides the
@@ -161,7 +167,7 @@ def tp_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, 
     if per_block is None:
         per_block = 3 if L.recompute == "full" else 2
     n_ar = per_block * st.sum(prof, "tp_blocks") + (1 if st.is_last else 0)
-    nbytes = L.micro_batch * (tr.seq_len / L.cp) * prof.hidden * tr.activation_bytes
+    nbytes = _message_bytes(prof, L, tr)
     nbytes = nbytes * where(_fp8_gathers(tr, L), FP8_TENSORWISE_TP_VOLUME, 1.0)
     return n_ar * net.time("all_reduce", nbytes, L.tp, 1)
 
@@ -257,7 +263,7 @@ def dgrad_comm_seconds(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpe
     docstring): a BF16 reduce-scatter of the b·s/cp·h gradient with SP, an all-reduce without."""
     if L.tp == 1:
         return 0.0
-    nbytes = L.micro_batch * (tr.seq_len / L.cp) * prof.hidden * tr.activation_bytes
+    nbytes = _message_bytes(prof, L, tr)
     rs = net.time("reduce_scatter", nbytes, L.tp, 1)
     return st.sum(prof, "tp_blocks") * where(L.sp, rs, net.time("all_reduce", nbytes, L.tp, 1))
 

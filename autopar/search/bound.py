@@ -210,10 +210,12 @@ class Bounds:
             groups.setdefault((sp.meshes[self.t.meshes[p]][3], bool(self.t.vpp_matters[p])), []).append(g)
         for (_, vpp_matters), rows in groups.items():
             M = self.t.M[np.asarray(positions)[rows]][:, :, None]
-            for c, vpp in enumerate((1, 2 if vpp_matters else 1)):
+            for c, vpp in enumerate((1, 2) if vpp_matters else (1,)):
                 L = sp.layout_grid([self.t.meshes[positions[rows[0]]]], None, rc, vpp=vpp, zero=1, grad_accum=M)
                 out[c, rows] = ep_time_per_microbatch(est.profile, stages[0], L, tr, sp.hardware, est.net,
                                                       est.imbalance, window[rows], total[rows])
+            if not vpp_matters:   # the same layout with or without virtual stages
+                out[1, rows] = out[0, rows]
         return out[0], out[1]
 
     def floors(self, positions: list[int], r: int) -> np.ndarray:

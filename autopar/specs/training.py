@@ -273,7 +273,10 @@ class TrainingSpec(Spec):
 
     @cached_property
     def grad_bytes(self) -> int:
-        return DTYPE_BYTES[self.grad_dtype]
+        """Gradient bytes per parameter: fp32 under ``dp_impl`` fsdp2 whatever ``grad_dtype`` says (the validator
+        ``_fsdp2_reduces_in_fp32`` sets it so on validation; a ``model_copy`` that switches ``dp_impl``, as a stack's
+        free knobs do, is not validated again)."""
+        return DTYPE_BYTES["fp32" if self.dp_impl == "fsdp2" else self.grad_dtype]
 
     @cached_property
     def optimizer_bytes(self) -> int:
