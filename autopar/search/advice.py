@@ -105,7 +105,9 @@ def _candidates(est: Estimator, L: Layout) -> list[tuple[str, str, dict]]:
                 also = ""
                 if name in ("tp", "pp", "cp"):
                     dp = est.gpus // (upd.get("tp", L.tp) * upd.get("cp", L.cp) * upd.get("pp", L.pp))
-                    also = f"DP {L.dp}→{dp}" if dp != L.dp else ""
+                    ga = est.training.global_batch // max(1, dp * L.micro_batch)   # as resolve_layout fills it
+                    also = ", ".join(([f"DP {L.dp}→{dp}"] if dp != L.dp else [])
+                                     + ([f"GA {L.grad_accum}→{ga}"] if dp != L.dp and ga != L.grad_accum else []))
                 label = _axis_label(name, old, new, also)
             out.append((name, label, upd))
     for new in (L.micro_batch * 2, L.micro_batch // 2):
@@ -144,17 +146,26 @@ def _largest_memory_change(base: Estimate, new: Estimate) -> str:
     return f"{_MEM_TERMS[term]} {b[term]:.1f}→{n[term]:.1f}"
 
 
+def _margin_note(new: Estimate, margin: float) -> str:
+    """Where a neighbour fits HBM but not the memory margin ``solve`` keeps free, say so: that is why it was not
+    chosen, and a run at it risks the memory the published runs' errors say the model can miss."""
+    mem, hbm = new.memory_gib.total, new.hbm_gib
+    if margin > 0 and mem <= hbm and mem > hbm * (1.0 - margin):
+        return f", but leaves {hbm - mem:.1f} GiB free, inside the {margin:.1%} memory margin solve keeps"
+    return ""
+
+
 def _sentence(a_change: str, knob: str, category: str, base: Estimate, new: Estimate, d_step: float,
-              d_mem: float) -> str:
+              d_mem: float, margin: float = 0.0) -> str:
     mem, hbm = new.memory_gib.total, new.hbm_gib
     speed = f"{-d_step:.1%} faster" if d_step < 0 else f"{d_step:.1%} slower"
     step = f"{base.step_time_s:.3f}→{new.step_time_s:.3f} s/step"
     if category == "fits":
         return (f"{a_change} would fit: {mem:.1f} GiB of {hbm:.1f} HBM (from {base.memory_gib.total:.1f}), "
-                f"{speed} ({step})")
+                f"{speed} ({step})" + _margin_note(new, margin))
     if category == "faster":
         return (f"{a_change} would be {speed} ({step}, {new.tokens_per_s_per_gpu:,.0f} tok/s/GPU, "
-                f"MFU {new.mfu:.1%}) and fits in {mem:.1f} of {hbm:.1f} GiB")
+                f"MFU {new.mfu:.1%}) and fits in {mem:.1f} of {hbm:.1f} GiB" + _margin_note(new, margin))
     if category == "saves memory":
         text = (f"{a_change} would free {-d_mem:.1f} GiB ({_largest_memory_change(base, new)}; "
                 f"{mem:.1f} GiB total) at {d_step:+.1%} step time")
@@ -168,7 +179,8 @@ def _sentence(a_change: str, knob: str, category: str, base: Estimate, new: Esti
             f"({'fits' if new.fits else f'> {hbm:.1f} HBM'}, {d_mem:+.1f} GiB)")
 
 
-def neighbours(est: Estimator, plan_estimate: Estimate, *, allow_cross_domain: bool = False) -> list[Advice]:
+def neighbours(est: Estimator, plan_estimate: Estimate, *, allow_cross_domain: bool = False,
+               memory_margin: float = 0.0) -> list[Advice]:
     """Every valid single-step neighbour of ``plan_estimate.layout``, predicted, in generation order
     (tp, pp, cp, ep, vpp doubled then halved; micro-batch; recompute; ZeRO; SP). Layouts that break a rule
     of :func:`check_layout` — with the NVLink-domain rules unless ``allow_cross_domain`` — are left out."""
@@ -195,7 +207,7 @@ def neighbours(est: Estimator, plan_estimate: Estimate, *, allow_cross_domain: b
         d_mem = new.memory_gib.total - base.memory_gib.total
         cat = _category(base, new, d_step, d_mem)
         out.append(Advice(label, knob, resolved, new, base, d_step, d_mem, cat,
-                          _sentence(label, knob, cat, base, new, d_step, d_mem)))
+                          _sentence(label, knob, cat, base, new, d_step, d_mem, memory_margin)))
     return out
 
 
@@ -295,12 +307,12 @@ def bottleneck_hint(est: Estimator, plan_estimate: Estimate, items: list[Advice]
 
 
 def advise(est: Estimator, plan_estimate: Estimate, *, max_items: int = 5,
-           allow_cross_domain: bool = False) -> list[str]:
+           allow_cross_domain: bool = False, memory_margin: float = 0.0) -> list[str]:
     """Up to ``max_items`` advice sentences for ``plan_estimate``'s layout: the most useful single-step
     neighbours (see the module docstring for the order), then one hint about the bottleneck term."""
     if max_items <= 0:
         return []
-    items = neighbours(est, plan_estimate, allow_cross_domain=allow_cross_domain)
+    items = neighbours(est, plan_estimate, allow_cross_domain=allow_cross_domain, memory_margin=memory_margin)
     ranked = rank_advice(items)
     hint = bottleneck_hint(est, plan_estimate, items)
     return [a.text for a in ranked[:max_items - 1]] + [hint]

@@ -131,3 +131,26 @@ def test_pipeline_neighbours_get_a_stage_split():
     assert by_change[(4, 2)].layout.stage_layers == (8, 8, 8, 8)
     assert by_change[(1, 1)].layout.stage_layers == (32,)  # halving PP to 1 drops interleaving too
     assert by_change[(2, 4)].layout.stage_layers == (16, 16)
+
+
+def test_a_neighbour_inside_the_memory_margin_says_so():
+    """A neighbour that fits HBM but not the margin solve keeps free is marked as such (why solve did not pick it),
+    exactly where its predicted memory is above HBM x (1 - margin); and a change of DP names the change of GA."""
+    model, hw, tr = load_model("llama3_8b"), load_hardware("h100_sxm"), TrainingSpec()
+    est = Estimator(model, hw, tr, GPUS)
+    base = est.estimate(Layout(tp=8, recompute="selective"))
+    useful = [a for a in neighbours(est, base) if a.category in ("fits", "faster")]
+    fullest = max(a.estimate.memory_gib.total / a.estimate.hbm_gib for a in useful)
+    margin = 1.0 - fullest + 0.001           # the fullest useful neighbour is just inside it
+    seen = 0
+    for a in neighbours(est, base, memory_margin=margin):
+        if a.category not in ("fits", "faster"):
+            continue
+        inside = a.estimate.memory_gib.total > a.estimate.hbm_gib * (1 - margin)
+        seen += inside
+        assert ("memory margin solve keeps" in a.text) == inside, a.text
+    assert seen >= 1
+    assert not any("memory margin" in a.text for a in neighbours(est, base))
+    tp = [a for a in neighbours(est, base) if a.knob == "tp" and a.layout.dp != base.layout.dp]
+    assert tp and all(f"GA {base.layout.grad_accum}→{a.layout.grad_accum}" in a.change for a in tp
+                      if a.layout.grad_accum != base.layout.grad_accum)
