@@ -115,8 +115,9 @@ def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpu
     g.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
                    help=f"GEMM precision (default: {DEFAULT_PRECISION})")
     g.add_argument("--grad-dtype", choices=("bf16", "fp32"), default=None,
-                   help="gradient buffer dtype (default: bf16 as Megatron-Core; fp32 = "
-                        "--accumulate-allreduce-grads-in-fp32; a stack running FSDP2, torchtitan, reduces in fp32)")
+                   help="gradient buffer and reduction dtype (default: fp32, as Megatron-LM does for bf16 weights "
+                        "unless --grad-reduce-in-bf16, and FSDP2 always; bf16 = --grad-reduce-in-bf16, as NVIDIA's "
+                        "performance recipes run; fp16 under --precision fp16)")
     g.add_argument("--stack", default=None,
                    help=f"software stack: zoo name (see `autopar zoo stacks`) or YAML (default: the --emit target's, "
                         f"else {DEFAULT_STACK}, Megatron-Core as NVIDIA's recipes run it)")
@@ -201,7 +202,7 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
     fields = knobs.training_fields()
     training = build_spec(TrainingSpec, dict(
         seq_len=args.seq_len, global_batch=gb, precision=args.precision,
-        **_grad_dtype(args, fields),
+        **_grad_dtype(args),
         weight_dtype="fp16" if args.precision == "fp16" else "bf16",
         linear_cp=getattr(args, "linear_cp", "all_to_all"),
         **{**fields, **overlap_fields(args)}), "training flags")   # --overlap over the stack's
@@ -209,14 +210,10 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
     return model, hw, training, notes
 
 
-def _grad_dtype(args: argparse.Namespace, fields: dict) -> dict:
-    """--grad-dtype as TrainingSpec takes it: as given; unset, the stack's (TrainingSpec makes FSDP2's fp32 itself)
-    else bf16, fp16 under --precision fp16."""
-    if args.grad_dtype is not None:
-        return {"grad_dtype": args.grad_dtype}
-    if fields.get("dp_impl") == "fsdp2":
-        return {}
-    return {"grad_dtype": "fp16" if args.precision == "fp16" else "bf16"}
+def _grad_dtype(args: argparse.Namespace) -> dict:
+    """--grad-dtype as TrainingSpec takes it: as given; unset, TrainingSpec's default for the weight dtype and the
+    stack (fp32 for bf16 weights as Megatron-LM does, FSDP2's fp32, fp16 under --precision fp16)."""
+    return {} if args.grad_dtype is None else {"grad_dtype": args.grad_dtype}
 
 
 def _finite(obj: object) -> object:

@@ -116,6 +116,8 @@ _PRECISION_FLAGS = {"--bf16", "--fp16", "--fp8-format", "--fp8-recipe", "--fp4-f
 # fp8_param_gather as each FP8 mixed-precision preset sets it (Megatron-Bridge 067f987df03b
 # src/megatron/bridge/training/mixed_precision.py lines 231, 264, 384). The preset's value reaches the DDP config
 # at setup (update_config_with_precision_overrides), over any ddp.fp8_param_gather override, so the preset decides.
+# The same copy carries the presets' grad_reduce_in_fp32 (true in bf16_mixed and every bf16_* preset built on it,
+# false in fp16_mixed; mixed_precision.py lines 47, 196, 212) over ddp.grad_reduce_in_fp32.
 _PRESET_FP8_PARAM_GATHER = {"bf16_with_fp8_delayed_scaling_mixed": True, "bf16_with_mxfp8_mixed": True,
                             "bf16_with_fp8_subchannel_scaling_mixed": False}
 
@@ -177,6 +179,12 @@ def bridge_overrides(layout: Layout, model: ModelSpec, training: TrainingSpec, h
                             f"{str(not on).lower()}: the run holds {'no' if on else 'a'} bf16 weight copy beside the "
                             f"FP8 weights (2 B per local parameter {'less' if on else 'more'} than predicted); "
                             "price it with --knobs fp8_param_gather=" + ("on" if on else "off"))
+    if "--grad-reduce-in-bf16" in launch.args and preset != "fp16_mixed":
+        launch.notes.append(f"Bridge's {preset} sets grad_reduce_in_fp32=true and copies it over "
+                            "ddp.grad_reduce_in_fp32 at setup (update_config_with_precision_overrides): for the "
+                            "bf16 gradients priced here, set cfg.mixed_precision.grad_reduce_in_fp32 = False in the "
+                            "recipe, as NVIDIA's performance scripts do, or price fp32 with --grad-dtype fp32 (2 B "
+                            "more per local parameter, twice the gradient traffic)")
     if "--sequence-parallel" not in launch.args:
         overrides.append("model.sequence_parallel=false")
     chunks = {mx.chunk_size for i in range(model.num_layers) for mx in model.mixers_of(i) if mx.kind == "mamba2"}

@@ -33,17 +33,24 @@ MasterWeights = Literal["fp32", "none"]
 class TrainingSpec(Spec):
     """Sequence length, batch and precisions of one pre-training run.
 
-    Defaults follow Megatron-LM mixed precision with the Adam optimizer: bf16 weights (2 B), gradient buffers
-    in the parameter dtype (2 B; Megatron-Core's default ``grad_reduce_in_fp32=False``), fp32 master weights
-    and two fp32 Adam moments (12 B): the tutorial's 2+2+12 = 16 B per parameter before sharding
-    (Rajbhandari et al. 2020 sec. 3.1). ``grad_dtype: fp32`` models --accumulate-allreduce-grads-in-fp32."""
+    Defaults follow Megatron-LM mixed precision with the Adam optimizer: bf16 weights (2 B), fp32 gradient
+    buffers (4 B), fp32 master weights and two fp32 Adam moments (12 B): 2+4+12 = 18 B per parameter before
+    sharding (Megatron-LM docs/source/api-guide/dist_optimizer.md, "18 bytes/parameter" for bf16 without the
+    distributed optimizer; Rajbhandari et al. 2020 sec. 3.1 count 16 with half-precision gradients). Left unset,
+    ``grad_dtype`` is what the framework does with ``weight_dtype`` (:meth:`_default_grad_dtype`): fp32 for bf16
+    weights, as Megatron-LM's ``--bf16`` forces --accumulate-allreduce-grads-in-fp32 unless --grad-reduce-in-bf16
+    (megatron/training/arguments.py, NVIDIA/Megatron-LM@1e057005; r0.8.0 @baf94af3 lines 299-305) and
+    Megatron-Bridge's ``bf16_mixed`` keeps ``grad_reduce_in_fp32=True``; NVIDIA's performance recipes set
+    ``grad_reduce_in_fp32=False`` and state ``grad_dtype: bf16``."""
 
     seq_len: int = Field(default=4096, gt=0, le=limit("seq_len"), description="Tokens per sequence (s).")
     global_batch: int = Field(default=1024, gt=0, le=limit("global_batch"),
                               description="Sequences per optimizer step (B).")
     precision: Precision = Field(default="bf16", description="Math precision of the transformer GEMMs.")
     weight_dtype: Literal["bf16", "fp16", "fp32"] = Field(default="bf16", description="Dtype of model weights.")
-    grad_dtype: Literal["fp32", "bf16", "fp16"] = Field(default="bf16", description="Dtype of gradient buffers.")
+    grad_dtype: Literal["fp32", "bf16", "fp16"] = Field(
+        default="fp32", description="Dtype of gradient buffers and of their reduction; unset: fp32 for bf16 or fp32 "
+                                    "weights (Megatron-LM's --bf16 default), fp16 for fp16 weights.")
     master_weights_dtype: MasterWeights = Field(
         default="fp32", description="Optimizer's master copy of the weights; 'none' when weights are updated in place.")
     optimizer_state_dtype: Literal["fp32", "bf16", "fp16"] = Field(
@@ -212,18 +219,27 @@ class TrainingSpec(Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _fsdp2_reduces_in_fp32(cls, data: object) -> object:
-        """Under ``dp_impl`` fsdp2 the gradients are fp32: torchtitan@9dec370 hands FSDP2
-        MixedPrecisionPolicy(reduce_dtype=float32) (config_manager.py --training.mixed_precision_reduce, default and
-        only choice 'float32'), so the reduce-scatter runs in fp32 and the sharded gradients (the fp32 parameters'
-        grads) are fp32. This is the one place that says so (memory, DP traffic and the optimizer read
-        ``grad_bytes``); a grad_dtype stated otherwise is a contradiction, refused."""
-        if isinstance(data, dict) and data.get("dp_impl") == "fsdp2":
-            given = data.get("grad_dtype")
+    def _default_grad_dtype(cls, data: object) -> object:
+        """The gradient dtype where none is stated, and FSDP2's, the one place that says them (memory, DP traffic
+        and the optimizer read ``grad_bytes``):
+
+        - under ``dp_impl`` fsdp2 the gradients are fp32: torchtitan@9dec370 hands FSDP2
+          MixedPrecisionPolicy(reduce_dtype=float32) (config_manager.py --training.mixed_precision_reduce, default
+          and only choice 'float32'), so the reduce-scatter runs in fp32 and the sharded gradients (the fp32
+          parameters' grads) are fp32; a grad_dtype stated otherwise is a contradiction, refused;
+        - otherwise unset means the framework's default for the weight dtype: fp16 weights keep fp16 gradient
+          buffers (Megatron-LM leaves accumulate_allreduce_grads_in_fp32 off under --fp16), bf16 and fp32 weights
+          fp32 ones (the class docstring's sources)."""
+        if not isinstance(data, dict):
+            return data
+        given = data.get("grad_dtype")
+        if data.get("dp_impl") == "fsdp2":
             if given not in (None, "fp32"):
                 raise ValueError(f"grad_dtype {given}: FSDP2 as torchtitan runs it (dp_impl fsdp2) reduces and keeps "
                                  "gradients in fp32 (mixed_precision_reduce float32); leave grad_dtype out or say fp32")
-            data = {**data, "grad_dtype": "fp32"}
+            return {**data, "grad_dtype": "fp32"}
+        if given is None:
+            return {**data, "grad_dtype": "fp16" if data.get("weight_dtype") == "fp16" else "fp32"}
         return data
 
     @model_validator(mode="after")

@@ -14,7 +14,7 @@ from autopar.specs.loaders import load_hardware, load_stack
 from autopar.specs.training import TrainingSpec
 
 GT = load_hardware("h100_grand_teton")
-MEGATRON = TrainingSpec(seq_len=8192, global_batch=16, dp_comm_overlap=False)
+MEGATRON = TrainingSpec(seq_len=8192, global_batch=16, dp_comm_overlap=False, grad_dtype="bf16")   # perf recipes'
 FSDP2 = TrainingSpec(seq_len=8192, global_batch=16, dp_comm_overlap=False, dp_impl="fsdp2",
                      pp_fsdp="per_step")   # torchtitan's, as its stack (fp32 gradients: TrainingSpec)
 HBM = GT.hbm_tbps * 1e12 * GT.kernel_model.hbm
@@ -39,6 +39,18 @@ def test_fsdp2_reduces_in_fp32():
     assert TrainingSpec(dp_impl="fsdp2", grad_dtype="fp32").grad_dtype == "fp32"
     with pytest.raises(ValueError, match="grad_dtype bf16: FSDP2"):
         TrainingSpec(dp_impl="fsdp2", grad_dtype="bf16")
+
+
+def test_unstated_grad_dtype_is_the_frameworks():
+    """Unstated, the gradients are what Megatron-LM keeps for the weight dtype: fp32 main-gradient buffers for bf16
+    weights (--bf16 sets --accumulate-allreduce-grads-in-fp32 unless --grad-reduce-in-bf16), fp16 ones for fp16
+    weights; a stated dtype stands. The gradient bytes follow, and with them memory and DP traffic."""
+    assert TrainingSpec().grad_dtype == "fp32" and TrainingSpec().grad_bytes == 4
+    assert TrainingSpec(precision="fp8").grad_dtype == "fp32"
+    assert TrainingSpec(precision="fp16", weight_dtype="fp16").grad_dtype == "fp16"
+    assert TrainingSpec(grad_dtype="bf16").grad_bytes == 2
+    fp32 = _dp(MEGATRON.model_copy(update={"grad_dtype": "fp32"}), zero_stage=0)[1]
+    assert fp32 > 1.9 * _dp(MEGATRON, zero_stage=0)[1]   # the all-reduce moves twice the bytes
 
 
 def test_fsdp2_copies_out_every_gather_on_the_compute_stream():

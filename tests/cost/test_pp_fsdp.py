@@ -15,7 +15,8 @@ PARAMS = 6.2e9          # one 405B PP8 TP8 stage's parameters per GPU before sha
 
 
 def _dp(mode: str, M: int, on: bool = True, t_fwd: float = 0.5, t_bwd: float = 1.0) -> tuple[float, float]:
-    tr = TrainingSpec(seq_len=8192, global_batch=64 * M, pp_fsdp=mode, dp_comm_overlap=on)
+    tr = TrainingSpec(seq_len=8192, global_batch=64 * M, pp_fsdp=mode, dp_comm_overlap=on,
+                      grad_dtype="bf16")   # the schedule's counts, at 2 B a gradient as _ag_rs prices it
     L = Layout(tp=8, pp=8, dp=8, micro_batch=1, grad_accum=M, zero_stage=3, fsdp=True)
     return dp_time_per_step(PARAMS, 0.0, L, tr, HW, NET, t_fwd, t_bwd, units=16)
 

@@ -165,3 +165,18 @@ def test_fp8_param_gather_is_carried_by_the_mixed_precision_preset():
         assert "mixed_precision=bf16_with_mxfp8_mixed" in overrides
         check_bridge_keys(overrides, LLAMA3_8B)
         assert any("fp8_param_gather=true" in n for n in launch.notes) == noted
+
+
+def test_bf16_gradients_are_noted_against_the_presets_fp32():
+    # Bridge's bf16 presets set grad_reduce_in_fp32=True and copy it over ddp.grad_reduce_in_fp32 at setup
+    # (mixed_precision.py:47,196): bf16 gradients need the recipe's own mixed_precision switch, and the note says so;
+    # fp32 (TrainingSpec's default for bf16 weights) is what the preset does, nothing to say
+    from autopar.specs.layout import Layout, resolve_layout
+    from autopar.specs.training import TrainingSpec
+    from .conftest import LLAMA3_8B
+    for grad, noted in (("bf16", True), (None, False)):
+        tr = TrainingSpec(seq_len=4096, global_batch=64, **({"grad_dtype": grad} if grad else {}))
+        lay = resolve_layout(Layout(tp=2, zero_stage=1), LLAMA3_8B, tr, 8)
+        overrides, launch = bridge_overrides(lay, LLAMA3_8B, tr)
+        assert ("ddp.grad_reduce_in_fp32=false" in overrides) == noted
+        assert any("grad_reduce_in_fp32 = False" in n for n in launch.notes) == noted
