@@ -23,6 +23,16 @@ def test_megatron_core_is_the_built_in_default():
     assert all(getattr(default, k) == v for k, v in fields.items())
 
 
+def test_megatron_lm_is_megatron_core_without_the_recipes_switches():
+    """Megatron-LM from its own command line: the same kernels as NVIDIA's recipes, with its defaults where the
+    recipes turn things on (no TP/DP/EP overlap, unfused cross entropy, dropout 0.1); nothing else differs."""
+    core = load_stack("megatron_core").knobs.training_fields()
+    lm = load_stack("megatron_lm").knobs.training_fields()
+    differ = {k: lm[k] for k in core if core[k] != lm[k]}
+    assert differ == {"tp_comm_overlap": False, "dp_comm_overlap": False, "ep_comm_overlap": False,
+                      "cross_entropy": "unfused", "hidden_dropout": 0.1}
+
+
 def test_parse_knobs_shorthands_and_assignments():
     assert parse_knobs("compile, async_tp,fp8_recipe=rowwise,dp_overlap=off") == {
         "elementwise": "compiled", "tp_overlap": "async_tp", "fp8_recipe": "rowwise", "dp_overlap": False}
