@@ -286,7 +286,7 @@ def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: f
     attn_out = st.sum(prof, "act_attn_out")
     mlp = st.sum(prof, "act_mlp")
     shared = st.sum(prof, "act_shared")
-    moe = st.sum(prof, "act_moe_io") + st.sum(prof, "act_moe_inner")
+    moe = st.sum(prof, "act_moe_io") + st.sum(prof, "act_moe_latent") + st.sum(prof, "act_moe_inner")
     # Unfused attention (before FlashAttention) materialises the s x s scores: softmax output (2 B), dropout
     # mask (1 B) and dropout output (2 B) per score, 5·a·s²·b bytes per layer (Korthikanti et al. 2022, arXiv
     # 2205.05198 eq. 1), i.e. 2.5 two-byte elements per score, a·s scores per token.
@@ -341,7 +341,7 @@ def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: f
         mlp -= (1 - lin) * mlp / (3 if gated else 2)          # the activation output feeds the down projection
         if "moe" not in mods:
             act = 0.0 if "moe_act" in mods else st.sum(prof, "act_moe_act")
-            moe -= (1 - lin) * (st.sum(prof, "act_moe_io") / 2 + act)
+            moe -= (1 - lin) * (st.sum(prof, "act_moe_io") + st.sum(prof, "act_moe_latent") / 2 + act)
     kept = (norm_in + norm_out) / sp_div + (qkv + attn_out + mlp + shared + moe) / tp_div
     # Selective recompute re-materialises, during one layer's backward, only what that layer dropped.
     return kept, (where(full_layers > kept, full_layers - kept, 0.0) / max(n, 1) if mods else 0.0)
