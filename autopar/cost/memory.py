@@ -396,7 +396,16 @@ def _model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpe
     return w, g, o
 
 
-LOGIT_EXTRA_BYTES = {"fused": 4, "unfused": 12}
+# Bytes per logit element the loss kernel holds beside the logits (module docstring, Logits). 'te': Megatron's
+# cross_entropy_fusion_impl 'te' (language_module.py compute_language_model_loss -> te_parallel_cross_entropy,
+# Megatron-LM@d98e8a64) runs Transformer Engine's Triton parallel_cross_entropy, which before TE v2.18 writes the
+# logit gradient in place into its bf16 input and saves that tensor for the backward
+# (NVIDIA/TransformerEngine@71bbefbf, the TE of Megatron-Bridge v0.4.0 / NeMo 26.04, and @4220403e, Bridge v0.5.0 /
+# 26.06: transformer_engine/pytorch/triton/cross_entropy.py ``cross_entropy_forward`` returns ``loss, _input``;
+# cross_entropy.py ``ctx.save_for_backward(inp.detach())``): 0 B beyond the logits. From TE v2.18
+# (01bbe3eea, 2026-07-09, "Fix the numerical issue with the Fused CE loss") it writes an fp32 gradient beside them
+# (``torch.empty_like(_input, dtype=torch.float32)``): 4 B, as 'fused' counts.
+LOGIT_EXTRA_BYTES = {"fused": 4, "te": 0, "unfused": 12}
 # PyTorch's loss path (TrainingSpec.loss_runtime 'torch', module docstring): fp32 bytes per logit element at the
 # loss backward's peak, without TP (ATen log_softmax) and with TP (DTensor loss_parallel's decomposition)
 TORCH_LOSS_BYTES = {"plain": 12, "loss_parallel": 16}

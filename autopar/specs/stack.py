@@ -18,7 +18,8 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
 * **stack constants** (``efficiency``): only what no kernel or link measurement sees, :data:`STACK_CONSTANTS`
   (the time per layer a framework spends between kernels), fitted to the stack's own runs within the bounds of
   :class:`autopar.specs.hardware.Efficiency`.
-* **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``); and who holds
+* **cross entropy**: fused (Megatron's native kernel), te (Transformer Engine's, in place in the logits) or
+  unfused (plain ``torch.nn.functional.cross_entropy``); and who holds
   the logits around it (``loss_runtime``: Megatron's loss path, or PyTorch's as torchtitan runs it), a memory term
   (:mod:`autopar.cost.memory`).
 * **projections**: ``fused`` (Megatron-Core's one QKV GEMM and one gate-up GEMM) or ``separate`` (one GEMM per

@@ -20,7 +20,7 @@ AttentionImpl = Literal["best", "sdpa_fa2"]
 Fp8Recipe = Literal["te", "tensorwise", "rowwise"]
 CpRing = Literal["te_p2p", "torch_allgather"]
 PpFsdp = Literal["per_microbatch", "per_step"]
-CrossEntropy = Literal["fused", "unfused"]
+CrossEntropy = Literal["fused", "te", "unfused"]
 LossRuntime = Literal["megatron", "torch"]
 SelectiveAc = Literal["modules", "op"]
 Projections = Literal["fused", "separate"]
@@ -179,9 +179,12 @@ class TrainingSpec(Spec):
                     "dropout stored: Megatron-LM before FlashAttention, e.g. its 2021 runs).")
     cross_entropy: CrossEntropy = Field(
         default="fused",
-        description="Loss kernel over the vocabulary: 'fused' (Megatron --cross-entropy-loss-fusion, Transformer "
-                    "Engine) or 'unfused' (plain torch log-softmax, as autopar's own runner): sets the HBM traffic "
-                    "and the fp32 buffers the last stage holds.")
+        description="Loss kernel over the vocabulary: 'fused' (Megatron --cross-entropy-loss-fusion, its native "
+                    "vocab-parallel kernel: an fp32 softmax kept for the backward), 'te' (Megatron "
+                    "cross_entropy_fusion_impl 'te', as NVIDIA's performance recipes set it: Transformer Engine's "
+                    "Triton kernel before TE v2.18 writes the gradient in place into the bf16 logits, nothing "
+                    "kept beside them) or 'unfused' (plain torch log-softmax, as autopar's own runner): sets the "
+                    "HBM traffic and the fp32 buffers the last stage holds.")
     loss_runtime: LossRuntime = Field(
         default="megatron",
         description="Who holds the last stage's logits around the loss (memory only, autopar/cost/memory.py "
