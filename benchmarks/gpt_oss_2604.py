@@ -41,14 +41,14 @@ def training(stack, knobs: dict) -> TrainingSpec:
 
 def main() -> None:
     model = load_model("gpt_oss_120b")
-    print(f"{'chip':<12} {'layout':<30} {'pred':>7} {'meas':>7} {'err':>7} {'GiB':>6}  step-time terms (s)")
+    print(f"{'chip':<12} {'layout':<34} {'pred':>7} {'meas':>7} {'err':>7} {'GiB':>6}  step-time terms (s)")
     for chip, ep, pp, mbs, rc, knobs, measured in ROWS:
         stack = load_stack("megatron_core")
         est = Estimator(model, stack.on(load_hardware(chip)), training(stack, knobs), 64).estimate(
             Layout(tp=1, pp=pp, ep=ep, micro_batch=mbs, zero_stage=1, recompute=rc))
         pred = est.tokens_per_s_per_gpu
         terms = {k: round(v, 3) for k, v in est.time_s.to_dict().items() if v and k != "total"}
-        print(f"{chip:<12} {f'EP{ep} PP{pp} mbs{mbs} rc:{rc}':<30} {pred:>7.0f} {measured:>7} "
+        print(f"{chip:<12} {f'EP{ep} PP{pp} mbs{mbs} rc:{rc}':<34} {pred:>7.0f} {measured:>7} "
               f"{100 * (pred / measured - 1):>+6.1f}% {est.memory_gib.total:>6.1f}  {terms}")
 
 
