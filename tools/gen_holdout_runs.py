@@ -271,6 +271,11 @@ def build() -> None:
                         disp = c.moe_flex_dispatcher_backend
                         knobs.insert(0, f"dispatcher={disp}" if disp else "dispatcher=all_to_all")
                         knobs.append("ep_overlap=on" if c.moe_a2a_overlap else "ep_overlap=off")
+                        if cont == "26.02" and disp == "deepep":
+                            notes.append("the recipe asks for DeepEP, which the 26.02 container lacks (Megatron-Bridge@"
+                                         f"{PAGE_REV} docs/releases/known-issues.md '26.02': 'DeepEP is not supported in "
+                                         "the current NeMo framework 26.02 container ... reduced DSv3 performance ... on "
+                                         "H100'): the dispatcher the run used is n/f (dispatchers are recorded, not priced)")
                         if not c.moe_a2a_overlap:
                             notes.append("moe_a2a_overlap not set in the workload config (default False, scripts/performance/utils/utils.py WorkloadBaseConfig): EP all-to-all not overlapped")
                     if c.cpu_offloading_num_layers:
