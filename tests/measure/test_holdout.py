@@ -70,6 +70,8 @@ def test_recipe_switches_reach_the_training_spec(rows, report):
             assert t.tp_comm_overlap == (knobs["tp_overlap"] != "none"), row["id"]
         if "cuda_graphs" in knobs:
             assert t.cuda_graphs == knobs["cuda_graphs"], row["id"]
+        # every release's perf overrides set Transformer Engine's cross entropy (tools/gen_holdout_runs.py)
+        assert knobs["cross_entropy"] == "te" and t.cross_entropy == "te", row["id"]
 
 
 def test_hold_out_is_apart_from_the_fitted_runs(rows):
