@@ -287,6 +287,8 @@ def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: f
     mlp = st.sum(prof, "act_mlp")
     shared = st.sum(prof, "act_shared")
     moe = st.sum(prof, "act_moe_io") + st.sum(prof, "act_moe_latent") + st.sum(prof, "act_moe_inner")
+    # the routing weights' multiply, where it is an fp32 multiply of its own (MOE_WEIGHTING_ELEMS)
+    moe = moe + MOE_WEIGHTING_ELEMS[prof.training.moe_weighting] * st.sum(prof, "act_moe_io")
     # Unfused attention (before FlashAttention) materialises the s x s scores: softmax output (2 B), dropout
     # mask (1 B) and dropout output (2 B) per score, 5·a·s²·b bytes per layer (Korthikanti et al. 2022, arXiv
     # 2205.05198 eq. 1), i.e. 2.5 two-byte elements per score, a·s scores per token.
@@ -406,6 +408,15 @@ def _model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpe
 # (01bbe3eea, 2026-07-09, "Fix the numerical issue with the Fused CE loss") it writes an fp32 gradient beside them
 # (``torch.empty_like(_input, dtype=torch.float32)``): 4 B, as 'fused' counts.
 LOGIT_EXTRA_BYTES = {"fused": 4, "te": 0, "unfused": 12}
+# Stored per routed copy's width, in activation-dtype elements, by where the routing probabilities multiply the routed
+# tokens (TrainingSpec.moe_weighting). 'activation': Megatron-Core applies them inside the expert activation
+# (autopar.blocks.moe.MoE.stored): nothing beyond the blocks' tensors. 'fp32_multiply': torchtitan's MoE.forward
+# (pytorch/torchtitan@0adca686 torchtitan/models/moe.py) computes ``(routed_input.to(torch.float32) *
+# top_scores_experts_sorted.reshape(-1, 1)).to(x.dtype)`` before the experts (score_before_experts, the MoEArgs
+# default) or the same on routed_output after them (the Qwen3 and DeepSeek-V3 configs): autograd's mul saves the fp32
+# operand for the scores' gradient, 4 B per element of the k routed copies = 2 two-byte elements (the scatter_add
+# combine keeps nothing).
+MOE_WEIGHTING_ELEMS = {"activation": 0.0, "fp32_multiply": 2.0}
 # PyTorch's loss path (TrainingSpec.loss_runtime 'torch', module docstring): fp32 bytes per logit element at the
 # loss backward's peak, without TP (ATen log_softmax) and with TP (DTensor loss_parallel's decomposition)
 TORCH_LOSS_BYTES = {"plain": 12, "loss_parallel": 16}

@@ -62,3 +62,24 @@ def test_routed_expert_outputs_are_not_stored():
     k, h, fe = 4, MODEL.hidden_size, MODEL.moe.expert_ffn_hidden_size
     per_token_layer = k * h + k * 3 * fe
     assert delta == pytest.approx(4096 * (MODEL.num_layers - 1) * per_token_layer * 2 / GIB, rel=1e-6)
+
+
+def test_torchtitan_s_fp32_weighting_multiply_keeps_two_more_elements_per_routed_copy():
+    # torchtitan multiplies the k routed copies by their scores in fp32 (torchtitan/models/moe.py): the multiply saves
+    # the fp32 operand, 4 B = two bf16 elements per element of k·h, per token and MoE layer; Megatron-Core multiplies
+    # inside the expert activation and keeps nothing more
+    qwen = load_model("qwen3_30b_a3b")
+    lay = Layout(tp=1, pp=1, ep=8, micro_batch=1, zero_stage=1, recompute="none")
+    acts = {}
+    for w in ("activation", "fp32_multiply"):
+        tr = TrainingSpec(seq_len=4096, global_batch=64, precision="bf16", grad_dtype="bf16", moe_weighting=w)
+        acts[w] = Estimator(qwen, load_hardware("h100_sxm"), tr, 8).estimate(lay).memory_gib.activations
+    k, h, layers = qwen.moe.top_k, qwen.hidden_size, qwen.num_layers
+    assert acts["fp32_multiply"] - acts["activation"] == pytest.approx(4096 * layers * 2 * k * h * 2 / GIB, rel=1e-6)
+    # under the 'moe' recompute module the whole MoE block is re-run, the multiply's fp32 copy with it
+    lay = Layout(tp=1, pp=1, ep=8, micro_batch=1, zero_stage=1, recompute="moe")
+    moe = {w: Estimator(qwen, load_hardware("h100_sxm"), TrainingSpec(
+        seq_len=4096, global_batch=64, precision="bf16", grad_dtype="bf16", moe_weighting=w), 8).estimate(lay)
+        .memory_gib.activations for w in ("activation", "fp32_multiply")}
+    # one layer's worth comes back as the backward's working set
+    assert moe["fp32_multiply"] - moe["activation"] == pytest.approx(4096 * 2 * k * h * 2 / GIB, rel=1e-6)
