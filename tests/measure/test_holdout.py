@@ -96,3 +96,11 @@ def test_no_fit_reads_the_hold_out(tmp_path):
 
 def test_accuracy_out_of_sample(report):
     assert report.mape < HOLDOUT_MAE_GUARD
+
+
+def test_layouts_that_ran_fit_where_their_memory_is_counted(report):
+    # Regression guard (issue 20: "0 published layouts predicted not to fit"): 9 of these runs were predicted over
+    # HBM while the MoE layer counted the experts' outputs and Transformer Engine's in-place loss an fp32 softmax
+    # (DeepSeek-V3 on GB300/GB200, gpt-oss-120b on B200); the one left is a Llama 3 70B NVFP4 row on GB300 that the
+    # page prints at TP 1, PP 1 without FSDP on 64 GPUs, a layout no config of its release has (recipe n/f).
+    assert report.predicted_oom == ["mb2602a-l3-70b-gb300-64-nvfp4"]
