@@ -21,8 +21,12 @@ def run_fit(args: argparse.Namespace) -> int:
                                              write_stack_efficiency)
     from autopar.measure.intervals import holdout_coverage
     from autopar.specs.loaders import load_hardware, zoo_dir, zoo_names
-    from autopar.measure.validation import load_cases
+    from autopar.measure.validation import is_holdout_csv, load_cases
     err = console(stderr=True)
+    if is_holdout_csv(_csv_path(args)):
+        raise AutoparInputError(f"--fit: {args.csv} is the out-of-sample check (earlier Megatron-Bridge releases, never "
+                                "fitted); fit to published_runs.csv (the default --csv) and predict this file with "
+                                "'autopar validate --csv' alone")
     if args.write:   # checked before the fit
         from autopar.fileio import check_output_dir
         check_output_dir(args.out, "--out")
