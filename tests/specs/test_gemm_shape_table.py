@@ -32,7 +32,7 @@ def test_the_table_is_whole():
 
 
 def test_every_value_is_xla_arithmetic_on_a_whole_nanosecond():
-    """XLA stores 2·b·m·n·k / (median kernel time in ns) · 1e9: a mistyped digit leaves no whole t within 1 FLOP/s."""
+    """XLA stores 2·b·m·n·k / (median kernel time in ns) · 1e9: a mistyped digit leaves no whole-ns t within 1."""
     bad = []
     for r in fit.load_table():
         flops = 2 * int(r["b"]) * int(r["m"]) * int(r["n"]) * int(r["k"]) * 10**9
@@ -60,7 +60,7 @@ def test_blackwell_files_hold_the_half_nk_the_script_derives():
 
 
 def test_the_k_series_reads_each_slice_on_k_alone():
-    """Every slice is one (M, N) with >= 3 distinct K, and Blackwell's K saturates later than Hopper's in one harness."""
+    """Every slice is one (M, N) with >= 3 distinct K; Blackwell's K saturates later than Hopper's in one harness."""
     rows = fit.load_table()
     for arch in ("sm_100", "sm_90"):
         slices = fit.k_series(fit.points(rows, arch, "bf16xbf16->bf16"))
