@@ -7,6 +7,9 @@ throughput, so the pattern by chip can be read off. About 5 s.
 
 Measured: NVIDIA-NeMo/Megatron-Bridge@067f987d docs/performance-summary-archive.md, '26.04.01 NeMo Container',
 Pre-Training Performance, 'Model: GPT OSS 120B' (64 GPUs, BF16, GBS 1280, 4,096 tokens, TP 1, CP 1, no FSDP).
+The same runs are the mb2604a-gptoss120b-* rows of data/published_runs_holdout.csv, which read the recipes at v0.4.1
+(the last tag before the rows were added); v0.4.2, the release the docs pair with 26.04.01, differs only in dropping
+HybridEP on B200 and GB200, a dispatcher autopar records but does not price, so both give these predictions.
 Recipes: Megatron-Bridge v0.4.2 (the 26.04.01 release) scripts/performance/configs/gpt_oss/
 gpt_oss_workload_base_configs.py ``GPT_OSS_120B_PRETRAIN_CONFIG_<chip>_BF16_V2`` (EP, MBS, PP, recompute modules,
 TE CUDA-graph scopes attn/moe_router/moe_preprocess on GB300 and B300, moe_a2a_overlap on GB200 only, HybridEP on
