@@ -309,6 +309,11 @@ def build() -> None:
                         notes.append(f"TP comm overlap n/f at {tag} ({where}): the stack's default, userbuffers")
                 if prec in ("fp8", "mxfp8"):
                     knobs.append("fp8_param_gather=on")
+                knobs.append("cross_entropy=te")
+                notes.append(f"cross entropy: Transformer Engine's Triton kernel (Megatron-Bridge@{tag} scripts/performance/"
+                             "utils/overrides.py _set_common_perf_overrides: cross_entropy_fusion_impl 'te'; before TE "
+                             "v2.18, which every release here pins, it writes the logit gradient in place into the "
+                             "bf16 logits)")
                 notes.append(f"distributed optimizer{' with Megatron-FSDP (use_megatron_fsdp)' if fsdp else ' (ZeRO-1)'}, bf16 gradient reduction (grad_reduce_in_fp32 False in every family's *_llm_pretrain.py at {tag}), overlapped grad reduce / param gather (Bridge perf recipes)")
                 if zoo in MOE:
                     notes.append("force-balanced MoE routing (moe_router_force_load_balancing in the recipe; the page's footnote: 'we force-balance the token distribution among experts and all benchmarks are token-dropless')")

@@ -164,7 +164,7 @@ class Block:
     # ---- memory ----
     def stored(self) -> dict[str, float]:
         """Activations kept for the backward pass, elements per token by role (``qkv``, ``attn_out``, ``mla_up``,
-        ``mlp``, ``shared``, ``moe_io``, ``moe_inner``, ``moe_act``)."""
+        ``mlp``, ``shared``, ``moe_io``, ``moe_latent``, ``moe_inner``, ``moe_act``)."""
         return {}
 
     def state_elems(self) -> int:

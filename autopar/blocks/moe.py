@@ -10,8 +10,9 @@ experts' activation k·(3f_e, 5f_e) gated or k·(2f_e, 3f_e) plain (module ``moe
 same over n_s·f_s; token permutation (Megatron ``permute``/``unpermute``): each routed copy written once and read
 once by the weighted sum, each way -> 2·k·h forward, 2·k·h backward; with expert biases (GPT-OSS), Megatron's
 eager output-bias add (``expert_bias``, :data:`EXPERT_BIAS_ELEMS`), 14·k·h forward, 18·k·h backward. Stored:
-shared internals n_s·f_s·(n_in+1), the k routed copies in and out (2·k·h), the routed internals k·f_e·(n_in+1),
-the activation outputs k·f_e (gated only; dropped by ``moe_act`` recompute). The expert all-to-all carries k copies
+shared internals n_s·f_s·(n_in+1), the k routed copies entering fc1 (k·h; the expert outputs are not kept: the
+routing probabilities are applied in the expert activation, :meth:`MoE.stored`), the routed internals
+k·f_e·(n_in+1), the activation outputs k·f_e (gated only; dropped by ``moe_act`` recompute). The expert all-to-all carries k copies
 of each token's h.
 
 LatentMoE (NVIDIA Nemotron 3 Super and Ultra; Megatron-Core ``MoELayer`` with ``moe_latent_size``,
@@ -20,7 +21,7 @@ experts see the full hidden state h, but the routed tokens are first projected d
 (``fc1_latent_proj``, h·l) and the combined expert output back up (``fc2_latent_proj``, l·h); both projections are
 ``parallel_mode="duplicated"`` (every TP rank holds them whole, like the router). So the routed experts are MLPs of
 l -> f_e -> l, the all-to-all and the permutation carry k copies of l instead of h, and the stored routed copies are
-l wide, plus the latent input and output (2·l) of the projections.
+l wide, plus the latent input and output (2·l) of the projections (``moe_latent``).
 
 Symbols: h hidden, E routed experts, k top-k, f_e routed expert FFN width, n_s shared experts of width f_s,
 l latent width (l = h without LatentMoE).
@@ -172,9 +173,16 @@ class MoE(Block):
         return self.expert.fp8_cast_width()
 
     def stored(self) -> dict[str, float]:
+        """Saved for the backward, per token (module docstring): the k routed copies entering the experts' fc1
+        (``moe_io``), not their outputs: Megatron-Core applies the routing probabilities inside the expert
+        activation (NVIDIA/Megatron-LM@d98e8a64 megatron/core/transformer/moe/experts.py ``TEGroupedMLP.forward``
+        ``bias_act_func``: ``weighted_bias_swiglu_impl`` / ``weighted_bias_quick_geglu_impl(intermediate,
+        bias, permuted_probs, ...)``, the TE op fuser's grouped MLP likewise takes ``permuted_probs``), so the
+        combine and the unpermutation take no probabilities and keep nothing of the fc2 output for their
+        backward; the latent projections' tensors (``moe_latent``)."""
         k, fe, gated, r = self.top_k, self.expert_ffn, self.expert.n_in + 1, self.routed_width
-        return {"shared": self.num_shared * self.shared_ffn * gated, "moe_io": 2.0 * k * r + 2.0 * self.latent,
-                "moe_inner": k * fe * gated, "moe_act": k * fe if self.gated else 0.0}
+        return {"shared": self.num_shared * self.shared_ffn * gated, "moe_io": 1.0 * k * r,
+                "moe_latent": 2.0 * self.latent, "moe_inner": k * fe * gated, "moe_act": k * fe if self.gated else 0.0}
 
     def dispatch_elems(self) -> int:
         """Per token, what the expert all-to-all carries each way: k copies of h (of l under LatentMoE)."""

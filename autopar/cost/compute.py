@@ -36,7 +36,12 @@ from autopar.specs.training import TrainingSpec
 # (4), log_softmax_backward's row-sum pass and its read-read-write (4 + 4 + 4 + 4), the cast back to bf16 (4 + 2) =
 # 48 B, within 10% of the unfused figure (4 B per logit: ~4 ms of Llama 3 8B's 2 x 8192-token micro-batch), so
 # one figure serves both.
-CROSS_ENTROPY_BYTES = {"fused": 8.0, "unfused": 44.0}
+# Transformer Engine's Triton kernel ('te', TE before v2.18, autopar.cost.memory.LOGIT_EXTRA_BYTES): the online-softmax
+# pass reads the bf16 logits (2), the loss kernel reads them again and writes the gradient in place (2 + 2), and the
+# backward scales it by the per-token loss gradient in place (element_mul_kernel, read 2 + write 2: Megatron passes
+# reduce_loss False, so grad_output is not the scalar 1.0 the kernel skips) = 10 B (NVIDIA/TransformerEngine@71bbefbf
+# transformer_engine/pytorch/triton/cross_entropy.py).
+CROSS_ENTROPY_BYTES = {"fused": 8.0, "te": 10.0, "unfused": 44.0}
 
 # Elementwise kernels by stack (TrainingSpec.elementwise): HBM bytes of each memory-bound op relative to the fused
 # counts of autopar.cost.shapes (one kernel per op: forward reads its inputs and writes its output once), as

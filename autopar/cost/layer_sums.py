@@ -60,7 +60,8 @@ class LayerSums:
     act_mla_up: list[float]        # MLA up-projected Q, K, V (dropped by mla_up_proj recompute)
     act_mlp: list[float]           # dense MLP internals (gated: 3f, plain: 2f); split by TP
     act_shared: list[float]        # shared-expert internals; split by TP
-    act_moe_io: list[float]        # routed tokens' k copies in and out of the experts (2·k·h)
+    act_moe_io: list[float]        # routed tokens' k copies entering the experts (k·h; k·l under LatentMoE)
+    act_moe_latent: list[float]    # LatentMoE's projection tensors (2·l; 0 without LatentMoE)
     act_moe_inner: list[float]     # routed-expert internals (k·3f_e gated, k·2f_e plain)
     act_moe_act: list[float]       # routed-expert activation-function outputs (k·f_e, dropped by moe_act)
 

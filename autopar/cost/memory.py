@@ -286,7 +286,9 @@ def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: f
     attn_out = st.sum(prof, "act_attn_out")
     mlp = st.sum(prof, "act_mlp")
     shared = st.sum(prof, "act_shared")
-    moe = st.sum(prof, "act_moe_io") + st.sum(prof, "act_moe_inner")
+    moe = st.sum(prof, "act_moe_io") + st.sum(prof, "act_moe_latent") + st.sum(prof, "act_moe_inner")
+    # the routing weights' multiply, where it is an fp32 multiply of its own (MOE_WEIGHTING_ELEMS)
+    moe = moe + MOE_WEIGHTING_ELEMS[prof.training.moe_weighting] * st.sum(prof, "act_moe_io")
     # Unfused attention (before FlashAttention) materialises the s x s scores: softmax output (2 B), dropout
     # mask (1 B) and dropout output (2 B) per score, 5·a·s²·b bytes per layer (Korthikanti et al. 2022, arXiv
     # 2205.05198 eq. 1), i.e. 2.5 two-byte elements per score, a·s scores per token.
@@ -341,7 +343,7 @@ def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: f
         mlp -= (1 - lin) * mlp / (3 if gated else 2)          # the activation output feeds the down projection
         if "moe" not in mods:
             act = 0.0 if "moe_act" in mods else st.sum(prof, "act_moe_act")
-            moe -= (1 - lin) * (st.sum(prof, "act_moe_io") / 2 + act)
+            moe -= (1 - lin) * (st.sum(prof, "act_moe_io") + st.sum(prof, "act_moe_latent") / 2 + act)
     kept = (norm_in + norm_out) / sp_div + (qkv + attn_out + mlp + shared + moe) / tp_div
     # Selective recompute re-materialises, during one layer's backward, only what that layer dropped.
     return kept, (where(full_layers > kept, full_layers - kept, 0.0) / max(n, 1) if mods else 0.0)
@@ -396,7 +398,25 @@ def _model_state_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpe
     return w, g, o
 
 
-LOGIT_EXTRA_BYTES = {"fused": 4, "unfused": 12}
+# Bytes per logit element the loss kernel holds beside the logits (module docstring, Logits). 'te': Megatron's
+# cross_entropy_fusion_impl 'te' (language_module.py compute_language_model_loss -> te_parallel_cross_entropy,
+# Megatron-LM@d98e8a64) runs Transformer Engine's Triton parallel_cross_entropy, which before TE v2.18 writes the
+# logit gradient in place into its bf16 input and saves that tensor for the backward
+# (NVIDIA/TransformerEngine@71bbefbf, the TE of Megatron-Bridge v0.4.0 / NeMo 26.04, and @4220403e, Bridge v0.5.0 /
+# 26.06: transformer_engine/pytorch/triton/cross_entropy.py ``cross_entropy_forward`` returns ``loss, _input``;
+# cross_entropy.py ``ctx.save_for_backward(inp.detach())``): 0 B beyond the logits. From TE v2.18
+# (01bbe3eea, 2026-07-09, "Fix the numerical issue with the Fused CE loss") it writes an fp32 gradient beside them
+# (``torch.empty_like(_input, dtype=torch.float32)``): 4 B, as 'fused' counts.
+LOGIT_EXTRA_BYTES = {"fused": 4, "te": 0, "unfused": 12}
+# Stored per routed copy's width, in activation-dtype elements, by where the routing probabilities multiply the routed
+# tokens (TrainingSpec.moe_weighting). 'activation': Megatron-Core applies them inside the expert activation
+# (autopar.blocks.moe.MoE.stored): nothing beyond the blocks' tensors. 'fp32_multiply': torchtitan's MoE.forward
+# (pytorch/torchtitan@0adca686 torchtitan/models/moe.py) computes ``(routed_input.to(torch.float32) *
+# top_scores_experts_sorted.reshape(-1, 1)).to(x.dtype)`` before the experts (score_before_experts, the MoEArgs
+# default) or the same on routed_output after them (the Qwen3 and DeepSeek-V3 configs): autograd's mul saves the fp32
+# operand for the scores' gradient, 4 B per element of the k routed copies = 2 two-byte elements (the scatter_add
+# combine keeps nothing).
+MOE_WEIGHTING_ELEMS = {"activation": 0.0, "fp32_multiply": 2.0}
 # PyTorch's loss path (TrainingSpec.loss_runtime 'torch', module docstring): fp32 bytes per logit element at the
 # loss backward's peak, without TP (ATen log_softmax) and with TP (DTensor loss_parallel's decomposition)
 TORCH_LOSS_BYTES = {"plain": 12, "loss_parallel": 16}

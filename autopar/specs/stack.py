@@ -18,7 +18,8 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
 * **stack constants** (``efficiency``): only what no kernel or link measurement sees, :data:`STACK_CONSTANTS`
   (the time per layer a framework spends between kernels), fitted to the stack's own runs within the bounds of
   :class:`autopar.specs.hardware.Efficiency`.
-* **cross entropy**: fused (Megatron / TE) or unfused (plain ``torch.nn.functional.cross_entropy``); and who holds
+* **cross entropy**: fused (Megatron's native kernel), te (Transformer Engine's, in place in the logits) or
+  unfused (plain ``torch.nn.functional.cross_entropy``); and who holds
   the logits around it (``loss_runtime``: Megatron's loss path, or PyTorch's as torchtitan runs it), a memory term
   (:mod:`autopar.cost.memory`).
 * **projections**: ``fused`` (Megatron-Core's one QKV GEMM and one gate-up GEMM) or ``separate`` (one GEMM per
@@ -45,7 +46,8 @@ from pydantic import Field, model_validator
 from autopar.errors import AutoparInputError
 from autopar.specs._base import Spec
 from autopar.specs.training import (AttentionImpl, CpRing, CrossEntropy, CudaGraphs, DpImpl, Elementwise, Fp8Recipe,
-                                    LossRuntime, MasterWeights, OptimizerImpl, PpFsdp, Projections, SelectiveAc)
+                                    LossRuntime, MasterWeights, MoeWeighting, OptimizerImpl, PpFsdp, Projections,
+                                    SelectiveAc)
 
 if TYPE_CHECKING:
     from autopar.specs.hardware import HardwareSpec
@@ -115,6 +117,10 @@ class StackKnobs(Spec):
                                         "copy-out on the compute stream).")
     optimizer: OptimizerImpl = Field(
         default="fused", description="Adam(W) kernels: fused (one pass) or torch's foreach (one pass per op).")
+    moe_weighting: MoeWeighting = Field(
+        default="activation", description="Where the routing probabilities multiply the routed tokens (memory only; "
+                                          "TrainingSpec.moe_weighting): in the expert activation (Megatron-Core) or "
+                                          "an fp32 multiply around the experts (torchtitan).")
     fused_grouped_mlp: bool = Field(
         default=False, description="Routed experts through Transformer Engine's op fuser (Megatron-Core "
                                    "use_transformer_engine_op_fuser; Bridge cutedsl_fused_grouped_mlp): expert "
@@ -155,7 +161,7 @@ class StackKnobs(Spec):
                     loss_runtime=self.loss_runtime, cuda_graphs=self.cuda_graphs,
                     fp8_lm_head=self.fp8_output_proj, projections=self.projections,
                     dp_impl=self.data_parallel, optimizer_impl=self.optimizer,
-                    fused_grouped_mlp=self.fused_grouped_mlp,
+                    fused_grouped_mlp=self.fused_grouped_mlp, moe_weighting=self.moe_weighting,
                     bias_activation_fusion=self.bias_activation_fusion,
                     bias_dropout_add_fusion=self.bias_dropout_add_fusion, hidden_dropout=self.hidden_dropout,
                     optimizer_state_dtype=self.optimizer_state_dtype,

@@ -20,7 +20,8 @@ AttentionImpl = Literal["best", "sdpa_fa2"]
 Fp8Recipe = Literal["te", "tensorwise", "rowwise"]
 CpRing = Literal["te_p2p", "torch_allgather"]
 PpFsdp = Literal["per_microbatch", "per_step"]
-CrossEntropy = Literal["fused", "unfused"]
+CrossEntropy = Literal["fused", "te", "unfused"]
+MoeWeighting = Literal["activation", "fp32_multiply"]
 LossRuntime = Literal["megatron", "torch"]
 SelectiveAc = Literal["modules", "op"]
 Projections = Literal["fused", "separate"]
@@ -150,6 +151,14 @@ class TrainingSpec(Spec):
                     "output projection with TE ColumnParallelLinear under MXFP8'; set by Megatron-Bridge's DeepSeek-V3 "
                     "and gpt-oss MXFP8 performance configs) instead of BF16 (autopar.cost.compute.head_time). "
                     "Precision mxfp8 only.")
+    moe_weighting: MoeWeighting = Field(
+        default="activation",
+        description="Where the routing probabilities multiply the routed tokens, which sets what the MoE layer keeps "
+                    "for the backward (memory only, autopar/cost/memory.py MOE_WEIGHTING_ELEMS): 'activation' "
+                    "(Megatron-Core: inside the expert activation, weighted_bias_swiglu_impl and friends, so the "
+                    "combine keeps nothing of the experts' output) or 'fp32_multiply' (torchtitan: "
+                    "``(routed.to(float32) * scores).to(bf16)`` before or after the experts, whose multiply saves the "
+                    "fp32 copy of the k routed copies: 4 B per element).")
     fused_grouped_mlp: bool = Field(
         default=False,
         description="Run the routed experts' MLP through Transformer Engine's op fuser (Megatron-Core "
@@ -179,9 +188,12 @@ class TrainingSpec(Spec):
                     "dropout stored: Megatron-LM before FlashAttention, e.g. its 2021 runs).")
     cross_entropy: CrossEntropy = Field(
         default="fused",
-        description="Loss kernel over the vocabulary: 'fused' (Megatron --cross-entropy-loss-fusion, Transformer "
-                    "Engine) or 'unfused' (plain torch log-softmax, as autopar's own runner): sets the HBM traffic "
-                    "and the fp32 buffers the last stage holds.")
+        description="Loss kernel over the vocabulary: 'fused' (Megatron --cross-entropy-loss-fusion, its native "
+                    "vocab-parallel kernel: an fp32 softmax kept for the backward), 'te' (Megatron "
+                    "cross_entropy_fusion_impl 'te', as NVIDIA's performance recipes set it: Transformer Engine's "
+                    "Triton kernel before TE v2.18 writes the gradient in place into the bf16 logits, nothing "
+                    "kept beside them) or 'unfused' (plain torch log-softmax, as autopar's own runner): sets the "
+                    "HBM traffic and the fp32 buffers the last stage holds.")
     loss_runtime: LossRuntime = Field(
         default="megatron",
         description="Who holds the last stage's logits around the loss (memory only, autopar/cost/memory.py "
