@@ -36,7 +36,7 @@ def main() -> None:
             est = Estimator(case.model, case.hardware, case.training, case.gpus)
             L, tr, prof = case.layout, case.training, est.profile
             j, kind = next((j, k) for j, k in enumerate(prof.kinds) if k.is_moe)
-            parts = C._cached_parts(est.kernels, prof, j, L, tr, C.gpu_tokens(L, tr), est.imbalance)
+            parts = C.layer_parts(est.kernels, kind, L, tr, C.gpu_tokens(L, tr), est.imbalance)
             g_f = sum(parts[p][0] for p in C.ROUTED_PARTS if p in parts)
             g_b = sum(parts[p][1] for p in C.ROUTED_PARTS if p in parts)
             e_loc = kind.num_experts / L.ep
