@@ -79,12 +79,27 @@ def test_the_estimator_prices_it_from_the_hardware_file_and_full_iteration_graph
     m = _fine_moe()
     eager = TrainingSpec(seq_len=1024, global_batch=64)
     graphed = eager.model_copy(update={"cuda_graphs": "full_iteration"})
-    unmeasured = H100.model_copy(update={"host_us_per_expert_fwd": None})
+    grace = load_hardware("gb200_nvl72")   # the host the per-expert figure was measured on
+    unmeasured = grace.model_copy(update={"host_us_per_expert_fwd": None})
     L = Layout(ep=1, dp=8)
-    with_host = Estimator(m, H100, eager, 8)
-    assert with_host.host_expert_s == pytest.approx(H100.host_us_per_expert_fwd * 1e-6)
+    with_host = Estimator(m, grace, eager, 8)
+    assert with_host.host_expert_s == pytest.approx(grace.host_us_per_expert_fwd * 1e-6)
     t_host = with_host.estimate(L).step_time_s
     t_none = Estimator(m, unmeasured, eager, 8).estimate(L).step_time_s
     assert t_host > t_none
     assert "MoE host launches" in with_host.compute_by_kernel(L)
-    assert Estimator(m, H100, graphed, 8).host_expert_s == 0.0
+    assert Estimator(m, grace, graphed, 8).host_expert_s == 0.0
+
+
+def test_an_x86_host_issues_the_same_experts_in_less_time_than_grace():
+    """TransformerEngine issue #2053 (2025-08-11): one Linear forward costs the host 13.48 us on a DGX H100's Xeon
+    and 37.08 us on GB200's Grace, so the x86 files carry the Grace figure scaled by that ratio: on one layout the
+    H100 pays less exposed host time than it would at the Grace rate, and none where its experts hide it."""
+    m, tr = _fine_moe(), TrainingSpec(seq_len=1024, global_batch=64)
+    grace = load_hardware("gb200_nvl72")
+    assert H100.host_us_per_expert_fwd == pytest.approx(grace.host_us_per_expert_fwd * 13.48 / 37.08, abs=0.05)
+    at_grace_rate = H100.model_copy(update={"host_us_per_expert_fwd": grace.host_us_per_expert_fwd})
+    L = Layout(ep=1, dp=8)
+    x86 = Estimator(m, H100, tr, 8).compute_by_kernel(L).get("MoE host launches", 0.0)
+    slow = Estimator(m, at_grace_rate, tr, 8).compute_by_kernel(L)["MoE host launches"]
+    assert x86 < slow
