@@ -196,7 +196,12 @@ pair differs by 7.8 GiB where CP 8 adds no group over CP 4. Pricing it costs the
 patch, measured 2026-11-26, added 1.0 GiB per group beyond the first (TP, CP, DP, EP, one per pipeline peer). It
 moved the 405B CP 1/2/4 rows 0.93-0.94 -> 0.97-1.00, 1F1B 0.84 -> 0.88 and CP 8 0.86 -> 0.90. At 1.0 GiB, and
 already at 0.25 GiB, it drove l3paper-405b-h100-16384 from VPP 8 to VPP 1 (74.4 GiB of 74.5 at V >= 2). In-sample
-error rose 7.90% -> 8.02%, and l3paper held out 15.3% -> 21.3%. So it is not priced.
+error rose 7.90% -> 8.02%, and l3paper held out 15.3% -> 21.3%. So it is not priced
+(benchmarks/nccl_reserve_trade.py). The same tables also bound it. The 405B CP 8 rank (TP, CP and FSDP groups, two
+pipeline peers, async TP's symmetric memory) printed 84.9 GiB reserved on an 89.41 GiB GPU
+(hardware/h100_grand_teton.yaml). So everything outside the allocator held at most 4.5 GiB there: CUDA context,
+NCCL and symmetric memory together. The flat 3 GiB lies within that bound. 3 GiB plus more than 0.5 GiB for each of
+that rank's groups beyond the first (3, as the script counts them) would not.
 """
 
 from __future__ import annotations
