@@ -4,7 +4,7 @@ docstring, 'NCCL's own buffers'; README 'Accuracy', the published peaks.)
 NCCL's channel buffers are real HBM and grow with the process groups a rank uses (NVIDIA/nccl#864, #986, #1685). The
 model keeps them inside the flat ``hardware.reserve_gib``. This script adds ``X`` GiB to each stage's reserve for
 every process group beyond the first. It counts the groups from the layout: TP, CP, DP, EP when their degree is above
-1, and one per pipeline peer (1 at PP 2, 2 above). Then it runs ``autopar validate`` in this process. X is the
+1, and one per pipeline peer (1 at PP 2, 2 above; see process_groups). Then it runs ``autopar validate`` in this process. X is the
 argument, not a measured figure: NCCL's per-group memory depends on channels, NVLS and connected peers, and the
 published peaks cannot see it (torchtitan prints the caching allocator's reserved peak; NCCL allocates outside it,
 nccl@v2.21.5-1 src/include/alloc.h). It shows the trade of pricing it: the published-peak ratios, and the in-sample
@@ -29,8 +29,11 @@ from autopar.specs.layout import Layout
 
 
 def process_groups(L: Layout) -> int:
-    """Process groups a rank of layout ``L`` sends on, at least 1: TP, CP, DP, EP above degree 1, and one
-    point-to-point group per pipeline peer (ProcessGroupNCCL opens a communicator per send/recv pair)."""
+    """Process groups a rank of layout ``L`` sends on, at least 1: TP, CP, DP, EP above degree 1, and one per
+    pipeline peer. ProcessGroupNCCL opens a 2-rank communicator per pair for a lone send/recv. For
+    ``batch_isend_irecv``, which torch.distributed.pipelining's schedules use, it connects the peers on the PP
+    group's communicator instead (``pointToPoint``: ``batchP2P`` takes the device key). Each peer then adds P2P
+    channel buffers, not a communicator, so the count is approximate."""
     peers = 0 if L.pp == 1 else (1 if L.pp == 2 else 2)
     return max(1, int(L.tp > 1) + int(L.cp > 1) + int((L.dp or 1) > 1) + int(L.ep > 1) + peers)
 
