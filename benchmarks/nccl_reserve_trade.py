@@ -4,11 +4,11 @@ docstring, 'NCCL's own buffers'; README 'Accuracy', the published peaks.)
 NCCL's channel buffers are real HBM and grow with the process groups a rank uses (NVIDIA/nccl#864, #986, #1685). The
 model keeps them inside the flat ``hardware.reserve_gib``. This script adds ``X`` GiB to each stage's reserve for
 every process group beyond the first. It counts the groups from the layout: TP, CP, DP, EP when their degree is above
-1, and one per pipeline peer (1 at PP 2, 2 above; see process_groups). Then it runs ``autopar validate`` in this process. X is the
-argument, not a measured figure: NCCL's per-group memory depends on channels, NVLS and connected peers, and the
-published peaks cannot see it (torchtitan prints the caching allocator's reserved peak; NCCL allocates outside it,
-nccl@v2.21.5-1 src/include/alloc.h). It shows the trade of pricing it: the published-peak ratios, and the in-sample
-and held-out errors.
+1, and one per pipeline peer (1 at PP 2, 2 above; see process_groups). Then it runs ``autopar validate`` in this
+process. X is the argument, not a measured figure: NCCL's per-group memory depends on channels, NVLS and
+connected peers, and the published peaks cannot see it (torchtitan prints the caching allocator's reserved peak;
+NCCL allocates outside it, nccl@v2.21.5-1 src/include/alloc.h). It shows the trade of pricing it: the
+published-peak ratios, and the in-sample and held-out errors.
 
     python benchmarks/nccl_reserve_trade.py 0.25 1.0           # validate --memory, then --fit --cv, per X
     python benchmarks/nccl_reserve_trade.py --memory-only 1.0

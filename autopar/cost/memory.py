@@ -183,8 +183,9 @@ rest (caching-allocator fragmentation).
 
 NCCL's own buffers are one flat part of that reserve, not a count of communicators. They are real HBM and do grow
 with the process groups a rank uses. NCCL allocates them per channel and per peer: 4 MiB SIMPLE, 512 KiB LL and
-4.7 MiB LL128 per connection (nccl@v2.21.5-1 src/init.cc DEFAULT_*BUFFSIZE; torch 2.5/2.6 wheels pin nvidia-nccl-cu12==2.21.5). "More
-communicators = more memory used", linear in channels (sjeaugey, NVIDIA/nccl#864 and #986). On 8 x H100 one
+4.7 MiB LL128 per connection (nccl@v2.21.5-1 src/init.cc DEFAULT_*BUFFSIZE; torch 2.5/2.6 wheels pin
+nvidia-nccl-cu12==2.21.5). "More communicators = more memory used", linear in channels (sjeaugey, NVIDIA/nccl#864
+and #986). On 8 x H100 one
 all_to_all_single took NCCL's memory from 1.06 to 4.34 GB (NVIDIA/nccl#1685, 2025-04).
 NCCL allocates those buffers itself, with cuMemCreate or cudaMalloc (nccl@v2.21.5-1 src/include/alloc.h
 ``ncclCudaCalloc``). Async TP's symmetric memory is allocated the same way (torch/csrc/distributed/c10d/
