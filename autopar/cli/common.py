@@ -342,7 +342,10 @@ def prediction_intervals(model: ModelSpec, hw: HardwareSpec, stack: str, est) ->
     reg = regime_of(model, hw, stack)
     try:
         t = throughput_interval(est.tokens_per_s_per_gpu, reg)
-        m = memory_interval(est.memory_gib.total, reg)
+        # memory errors are measured against the allocator's printed peak, which holds no CUDA context or NCCL
+        # buffers (autopar.measure.published_memory): the band is taken on the prediction less the reserve that
+        # stands for them, and the reserve added back, so it reads in the prediction's own units
+        m = memory_interval(est.memory_gib.total - hw.reserve_gib, reg)
     except AutoparInputError:
         return {}
     out = {}
@@ -354,7 +357,9 @@ def prediction_intervals(model: ModelSpec, hw: HardwareSpec, stack: str, est) ->
                               "high": step * t.predicted / t.low,
                               "median": step * t.predicted / t.median if t.median else None}
     if m:
-        out["memory_gib"] = m.to_dict()
+        r = hw.reserve_gib
+        out["memory_gib"] = {**m.to_dict(), "predicted": m.predicted + r, "low": m.low + r, "high": m.high + r,
+                             "median": m.median + r if m.median is not None else None}
     return out
 
 

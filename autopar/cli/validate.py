@@ -256,13 +256,16 @@ def run_memory(args: argparse.Namespace) -> int:
     out = console()
     t = Table(title="Predicted vs measured peak memory per GPU — " + ", ".join(p.name for p in memory_csvs()),
               title_justify="left")
-    for c in ("row", "layout", "measured GiB", "predicted GiB", "predicted/measured"):
+    for c in ("row", "layout", "measured GiB", "predicted GiB*", "predicted/measured"):
         t.add_column(c, justify="left" if c in ("row", "layout") else "right")
     for r in rows:
         t.add_row(r.row_id, r.layout, f"{r.measured_gib:.1f}", f"{r.predicted_gib:.1f}",
                   ("[red]" if r.ratio < 1 else "") + f"{r.ratio:.2f}" + ("[/red]" if r.ratio < 1 else ""))
     out.print(t)
     out.print(f"[bold]{len(rows)} rows: {len(under)} predicted below their measured peak[/bold]")
+    out.print("* the allocator's share, as the sources print it (torchtitan: the caching allocator's peak reserved "
+              "memory): the prediction less the chip's reserve_gib, which stands for the CUDA context and NCCL "
+              "buffers outside it (autopar/measure/published_memory.py)")
     return 0
 
 

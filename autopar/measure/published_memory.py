@@ -13,6 +13,13 @@ logs, metrics.py@9dec370: rank 0 on the console, the last stage's first rank in 
 the maximum over all GPUs: "Different PP ranks can have different peak memory usages. We take the maximum across all
 GPUs", footnote 1 of torchtitan@b5bcd76c benchmarks/llama3_h100_202412_torchtitan.md). ``tests/measure/test_published_memory.py`` checks that no prediction is below its
 measurement, and names the rows where it still is.
+
+Like for like: the allocator's reserved peak holds neither the CUDA context nor NCCL's buffers, which NCCL allocates
+itself (NVIDIA/nccl@v2.21.5-1 src/include/alloc.h ``ncclCudaCalloc``, the NCCL of torch 2.5/2.6), so the prediction
+compared is the fullest stage's memory less ``hardware.reserve_gib``, the part of the model that stands for them
+(:func:`autopar.cost.memory.reserve_bytes`); the allocator's own excess over its live tensors,
+``hardware.fragmentation`` of the modelled bytes, stays in, as the reserved figure holds it. (Until 2026-11-26 the
+whole prediction was compared, 3 GiB more than the printed figure counts.)
 """
 
 from __future__ import annotations
@@ -63,7 +70,8 @@ def predict_rows(paths: list[Path] | None = None) -> list[MemoryRow]:
         cases, _ = load_cases(path)
         for r in evaluate([c for c in cases if c.measured_mem_gib]):
             c = r.case
-            out.append(MemoryRow(c.row_id, c.row_id.split("-")[0], c.measured_mem_gib, r.predicted_mem_gib,
+            allocator = r.predicted_mem_gib - c.hardware.reserve_gib      # what the printed peak counts (docstring)
+            out.append(MemoryRow(c.row_id, c.row_id.split("-")[0], c.measured_mem_gib, allocator,
                                  c.layout.short(), regime_of(c.model, c.hardware, c.stack)))
     return out
 
