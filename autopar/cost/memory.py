@@ -180,6 +180,29 @@ shard is held beside it: the weights term is 0 and the gathered bf16 layers are 
 
 Reserve: ``hardware.reserve_gib`` (CUDA context, NCCL, allocator) plus ``hardware.fragmentation`` of the
 rest (caching-allocator fragmentation).
+
+NCCL's own buffers are one flat part of that reserve, not a count of communicators. They are real HBM and do grow
+with the process groups a rank uses. NCCL allocates them per channel and per peer: 4 MiB SIMPLE, 512 KiB LL and
+4.7 MiB LL128 per connection (nccl@v2.21.5-1 src/init.cc DEFAULT_*BUFFSIZE; torch 2.5/2.6 wheels pin
+nvidia-nccl-cu12==2.21.5). "More communicators = more memory used", linear in channels (sjeaugey, NVIDIA/nccl#864
+and #986). On 8 x H100 one
+all_to_all_single took NCCL's memory from 1.06 to 4.34 GB (NVIDIA/nccl#1685, 2025-04).
+NCCL allocates those buffers itself, with cuMemCreate or cudaMalloc (nccl@v2.21.5-1 src/include/alloc.h
+``ncclCudaCalloc``). Async TP's symmetric memory is allocated the same way (torch/csrc/distributed/c10d/
+CUDASymmetricMemory.cu ``CUDASymmetricMemoryAllocator::alloc``). So none of it is in the PyTorch caching
+allocator's ``reserved_bytes``, the figure torchtitan prints (#1685: its numbers "excluded memory usage from
+PyTorch"), and no published peak here can measure a per-communicator term. The published pairs also contradict it.
+Some pairs use the same process groups yet differ by 4.3-10 GiB: eager vs async TP, 1F1B vs interleaved. Another
+pair differs by 7.8 GiB where CP 8 adds no group over CP 4. Pricing it costs the planner too. An uncommitted
+patch, measured 2026-11-26, added 1.0 GiB per group beyond the first (TP, CP, DP, EP, one per pipeline peer). It
+moved the 405B CP 1/2/4 rows 0.93-0.94 -> 0.97-1.00, 1F1B 0.84 -> 0.88 and CP 8 0.86 -> 0.90. At 1.0 GiB, and
+already at 0.25 GiB, it drove l3paper-405b-h100-16384 from VPP 8 to VPP 1 (74.4 GiB of 74.5 at V >= 2). In-sample
+error rose 7.90% -> 8.02%, and l3paper held out 15.3% -> 21.3%. So it is not priced
+(benchmarks/nccl_reserve_trade.py). The same tables also bound it. The 405B CP 8 rank (TP, CP and FSDP groups, two
+pipeline peers, async TP's symmetric memory) printed 84.9 GiB reserved on an 89.41 GiB GPU
+(hardware/h100_grand_teton.yaml). So everything outside the allocator held at most 4.5 GiB there: CUDA context,
+NCCL and symmetric memory together. The flat 3 GiB lies within that bound. 3 GiB plus more than 0.5 GiB for each of
+that rank's groups beyond the first (3, as the script counts them) would not.
 """
 
 from __future__ import annotations

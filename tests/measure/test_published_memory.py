@@ -12,6 +12,9 @@ ROWS = {r.row_id: r for r in predict_rows()}
 
 # Still under-predicted, and what is known of why (not fitted away: see README 'Accuracy'). torchtitan prints the
 # caching allocator's peak *reserved* memory; the model's reserve (CUDA context, NCCL) lies outside that figure.
+# Ruled out for every row below: NCCL's per-communicator buffers (a rank in more process groups holds more HBM).
+# NCCL and async TP's symmetric memory allocate with cuMemCreate/cudaMalloc, outside that figure, and the measured
+# pairs differ where the groups do not (autopar/cost/memory.py docstring, 'NCCL's own buffers').
 _EAGER8 = ("eager op-SAC on 8 GPUs: 0.2 GiB (0.2%) short at the loss backward's peak, where eager and compiled blocks "
            "differ only by the down projection's output eager keeps (counted; the measured eager-compiled gap is "
            "5.4 GiB, 4.0 of it that output); on one H200 (benchmarks/torch_sac_memory.py) the allocator's reserved "
