@@ -276,7 +276,7 @@ def test_a_stack_picks_the_attention_figures_of_its_kernel():
     assert b / a == pytest.approx((0.646 * 8192 / (8192 + 610)) / (0.5 * 8192 / (8192 + 900)))
 
 
-@pytest.mark.parametrize("name", ["h100_sxm", "h200", "gb200_nvl72", "a100_80gb"])
+@pytest.mark.parametrize("name", ["h100_sxm", "h200", "gb200_nvl72", "gb300_nvl72", "b300", "a100_80gb"])
 def test_gemm_curve_against_the_published_long_run_gemms(name):
     """The hardware files keep published long-run cuBLASLt tables (10,000 warm-up iterations, so the clock has
     settled under the power limit) in their kernels: section. At the shapes dense layers produce (every dimension
@@ -284,19 +284,25 @@ def test_gemm_curve_against_the_published_long_run_gemms(name):
     at most 25% slower (0.80-0.99 since M and N share one curve; 0.70-0.98 when N had K's). Known misses the curve
     does not model, asserted so that a change to them is seen: a 1024^3 GEMM is latency-bound (6-8 us; the curve is
     up to 3x too fast on Hopper and Blackwell) and a skinny 802816x192x768 one is bound by reading its activations
-    (the curve is 1.5-1.9x too slow; ~3x with N on K's curve)."""
+    (the curve is 1.5-1.9x too slow; ~3x with N on K's curve). B300's table is a power-saturated run on one B300
+    (the check of its power-line sustained figure). GB300's NVFP4 table (cuBLASLt, 16-element UE4M3 block
+    scales) meets the curve from 8192 up; below it NVFP4 GEMMs run well under the curve (4096^3 1.3x, 2048^3 3.6x too
+    fast): at three times FP8's peak their fixed per-GEMM costs show at shapes where FP8's do not (a known miss)."""
     hw = load_hardware(name)
-    (prec, rows), = hw.kernels.gemm.items()
-    k = Kernels(hw, TrainingSpec(seq_len=4096, global_batch=64, precision=prec))
-    for m, n, kk, measured in rows:
-        fwd, _ = k.gemm(m, n, kk, n * kk, 1, 1)
-        ratio = 2 * m * n * kk / fwd / 1e12 / measured
-        if min(m, n, kk) >= 2048:
-            assert 0.75 <= ratio <= 1.05, (m, n, kk, ratio)
-        elif (m, n, kk) == (802816, 192, 768):
-            assert 0.45 < ratio < 0.7, ratio
-        elif (m, n, kk) == (1024, 1024, 1024) and name != "a100_80gb":
-            assert ratio > 1.5, ratio
+    assert hw.kernels.gemm
+    for prec, rows in hw.kernels.gemm.items():
+        k = Kernels(hw, TrainingSpec(seq_len=4096, global_batch=64, precision=prec))
+        for m, n, kk, measured in rows:
+            fwd, _ = k.gemm(m, n, kk, n * kk, 1, 1)
+            ratio = 2 * m * n * kk / fwd / 1e12 / measured
+            if prec == "nvfp4" and min(m, n, kk) < 8192:
+                assert ratio > 1.2, (m, n, kk, ratio)
+            elif min(m, n, kk) >= 2048:
+                assert 0.75 <= ratio <= 1.05, (prec, m, n, kk, ratio)
+            elif (m, n, kk) == (802816, 192, 768):
+                assert 0.45 < ratio < 0.7, ratio
+            elif (m, n, kk) == (1024, 1024, 1024) and name != "a100_80gb":
+                assert ratio > 1.5, ratio
 
 
 def test_a_stack_picks_the_grouped_gemm_figure_of_its_kernel():
@@ -390,8 +396,8 @@ def test_sliding_window_layers_run_at_cudnns_measured_windowed_rates():
     tr = TrainingSpec(seq_len=4096, global_batch=64, precision="mxfp8")
     f = 1e12
     # hardware/gb300_nvl72.yaml attention_window (NVIDIA/cudnn-frontend@3929da2e gpt_oss results, GB300): window 128,
-    # head dim 64, s = 4096: BF16 167 / 191 TFLOP/s, at the sustained clock (GB300's sustained_attention, 0.886 at 1400 W)
-    sus = 0.886
+    # head dim 64, s = 4096: BF16 167 / 191 TFLOP/s, at the sustained clock (GB300's sustained_attention, 0.915 at 1400 W)
+    sus = 0.915
     fwd, bwd = Kernels(gb300, tr).attention(f, 128, 64, window=128, seq=4096)
     assert fwd == pytest.approx(f / (167e12 * sus))
     assert bwd == pytest.approx(ATTN_BWD_FLOP_RATIO * f / (191e12 * sus))
