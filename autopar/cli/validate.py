@@ -214,12 +214,12 @@ def _coverage(rep) -> dict | None:
 
 
 def _print_coverage(out, inside: int, total: int, where: str) -> None:
-    from autopar.measure.intervals import SHARE
+    from autopar.measure.intervals import SHARE, coverage_within
     if not total:
         out.print(f"interval coverage: no held-out run in {where}")
         return
     share = inside / total
-    ok = abs(share - SHARE) <= 0.05
+    ok = coverage_within(inside, total)
     style = "" if ok else "[yellow]"
     out.print(f"{style}interval coverage, out of sample: {inside} of {total} published runs ({share:.0%}) inside the "
               f"{SHARE:.0%} band built without their own source ({where}; within 5 points of {SHARE:.0%}: "
