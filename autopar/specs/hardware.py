@@ -521,7 +521,8 @@ class HardwareSpec(Spec):
     nvlink_latency_us: float = Field(default=3.0, ge=0, description="Per-step latency (alpha) inside the domain, us.")
     scaleout_latency_us: float = Field(default=8.0, ge=0, description="Per-step latency across the network, us.")
     reserve_gib: float = Field(default=3.0, ge=0, le=limit("hbm_gib"),
-                               description="HBM the framework keeps (CUDA context, allocator fragmentation), GiB.")
+                               description="HBM held outside PyTorch's caching allocator (CUDA context, NCCL's "
+                                           "buffers), GiB; the allocator's own excess is 'fragmentation'.")
     fragmentation: float = Field(default=0.02, ge=0, le=1,
                                  description="Extra HBM lost to caching-allocator fragmentation, as a fraction of "
                                              "the modelled memory. Default 2%: PyTorch's allocator with "
