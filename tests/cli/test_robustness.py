@@ -309,3 +309,35 @@ def test_json_output_is_strict_json_even_for_an_empty_mean():
     import json
     text = dump_json({"mape": float("nan"), "rows": [], "worst": float("inf"), "ok": 1.5})
     assert json.loads(text) == {"mape": None, "rows": [], "worst": None, "ok": 1.5}
+
+
+def test_a_sigterm_landing_in_a_weakref_callback_still_terminates():
+    """SIGTERM while a weakref callback runs (garbage collection inside a library, as SQLAlchemy's registry during
+    `tune`): the handler's Terminated cannot be raised there; Python would print "Exception ignored" with a
+    traceback and run on. main()'s unraisable hook delivers the signal again, so the command stops, quietly."""
+    import gc
+    import signal
+    import weakref
+
+    from autopar.cli import main as cli_main
+    from autopar.errors import Terminated
+
+    class Thing:
+        pass
+
+    old_term = signal.signal(signal.SIGTERM, cli_main._on_sigterm)
+    old_hook, sys.unraisablehook = sys.unraisablehook, cli_main._on_unraisable
+    try:
+        thing = Thing()
+        ref = weakref.ref(thing, lambda _: signal.raise_signal(signal.SIGTERM))
+        with pytest.raises(Terminated):
+            del thing            # the callback runs here; its Terminated goes to the unraisable hook
+            gc.collect()
+            for t in cli_main._REDELIVERIES:
+                t.join()         # the signal is delivered again: the main thread raises it at its next step
+            for _ in range(10_000):
+                pass
+        assert ref() is None
+    finally:
+        sys.unraisablehook = old_hook
+        signal.signal(signal.SIGTERM, old_term)
