@@ -87,7 +87,7 @@ def records(width: int, title: str, headers: list[str], rows: list[list[str]]) -
 def header(model: ModelSpec, hw: HardwareSpec, tr: TrainingSpec, gpus: int) -> str:
     return (f"{model.summary()}\n{gpus} x {hw.name} ({hw.hbm_gib:.1f} GiB HBM, NVLink domain {hw.nvlink_domain_size}); "
             f"seq {tr.seq_len}, global batch {tr.global_batch} ({tr.tokens_per_step / 1e6:.2f}M tokens), "
-            f"{tr.precision}; overlap {tr.overlaps()}")
+            f"{tr.precision}, {tr.grad_dtype} gradients; overlap {tr.overlaps()}")
 
 
 def print_estimate(est: Estimate, model: ModelSpec, hw: HardwareSpec, tr: TrainingSpec, out: Console) -> None:
