@@ -183,7 +183,8 @@ wraps each TransformerBlock) and the block's dtypes bf16 (param_dtype) and fp32 
   next block while one computes; its flat output is freed after its copy-out. The copy-in stream's blocks serve
   only that stream, so the caching allocator keeps them reserved all step: weight_bytes·(max(root, P) + P)
   (:func:`fsdp2_all_gather_pool_bytes`; none on one rank, where newer torch even skips the flat buffer:
-  torch 2.13.0 ``FSDPParamGroup.unshard`` ``if world_size == 1``, which is why a one-GPU run cannot see it).
+  torch 2.13.0 ``FSDPParamGroup.unshard`` ``if world_size == 1``; whether the torch 2.11 of the one-H200 measurement
+  above did is not checked, and on one rank the pool is not counted either).
 - ``FSDPParamGroup.post_backward``: autograd's unsharded gradients are in param_dtype (2 B·P, the block's, growing
   through its backward); the block is resharded, then ``foreach_reduce`` allocates the reduce-scatter input in
   reduce_dtype on the compute stream (``torch.empty((reduce_scatter_input_numel,), dtype=reduce_dtype)``, 4 B·P),
