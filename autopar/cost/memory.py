@@ -112,7 +112,8 @@ peak, at the last forward, holds c chunks' stored inputs and all v·M outputs (e
 ranks the in-flight count is Megatron's warm-up figure, an approximation).
 
 Buffers: the SP/TP all-gathered input of one linear (b·s/cp·h), EP dispatch/combine buffers (2·b·s/(cp·tp)
-·k·h), FSDP's unsharded parameters of two layers (current + prefetch) and one layer's unsharded gradient,
+·k·h), FSDP's unsharded parameters of two layers (current + prefetch) and one layer's unsharded gradient (FSDP2's
+own count below),
 FP8 weight copies (2 B per local parameter, Transformer Engine; none with FP8 primary weights) for FP8 recipes.
 Async TP (``tp_overlap_impl: async_tp``) adds its symmetric-memory workspace, allocated once and kept: the fused
 matmul + reduce-scatter double-buffers one output chunk, 2·(b·s/(cp·tp))·h·e bytes, more than the fused all-gather's
@@ -163,6 +164,46 @@ reshard after forward since for training, the parameters would be freed and all-
 root's unsharded bf16 parameters, ``weight_bytes`` per (embedding + head)/tp parameter on the stages that hold them,
 are gathered for the whole forward and backward, beside the per-layer gathers above (:func:`fsdp2_root_bytes`).
 Under PP torchtitan keeps every FSDP2 unit gathered (``pp_fsdp`` per_step, priced as ZeRO-1): nothing extra there.
+
+FSDP2's per-block buffers (``dp_impl`` fsdp2; Megatron's ZeRO-3 keeps the count under Buffers). Read in torch's
+FSDP2 of the 2.6 line (torch/distributed/fsdp/_fully_shard/, a stored copy with ``unshard_in_backward`` and without
+``all_reduce_hook``, i.e. Dec 2024 - Jan 2025; the tables' 1963fc8 itself is not stored and is ASSUMED the same, so
+functions are cited, not lines). With P parameters of one block on this TP rank (:func:`fsdp2_block_params`; torchtitan
+wraps each TransformerBlock) and the block's dtypes bf16 (param_dtype) and fp32 (reduce_dtype):
+
+- ``_fsdp_collectives.foreach_all_gather``: the all-gather input is a view into its flat output
+  (``all_gather_output.narrow(0, all_gather_input_numel * rank, ...)``), allocated on the all-gather copy-in stream,
+  2 B·P; the fp32 shards' bf16 casts (``FSDPParam.all_gather_inputs``, 2 B·P/N) are freed after the copy-in (left
+  out). ``foreach_all_gather_copy_out`` copies it into the unsharded parameters (``alloc_all_gather_outputs``, 2 B·P,
+  on the compute stream), which ``to_sharded`` frees after the block's forward and its backward.
+- ``FSDPParamGroup.wait_for_unshard``: in the forward the flat output is kept in ``comm_ctx.all_gather_state`` until
+  the next group's copy-out ("Defer free to allow for overlap of this copy-out with next all-gather collective"), and
+  the next group's all-gather is issued before that: two flat outputs are alive at once, the root's (embedding and
+  head, gathered first) with the first block's, then two blocks'. In the backward ``_backward_prefetch`` gathers the
+  next block while one computes; its flat output is freed after its copy-out. The copy-in stream's blocks serve
+  only that stream, so the caching allocator keeps them reserved all step: weight_bytes·(max(root, P) + P)
+  (:func:`fsdp2_all_gather_pool_bytes`; none on one rank, where newer torch even skips the flat buffer:
+  torch 2.13.0 ``FSDPParamGroup.unshard`` ``if world_size == 1``; whether the torch 2.11 of the one-H200 measurement
+  above did is not checked, and on one rank the pool is not counted either).
+- ``FSDPParamGroup.post_backward``: autograd's unsharded gradients are in param_dtype (2 B·P, the block's, growing
+  through its backward); the block is resharded, then ``foreach_reduce`` allocates the reduce-scatter input in
+  reduce_dtype on the compute stream (``torch.empty((reduce_scatter_input_numel,), dtype=reduce_dtype)``, 4 B·P),
+  copies the gradients in and frees them (``unsharded_grads.clear()``); the input is kept in
+  ``comm_ctx.reduce_scatter_state`` until the NEXT group's ``post_backward`` waits on its event and drops it, so
+  through the next block's backward the previous block's fp32 input (4 B·P) sits beside that block's bf16
+  gradients (2 B·P). The reduce-scatter output (4 B·P/N, on the reduce-scatter stream) becomes the sharded
+  ``.grad``: the gradient term.
+- the root module (``fully_shard(model)``) reduces only after the whole backward, so the head's unsharded bf16
+  gradient (2 B per head parameter) is held from the head's backward to the end.
+
+So the buffers hold, in every phase, one gathered block (2 B·P: in the forward, and at the loss backward's peak the
+last block, which torchtitan does not reshard after its forward), the root's gathered parameters and the copy-in
+pool; and a layer's backward adds (2 + 4) B·P and the head's gradient (:func:`fsdp2_backward_bytes`), which belong to
+the layer phase: on the torch last stage they count only where that phase is the larger (at torchtitan's 8B rows the
+loss backward's peak, 27-55 GiB, is). Under PP with ``pp_fsdp`` per_step the gradients accumulate unsharded in fp32
+(``to_accumulated_grad_if_needed``), so a backward adds only the block's bf16 gradients there. Approximations: the
+layer-phase bytes are counted for ``dp_impl`` fsdp2 at any ZeRO stage (the search's activation tables have no ZeRO
+axis), an over-count of at most 6 B·P for torchtitan layouts below ZeRO-3; P is the stage's average block.
 
 FSDP under PP with ``pp_fsdp`` per_step (torchtitan + torch.distributed.pipelining, autopar.cost.dp): torchtitan@9dec370
 parallelize_llama.py ``apply_fsdp`` sets reshard_after_forward = False under PP, and pipelining's
@@ -479,6 +520,8 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
     layer_phase = mb_tokens * e * working          # one layer's backward working set
     if tr.cp_ring == "torch_allgather" and st.sum(prof, "attn_layers"):
         layer_phase = layer_phase + torch_ring_backward_bytes(prof, L, tr)
+    if tr.dp_impl == "fsdp2":   # the block's unsharded gradients and the previous reduce-scatter input (docstring)
+        layer_phase = layer_phase + fsdp2_backward_bytes(prof, st, L, tr)
     logits = mb_tokens / (L.cp * L.tp) * prof.vocab * (1 + prof.model.mtp_layers) if st.is_last else 0.0
     if tr.loss_runtime == "torch":   # PyTorch's runtime (docstring), per element of one sequence-sharded b·s·h tensor
         boundary = mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden
@@ -563,9 +606,13 @@ def _buffer_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec) ->
     dense, expert = stage_params(prof, st, L)
     per_layer = (dense + expert) / max(st.n_layers, 1)
     z = held_zero_stage(st, L, tr)
-    buf = buf + where(z >= 3, per_layer * (2 * tr.weight_bytes + tr.grad_bytes), 0.0)
-    if tr.dp_impl == "fsdp2":   # the FSDP2 root module's parameters, gathered all step (docstring)
-        buf = buf + where(z >= 3, fsdp2_root_bytes(prof, st, L, tr), 0.0)
+    if tr.dp_impl == "fsdp2":   # FSDP2, counted from torch's source (docstring): one gathered block, the root
+        # module's parameters gathered all step and the all-gather stream's cached flat buffers; the block's
+        # unsharded gradients and the fp32 reduce-scatter input belong to the layer phase (fsdp2_backward_bytes)
+        buf = buf + where(z >= 3, tr.weight_bytes * fsdp2_block_params(prof, st, L) + fsdp2_root_bytes(prof, st, L, tr)
+                          + fsdp2_all_gather_pool_bytes(prof, st, L, tr), 0.0)
+    else:   # a gathered block, the prefetched one and one block's gradient
+        buf = buf + where(z >= 3, per_layer * (2 * tr.weight_bytes + tr.grad_bytes), 0.0)
     if tr.precision in _FP8 and tr.fp8_recipe in TORCHAO_RECIPES:   # one layer's transient casts (docstring)
         buf = buf + FP8_WEIGHT_COPY_BYTES * per_layer
     elif tr.precision in _FP8 and not tr.fp8_primary_weights:   # FP8 weight copies, row-wise and column-wise
@@ -578,8 +625,45 @@ def fsdp2_root_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec)
     """Bytes of FSDP2's root-module parameters (token embedding on the first stage, output head on the last; the
     final norm's h parameters are left out) held unsharded for the whole step (module docstring): weight_bytes per
     parameter of this TP rank. ``L.tp`` may be a numpy array (elementwise result)."""
-    root = (prof.embedding_params if st.is_first else 0.0) + (prof.head_params if st.is_last else 0.0)
-    return tr.weight_bytes * root / L.tp
+    return tr.weight_bytes * _root_params(prof, st) / L.tp
+
+
+def fsdp2_all_gather_pool_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec):
+    """Bytes FSDP2's all-gather copy-in stream keeps reserved for its flat all-gather outputs (module docstring, FSDP2's
+    per-block buffers): the largest two consecutive units' flat outputs, weight_bytes per parameter of this TP rank,
+    the root module's (the first gathered in the forward, where the stage has one) with the first block's, or two
+    blocks'. None with a shard group of one rank (nothing to gather). The degrees may be numpy arrays."""
+    block = fsdp2_block_params(prof, st, L)
+    root = _root_params(prof, st) / L.tp
+    return where(shard_groups(L)[0] > 1, tr.weight_bytes * (maximum(root, block) + block), 0.0)
+
+
+def fsdp2_backward_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec):
+    """Bytes FSDP2 holds in a layer's backward beyond the gathered block (module docstring, FSDP2's per-block
+    buffers): that block's unsharded gradients in the parameter dtype (weight_bytes per parameter), the previous
+    block's reduce-scatter input in the reduce dtype (grad_bytes per parameter), kept until this block's
+    reduce-scatter is issued (not under PP with ``pp_fsdp`` per_step, where it replaces the accumulated fp32 gradients
+    the gradient term counts), and, on the stage holding the output head, the head's unsharded gradient (the root
+    module reduces only after the whole backward). The degrees may be numpy arrays (elementwise result)."""
+    block = fsdp2_block_params(prof, st, L)
+    head = prof.head_params / L.tp if st.is_last else 0.0
+    # under PP with pp_fsdp per_step the gradients accumulate unsharded in fp32 (the gradient term); the last
+    # micro-batch's reduce-scatter input takes their place rather than adding to them
+    rs_input = 0.0 if (st.pp > 1 and tr.pp_fsdp == "per_step") else tr.grad_bytes * block
+    return tr.weight_bytes * (block + head) + rs_input
+
+
+def fsdp2_block_params(prof: ModelProfile, st: Stage, L: Layout):
+    """Parameters of one FSDP2 unit (one block, torchtitan's per-TransformerBlock ``fully_shard``) on this TP rank: the
+    stage's parameters less its root module's, over its layers (an average where layers differ)."""
+    dense, expert = stage_params(prof, st, L)
+    return (dense + expert - _root_params(prof, st) / L.tp) / max(st.n_layers, 1)
+
+
+def _root_params(prof: ModelProfile, st: Stage) -> float:
+    """Parameters of FSDP2's root module on this stage before TP: the token embedding on the first stage, the output
+    head on the last (the final norm's h left out)."""
+    return (prof.embedding_params if st.is_first else 0.0) + (prof.head_params if st.is_last else 0.0)
 
 
 FP8_WEIGHT_COPY_BYTES = 2.0   # row-wise + column-wise FP8 copy of each weight (module docstring)
