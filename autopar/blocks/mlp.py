@@ -46,6 +46,11 @@ ACT_UNFUSED_EXTRA = {"swiglu": (2.0, 3.0), "geglu": (2.0, 3.0), "gelu": (0.0, 0.
                      "squared_relu": (2.0, 7.0)}
 
 
+def activation_of(activation: str | None, gated: bool) -> str:
+    """An MLP's activation: the stated one, else SwiGLU for a gated MLP and GELU for a plain one."""
+    return activation or ("swiglu" if gated else "gelu")
+
+
 def input_gemms(k: int, f: int, n_in: int, split: str, module: str, separate: bool) -> list[Linear]:
     """The input GEMMs of an MLP of width ``f`` on a ``k``-wide input with ``n_in`` input matrices (gate and up, or up
     alone): one k -> n_in·f GEMM (fused), or with ``separate`` one k -> f GEMM each, the later ones sharing the first's
@@ -99,7 +104,7 @@ class MLP(Block):
     def act_unfused_elems(self) -> tuple[float, float]:
         """What the activation adds per unit of FFN width when it runs unfused (:data:`ACT_UNFUSED_EXTRA`, plus the
         separate bias add of a biased MLP), (forward, backward)."""
-        fwd, bwd = ACT_UNFUSED_EXTRA[self.activation or ("swiglu" if self.gated else "gelu")]
+        fwd, bwd = ACT_UNFUSED_EXTRA[activation_of(self.activation, self.gated)]
         return (fwd + (2.0 * self.n_in if self.bias else 0.0), bwd)
 
     def gemms(self) -> tuple[Linear, ...]:

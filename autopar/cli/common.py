@@ -202,18 +202,13 @@ def load_problem(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec, Tra
     fields = knobs.training_fields()
     training = build_spec(TrainingSpec, dict(
         seq_len=args.seq_len, global_batch=gb, precision=args.precision,
-        **_grad_dtype(args),
+        # unset: TrainingSpec's default for the weight dtype and the stack (fp32 for bf16 weights, FSDP2's fp32)
+        **({} if args.grad_dtype is None else {"grad_dtype": args.grad_dtype}),
         weight_dtype="fp16" if args.precision == "fp16" else "bf16",
         linear_cp=getattr(args, "linear_cp", "all_to_all"),
         **{**fields, **overlap_fields(args)}), "training flags")   # --overlap over the stack's
     hw.peak_tflops(training.precision)  # fails early, naming the precision, if the chip lacks it
     return model, hw, training, notes
-
-
-def _grad_dtype(args: argparse.Namespace) -> dict:
-    """--grad-dtype as TrainingSpec takes it: as given; unset, TrainingSpec's default for the weight dtype and the
-    stack (fp32 for bf16 weights as Megatron-LM does, FSDP2's fp32, fp16 under --precision fp16)."""
-    return {} if args.grad_dtype is None else {"grad_dtype": args.grad_dtype}
 
 
 def _finite(obj: object) -> object:

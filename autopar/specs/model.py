@@ -36,6 +36,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from autopar.blocks import MLP, Attention, Block, Rule, attention_block, channel_block, mixer_block
+from autopar.blocks.mlp import activation_of
 from autopar.specs._base import Spec
 from autopar.specs.bounds import limit
 from autopar.specs.mixers import MixerSpec
@@ -326,7 +327,7 @@ class ModelSpec(Spec):
     @property
     def mlp_activation(self) -> str:
         """The dense MLP's activation: the stated one, else swiglu (gated) or gelu (plain)."""
-        return self.activation or ("swiglu" if self.gated_mlp else "gelu")
+        return activation_of(self.activation, self.gated_mlp)
 
     # ---- parameter counts (exact) ---------------------------------------------------------------------
     @property
