@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     rep = validate(_csv_path(args))
     if args.json:
         rk = rep.ranking
-        print(dump_json({"interval_coverage": _coverage(rep),
+        print(dump_json({"interval_coverage": _coverage(rep, _csv_path(args)),
                          "mape": rep.mape, "max_abs_error": rep.max_abs_error, "predicted_oom": rep.predicted_oom,
                          "ranking": {"share": rk.share, "right": rk.right, "pairs": rk.pairs, "ties": rk.ties,
                                      "skipped_measured_ties": rk.skipped},
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
                                  for name, (n, mae, bias) in groups.items()],
                                 left=(grouping,)))
     out.print("[dim]bias: mean signed error of the group's rows, + = predicted faster than measured[/dim]")
-    _print_stored_coverage(rep, out)
+    _print_stored_coverage(rep, out, _csv_path(args))
     rk = rep.ranking
     out.print(f"[bold]{len(rep.rows)} rows: mean absolute error {rep.mape:.2%}, max {rep.max_abs_error:.1%}; "
               f"within-source ranking {rk.share:.1%} ({rk.right} of {rk.pairs} pairs ordered as measured, "
@@ -196,10 +196,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _coverage(rep) -> dict | None:
+def _coverage(rep, path: Path) -> dict | None:
     """The stored intervals' out-of-sample coverage (:func:`autopar.measure.intervals.holdout_coverage` over the
     held-out errors in data/error_bars.yaml) and how many of this report's runs moved since the file was written;
-    None without the file."""
+    None without the file. A runs file other than the one the bands were built from (``path``: the hold-out check,
+    a team's own runs) is checked only on the runs the bands hold: its other runs are not new to the bands."""
     from autopar.measure.intervals import SHARE, _table, holdout_coverage, stale_runs, stored_runs
     try:
         runs = stored_runs()
@@ -207,7 +208,9 @@ def _coverage(rep) -> dict | None:
     except AutoparInputError:
         return None
     inside, total = holdout_coverage(runs)
-    moved, worst = stale_runs({r.case.row_id: r.predicted for r in rep.rows})
+    fit_set = path.exists() and DEFAULT_CSV.exists() and path.samefile(DEFAULT_CSV)
+    held = {r.row_id for r in runs}
+    moved, worst = stale_runs({r.case.row_id: r.predicted for r in rep.rows if fit_set or r.case.row_id in held})
     return {"inside": inside, "runs": total, "share": inside / total if total else None, "stated": SHARE,
             "method": "leave-one-source-out: each run's held-out error against the band built without its source",
             "written": written, "stale_runs": len(moved), "stale_largest_move": worst if moved else 0.0}
@@ -226,9 +229,9 @@ def _print_coverage(out, inside: int, total: int, where: str) -> None:
               f"{'yes' if ok else 'no'}){'' if ok else '[/yellow]'}")
 
 
-def _print_stored_coverage(rep, out) -> None:
+def _print_stored_coverage(rep, out, path: Path) -> None:
     """The out-of-sample coverage of data/error_bars.yaml, and a note when the model moved since it was written."""
-    cov = _coverage(rep)
+    cov = _coverage(rep, path)
     if cov is None:
         out.print("interval coverage: no data/error_bars.yaml (autopar validate --fit --cv --write-intervals)")
         return
