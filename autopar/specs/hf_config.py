@@ -210,6 +210,14 @@ def _gpt_oss(r: _Reader) -> dict[str, Any]:
         raise r.fail(f"num_experts_per_tok ({top_k}) and experts_per_token ({alias}) disagree")
     f["moe"] = dict(num_experts=r.get("num_local_experts"), top_k=top_k if top_k is not None else alias,
                     expert_ffn_hidden_size=f["ffn_hidden_size"], expert_bias=True)
+    # swiglu_limit: the experts clamp the activation's inputs (gpt_oss/torch/model.py swiglu), priced by the clamp's
+    # kernels (autopar.blocks.moe.CLAMP_ELEMS); absent or null = no clamp.
+    limit_ = r.data.get("swiglu_limit")
+    r.used.add("swiglu_limit")
+    if limit_ is not None:
+        if isinstance(limit_, bool) or not isinstance(limit_, (int, float)) or not 0 < limit_ <= 1e6:
+            raise r.fail(f"key 'swiglu_limit' must be a number in (0, 1e6], got {limit_!r}")
+        f["moe"]["activation_clamp"] = float(limit_)
     # Without layer_types: the window on even layers (openai/gpt-oss gpt_oss/torch/model.py: layer_idx % 2 == 0).
     default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(f["num_layers"])]
     f.update(_window(r, f["num_layers"], all_layers_key=False, default_types=default))

@@ -63,6 +63,11 @@ class MoESpec(Spec):
         default=1, gt=0, le=limit("layers"),
         description="After the leading dense layers, every n-th layer is MoE (Llama 4 Maverick: 2); others dense.")
     expert_bias: bool = Field(default=False, description="Expert linear layers carry biases (GPT-OSS).")
+    activation_clamp: float | None = Field(
+        default=None, gt=0, le=1e6,
+        description="The routed experts' gated activation clamps its inputs to this limit (GPT-OSS: swiglu_limit "
+                    "7.0); priced by the clamp's own kernels where Megatron-Core runs it unfused "
+                    "(autopar.blocks.moe.CLAMP_ELEMS). None = no clamp.")
     latent_size: int | None = Field(
         default=None, gt=0, le=limit("hidden"),
         description="LatentMoE (Nemotron 3 Super/Ultra): routed experts run at this width l; the tokens are projected "

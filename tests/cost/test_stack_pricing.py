@@ -112,6 +112,11 @@ def test_fused_grouped_mlp_drops_the_eager_expert_bias_kernels():
     assert "expert_bias" in parts[False] and "expert_bias" not in parts[True]
     f, b = parts[False]["expert_bias"]
     assert b > f > 0
+    # the clamped activation's eager clamps (autopar.blocks.moe.CLAMP_ELEMS) likewise: Transformer Engine's
+    # ScaledClampedQGeGLU clamps inside the fused kernels
+    assert "moe_act_clamp" in parts[False] and "moe_act_clamp" not in parts[True]
+    f, b = parts[False]["moe_act_clamp"]
+    assert abs(b / f - 15 / 8) < 1e-9 and f > 0
     tr = TrainingSpec(seq_len=4096, global_batch=256, precision="mxfp8")
     steps = []
     for on in (False, True):

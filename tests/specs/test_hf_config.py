@@ -396,6 +396,14 @@ def test_gpt_oss_fields():
     assert unmapped == set()
     implicit, _ = _map({k: v for k, v in GPT_OSS_120B.items() if k != "layer_types"})
     assert (implicit.sliding_window, implicit.sliding_window_every) == (128, 2)
+    assert m.moe.activation_clamp == 7.0           # swiglu_limit: the experts' clamped activation
+    assert _map({k: v for k, v in GPT_OSS_120B.items() if k != "swiglu_limit"})[0].moe.activation_clamp is None
+
+
+@pytest.mark.parametrize("bad", [0, -7.0, "7", True, float("nan"), float("inf")])
+def test_gpt_oss_bad_swiglu_limit_is_an_input_error(bad):
+    with pytest.raises(AutoparInputError, match="swiglu_limit"):
+        _map({**GPT_OSS_120B, "swiglu_limit": bad})
 
 
 def test_llama4_maverick_layers_and_reported_keys():
