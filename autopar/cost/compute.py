@@ -68,8 +68,11 @@ CROSS_ENTROPY_BYTES = {"fused": 8.0, "te": 10.0, "unfused": 44.0}
 ELEMENTWISE_BYTES = {
     "fused": {},
     "compiled": {"grad_sum_eager": (0.0, 0.0),    # separate projections' input gradients summed in one fused kernel
-                 "moe_act_clamp": (0.0, 0.0)},    # the clamps fused into the compiled activation chain
-    "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "moe_act": (5 / 3, 1.6), "shared_act": (5 / 3, 1.6)},
+                 "moe_act_clamp": (0.0, 0.0),     # the clamps fused into the compiled activation chain
+                 "rope_unfused": (0.0, 0.0)},     # Megatron-Core's unfused RoPE: not the compiled stack's
+    "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "moe_act": (5 / 3, 1.6), "shared_act": (5 / 3, 1.6),
+              "rope_unfused": (0.0, 0.0)},       # the eager stack's own RoPE is the 5x above (its expert clamps,
+                                                  # moe_act_clamp, counted as Megatron-Core's: an approximation)
 }
 # The dense MLP's activation is counted op by op by its block instead: under an eager stack, or where the recipe turns
 # bias_activation_fusion off (NeMo 24.07's Nemotron recipes; a compiled stack fuses the chain whatever the switch),
@@ -542,7 +545,7 @@ KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense
                 "shared_act": "memory-bound", "moe_act": "memory-bound", "permute": "memory-bound",
                 "fp8_cast": "memory-bound", "grad_sum": "memory-bound", "grad_sum_eager": "memory-bound",
                 "expert_grad_sum": "memory-bound", "batch_major": "memory-bound", "expert_bias": "memory-bound",
-                "moe_act_clamp": "memory-bound"}
+                "moe_act_clamp": "memory-bound", "rope_unfused": "memory-bound"}
 
 
 def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,

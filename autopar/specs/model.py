@@ -144,6 +144,12 @@ class ModelSpec(Spec):
     sliding_window_every: int = Field(
         default=0, ge=0, le=limit("layers"),
         description="Every n-th layer is global, the rest windowed (GPT-OSS: 2); 0 = all windowed.")
+    rope_mscale: float = Field(
+        default=1.0, gt=0, le=1000,
+        description="The factor RoPE's cos and sin are scaled by (YaRN's attention concentration: 0.1·ln(factor) + 1 "
+                    "without an explicit mscale; gpt-oss, YaRN factor 32: 1.3466). Megatron-Core's fused RoPE does "
+                    "not take it, so a model with a factor other than 1 runs RoPE unfused (priced by its kernels, "
+                    "autopar.blocks.attention.ROPE_UNFUSED_EXTRA). 1 = plain RoPE.")
     moe: MoESpec | None = Field(default=None, description="MoE settings; None = dense model.")
     mla: MLASpec | None = Field(default=None, description="Multi-head latent attention; None = standard GQA.")
     mtp_layers: int = Field(default=0, ge=0, le=limit("layers"),
