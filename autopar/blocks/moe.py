@@ -74,6 +74,13 @@ EXPERT_BIAS_ELEMS = (14.0, 18.0)
 # (TrainingSpec.fused_grouped_mlp: Transformer Engine's ScaledClampedQGeGLU) clamps inside its kernels: priced 0 there
 # (autopar.cost.compute.layer_parts), as is the output bias above.
 CLAMP_ELEMS = (8.0, 15.0)
+# Stored by the eager clamps, per element of f_e and routed copy: autograd's clamp saves its input for the mask
+# (PyTorch derivatives.yaml ``clamp``: ``clamp_backward(grad, self, min, max)``), i.e. both halves of the fc1 output
+# (2 f_e), while the compiled weighted_quick_geglu saves its own input, the concatenated clamped copy (2 f_e), where
+# without the clamps it saves the fc1 output itself: one copy more, 2 f_e (gated). Counted by the memory model where
+# the clamps run eagerly (not under the fused grouped MLP or compiled elementwise: autopar.cost.memory) and the
+# activation is not recomputed (moe_act keeps only the checkpoint's input, the fc1 output).
+CLAMP_STORED = 2.0
 
 
 @dataclass(frozen=True)
@@ -204,10 +211,14 @@ class MoE(Block):
         ``bias_act_func``: ``weighted_bias_swiglu_impl`` / ``weighted_bias_quick_geglu_impl(intermediate,
         bias, permuted_probs, ...)``, the TE op fuser's grouped MLP likewise takes ``permuted_probs``), so the
         combine and the unpermutation take no probabilities and keep nothing of the fc2 output for their
-        backward; the latent projections' tensors (``moe_latent``)."""
+        backward; the latent projections' tensors (``moe_latent``); with clamped experts the eager clamps' saved fc1
+        output (``moe_act_clamp``, :data:`CLAMP_STORED`)."""
         k, fe, gated, r = self.top_k, self.expert_ffn, self.expert.n_in + 1, self.routed_width
-        return {"shared": self.num_shared * self.shared_ffn * gated, "moe_io": 1.0 * k * r,
-                "moe_latent": 2.0 * self.latent, "moe_inner": k * fe * gated, "moe_act": k * fe if self.gated else 0.0}
+        out = {"shared": self.num_shared * self.shared_ffn * gated, "moe_io": 1.0 * k * r,
+               "moe_latent": 2.0 * self.latent, "moe_inner": k * fe * gated, "moe_act": k * fe if self.gated else 0.0}
+        if self.clamped and self.gated:     # the eager clamps' saved fc1 output (CLAMP_STORED)
+            out["moe_act_clamp"] = k * fe * CLAMP_STORED
+        return out
 
     def dispatch_elems(self) -> int:
         """Per token, what the expert all-to-all carries each way: k copies of h (of l under LatentMoE)."""

@@ -370,6 +370,11 @@ def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: f
     mlp = st.sum(prof, "act_mlp")
     shared = st.sum(prof, "act_shared")
     moe = st.sum(prof, "act_moe_io") + st.sum(prof, "act_moe_latent") + st.sum(prof, "act_moe_inner")
+    # GPT-OSS's eager clamps keep one more copy of the fc1 output (autopar.blocks.moe CLAMP_STORED), except where
+    # the clamps run inside fused kernels (TE's grouped MLP) or a compiled region
+    tr = prof.training
+    clamp = 0.0 if (tr.fused_grouped_mlp or tr.elementwise == "compiled") else st.sum(prof, "act_moe_act_clamp")
+    moe = moe + clamp
     # the routing weights' multiply, where it is an fp32 multiply of its own (MOE_WEIGHTING_ELEMS)
     moe = moe + MOE_WEIGHTING_ELEMS[prof.training.moe_weighting] * st.sum(prof, "act_moe_io")
     # Unfused attention (before FlashAttention) materialises the s x s scores: softmax output (2 B), dropout
@@ -416,7 +421,7 @@ def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: f
     if "moe" in mods:
         moe = 0.0
     elif "moe_act" in mods:
-        moe -= st.sum(prof, "act_moe_act")
+        moe -= st.sum(prof, "act_moe_act") + clamp
     if "mla_up_proj" in mods:
         qkv -= st.sum(prof, "act_mla_up")
     if lin != 1.0:

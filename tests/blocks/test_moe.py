@@ -69,3 +69,5 @@ def test_clamped_activation_adds_megatrons_eager_clamp_kernels():
     assert "moe_act_clamp" not in plain.membound()
     assert {n: v for n, v in clamped.membound().items() if n != "moe_act_clamp"} == plain.membound()
     assert MoE.from_spec(load_model("gpt_oss_120b")).clamped and not MoE.from_spec(load_model("qwen3_30b_a3b")).clamped
+    # autograd's clamps save the fc1 output beside the activation function's clamped copy: 2 f_e more per copy
+    assert clamped.stored()["moe_act_clamp"] == 2.0 * k * f and "moe_act_clamp" not in plain.stored()
