@@ -70,6 +70,8 @@ temporaries. Measured with benchmarks/torch_compiled_loss_memory.py (torch 2.13.
   one-hot matrix its index_put scatters into (4 B) and the fp32 ``one-hot + exp(log-softmax)`` it saves (4 B)
   beside the bf16 logits (2 B): 10 B at the forward's peak, 6 B at the backward's (the saved fp32 tensor and the
   bf16 gradient);
+- both peaks hold the bf16 logits; under PP torch.distributed.pipelining keeps them anyway (``output_chunks``,
+  below), so there they are counted once;
 - the partition (which tensors are saved, in which dtype) does not depend on the device; which intermediates Inductor
   materialises is its scheduler's choice, read here on the C++ backend, and the Triton backend's buffers were not
   measured: APPROXIMATE on CUDA. The caching allocator's extra block of the eager path has no counterpart counted:
@@ -516,14 +518,18 @@ def logit_bytes_per_element(tr: TrainingSpec) -> float:
     return tr.activation_bytes + LOGIT_EXTRA_BYTES[tr.cross_entropy]
 
 
-def torch_loss_bytes(L: Layout, tr: TrainingSpec):
+def torch_loss_bytes(L: Layout, tr: TrainingSpec, pp: int = 1):
     """Bytes per logit element at PyTorch's loss peak, as the caching allocator holds them (module docstring): the
     tensors alive (:data:`TORCH_LOSS_BYTES`) and, eager, the freed block of the bf16 logits (``activation_bytes``),
-    cached but too small for the fp32 gradients that follow; compiled ('compiled'), no such block. ``L.tp`` may be a
-    numpy array."""
-    compiled = tr.cross_entropy == "compiled"
-    alive = TORCH_LOSS_BYTES["compiled" if compiled else "eager"]
-    return where(L.tp > 1, alive["loss_parallel"], alive["plain"]) + (0 if compiled else tr.activation_bytes)
+    cached but too small for the fp32 gradients that follow; compiled ('compiled'), no such block, and the measured
+    peak holds the bf16 logits themselves (saved without TP, the forward's peak with TP), which under PP (``pp`` > 1)
+    torch.distributed.pipelining keeps anyway (its ``output_chunks``, counted apart in :func:`activation_bytes`).
+    ``L.tp`` may be a numpy array."""
+    if tr.cross_entropy == "compiled":
+        alive = TORCH_LOSS_BYTES["compiled"]
+        return where(L.tp > 1, alive["loss_parallel"], alive["plain"]) - (tr.activation_bytes if pp > 1 else 0)
+    alive = TORCH_LOSS_BYTES["eager"]
+    return where(L.tp > 1, alive["loss_parallel"], alive["plain"]) + tr.activation_bytes
 
 
 def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
@@ -551,7 +557,7 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         boundary = mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden
         if st.is_last:   # the loss backward's peak (loss temporaries, the cached logits block, the final norm's saved
             # tensors) comes before any layer's backward: the larger of the two phases, not their sum (docstring)
-            loss_phase = logits * torch_loss_bytes(L, tr) + boundary * TORCH_FINAL_NORM_BYTES
+            loss_phase = logits * torch_loss_bytes(L, tr, st.pp) + boundary * TORCH_FINAL_NORM_BYTES
             act = act + maximum(layer_phase, loss_phase) + logits * (e * L.grad_accum if st.pp > 1 else 0.0)
         else:
             act = act + layer_phase

@@ -188,3 +188,21 @@ def test_a_compiled_loss_moves_its_counted_bytes_through_hbm(tp):
     saved = kern.stream(CROSS_ENTROPY_BYTES["unfused"] * tokens * MODEL.vocab_size / tp) - kern.stream(
         compiled * tokens * MODEL.vocab_size / tp)
     assert t["unfused"] - t["compiled"] == pytest.approx(saved, rel=1e-9) and saved > 0
+
+
+def test_under_pp_the_compiled_loss_does_not_count_the_kept_logits_twice():
+    """Without TP the compiled loss saves the bf16 logits (2 of its 4 B per element); under PP
+    torch.distributed.pipelining's last stage keeps every micro-batch's logits anyway (output_chunks, counted apart),
+    so the compiled loss adds only its bf16 gradient there: 2 B, against the eager loss's 12 + 2."""
+    from autopar.cost.memory import activation_bytes
+    lay = Layout(tp=1, pp=2, micro_batch=1, zero_stage=1, recompute="full")
+    got = {}
+    for ce in ("unfused", "compiled"):
+        tr = TrainingSpec(seq_len=4096, global_batch=32, loss_runtime="torch", cross_entropy=ce)
+        est = Estimator(MODEL, load_hardware("h100_sxm"), tr, 4)
+        L = est.resolve(lay)
+        st = est.stages(L.stage_layers)[-1]
+        got[ce] = activation_bytes(est.profile, st, L, tr) / GIB
+    working = working_gib("torch", lay, gpus=4, gb=32)
+    assert 2 * logit_gib(4096, 1) > working > 0          # the loss phase stays the larger in both
+    assert got["unfused"] - got["compiled"] == pytest.approx((12 + 2 - 2) * logit_gib(4096, 1), rel=1e-9)
