@@ -143,8 +143,8 @@ class _null:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=1024, help="logit rows (b*s), default 1024")
-    ap.add_argument("--vocab", type=int, default=VOCAB, help=f"logit columns, default {VOCAB} (Llama 3)")
+    ap.add_argument("--tokens", type=int, default=1024, help="logit rows (b*s), 1 to 65536, default 1024")
+    ap.add_argument("--vocab", type=int, default=VOCAB, help=f"logit columns, 2 to 1048576, default {VOCAB} (Llama 3)")
     ap.add_argument("--one", help=argparse.SUPPRESS)     # internal: "compiled,tp" as 0/1 digits
     a = ap.parse_args()
     if not 1 <= a.tokens <= 65536 or not 2 <= a.vocab <= 1 << 20:
