@@ -77,8 +77,12 @@ COMPILED_LOSS_PARALLEL_BYTES = 24.0
 #  layer's b·s x h activations: 134 MB for Llama 3 8B at 2 x 8192 tokens, twice that in fp32) are larger still.
 ELEMENTWISE_BYTES = {
     "fused": {},
-    "compiled": {"grad_sum_eager": (0.0, 0.0)},   # separate projections' input gradients summed in one fused kernel
-    "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "moe_act": (5 / 3, 1.6), "shared_act": (5 / 3, 1.6)},
+    "compiled": {"grad_sum_eager": (0.0, 0.0),    # separate projections' input gradients summed in one fused kernel
+                 "moe_act_clamp": (0.0, 0.0),     # the clamps fused into the compiled activation chain
+                 "rope_unfused": (0.0, 0.0)},     # Megatron-Core's unfused RoPE: not the compiled stack's
+    "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "moe_act": (5 / 3, 1.6), "shared_act": (5 / 3, 1.6),
+              "rope_unfused": (0.0, 0.0)},       # the eager stack's own RoPE is the 5x above (its expert clamps,
+                                                  # moe_act_clamp, counted as Megatron-Core's: an approximation)
 }
 # The dense MLP's activation is counted op by op by its block instead: under an eager stack, or where the recipe turns
 # bias_activation_fusion off (NeMo 24.07's Nemotron recipes; a compiled stack fuses the chain whatever the switch),
@@ -198,11 +202,11 @@ FP8_CAST_MXFP8_BYTES = 4.0
 
 # The routed-expert segment of an MoE layer: the GPU work issued after the token dispatcher's device-to-host sync
 # (:func:`moe_host_time`), and what the ``moe`` recompute module re-runs.
-ROUTED_PARTS = ("moe", "moe_act", "permute", "expert_bias")
+ROUTED_PARTS = ("moe", "moe_act", "moe_act_clamp", "permute", "expert_bias")
 
 # Forward kernels re-run by each Megatron-Core recompute module (``--recompute-modules``).
 RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act", "mlp_act_unfused"), "moe": ROUTED_PARTS,
-                   "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
+                   "moe_act": ("moe_act", "moe_act_clamp"), "shared_experts": ("shared_experts", "shared_act"),
                    "layernorm": ("norm",), "mla_up_proj": ("mla_up_proj",)}
 
 
@@ -264,7 +268,7 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
             continue
         if name in bda and bda[name] == (0.0, 0.0):
             continue
-        if name == "expert_bias" and tr.fused_grouped_mlp:   # the bias added inside the fused grouped kernels
+        if name in ("expert_bias", "moe_act_clamp") and tr.fused_grouped_mlp:   # inside the fused grouped kernels
             continue
         split = TP_SPLIT[name]
         if split == "sp":
@@ -553,7 +557,8 @@ KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense
                 "mlp_act_unfused": "memory-bound", "bda": "memory-bound", "bda_bias": "memory-bound",
                 "shared_act": "memory-bound", "moe_act": "memory-bound", "permute": "memory-bound",
                 "fp8_cast": "memory-bound", "grad_sum": "memory-bound", "grad_sum_eager": "memory-bound",
-                "expert_grad_sum": "memory-bound", "batch_major": "memory-bound", "expert_bias": "memory-bound"}
+                "expert_grad_sum": "memory-bound", "batch_major": "memory-bound", "expert_bias": "memory-bound",
+                "moe_act_clamp": "memory-bound", "rope_unfused": "memory-bound"}
 
 
 def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,
