@@ -41,7 +41,17 @@ from autopar.specs.training import TrainingSpec
 # backward scales it by the per-token loss gradient in place (element_mul_kernel, read 2 + write 2: Megatron passes
 # reduce_loss False, so grad_output is not the scalar 1.0 the kernel skips) = 10 B (NVIDIA/TransformerEngine@71bbefbf
 # transformer_engine/pytorch/triton/cross_entropy.py).
-CROSS_ENTROPY_BYTES = {"fused": 8.0, "te": 10.0, "unfused": 44.0}
+# torch.compile'd ('compiled': torchtitan's loss under --training.compile from 2025-04, autopar.cost.memory
+# TORCH_LOSS_BYTES), read from the kernels Inductor generates (benchmarks/torch_compiled_loss_memory.py, torch 2.13.0,
+# C++ backend, 2026-11-26): without TP the forward is one kernel that reads the bf16 logits twice (the row max, then
+# the exp-sum: 2 + 2) and the backward one kernel that reads them again and writes the bf16 gradient (2 + 2) = 8 B;
+# with TP (DTensor loss_parallel traced into the graph) the all-reduces split the forward into four kernels: max
+# (2), exp-sum (2), the zero-filled fp32 one-hot matrix written (4), then the fp32 one-hot + softmax written for the
+# backward from it and the logits (4 + 2 + 4), and the backward reads it and writes the bf16 gradient (4 + 2) = 24 B
+# (COMPILED_LOSS_PARALLEL_BYTES). APPROXIMATE on CUDA: the Triton backend's kernels were not read (its online softmax
+# may fuse the two forward reads without TP). Kernel launches (2, and 5 with TP, against about 8 eager) are not priced.
+CROSS_ENTROPY_BYTES = {"fused": 8.0, "te": 10.0, "unfused": 44.0, "compiled": 8.0}
+COMPILED_LOSS_PARALLEL_BYTES = 24.0
 
 # Elementwise kernels by stack (TrainingSpec.elementwise): HBM bytes of each memory-bound op relative to the fused
 # counts of autopar.cost.shapes (one kernel per op: forward reads its inputs and writes its output once), as
@@ -412,7 +422,10 @@ def head_time(kern: Kernels, prof: ModelProfile, L: Layout, tr: TrainingSpec, to
     h, v = prof.hidden, prof.vocab
     fp8 = tr.fp8_lm_head and kern.fp8
     g = kern.gemm(tokens, v / L.tp, h, h * v / L.tp, tr.weight_bytes, tr.grad_bytes, hi=not fp8)
-    ce = kern.stream(CROSS_ENTROPY_BYTES[tr.cross_entropy] * tokens * v / L.tp)
+    ce_bytes = CROSS_ENTROPY_BYTES[tr.cross_entropy]
+    if tr.cross_entropy == "compiled" and L.tp > 1:
+        ce_bytes = COMPILED_LOSS_PARALLEL_BYTES
+    ce = kern.stream(ce_bytes * tokens * v / L.tp)
     cast_f = kern.stream(FP8_CAST_MXFP8_BYTES * tokens * h) if fp8 else 0.0
     cast_b = kern.stream(FP8_CAST_MXFP8_BYTES * tokens * v / L.tp) if fp8 else 0.0
     return g[0] + ce / 3.0 + cast_f, g[1] + 2.0 * ce / 3.0 + cast_b
