@@ -1,13 +1,17 @@
 """Builds data/published_runs_holdout.csv: the pre-training rows of Megatron-Bridge's performance archive for the NeMo
-containers before 26.06, each with the switches its release's performance recipe states (data/
+containers before 26.06, each with the switches its release's performance recipe states, then NeMo's long-sequence
+(context-parallel) runs (rows ``nemolong-``) with their releases' recipe switches (data/
 published_runs_holdout_skipped.txt gives the conventions; the skipped rows are printed to stderr).
 
-    python tools/gen_holdout_runs.py BRIDGE_GIT_DIR > data/published_runs_holdout.csv
+    python tools/gen_holdout_runs.py BRIDGE_GIT_DIR NEMO_GIT_DIR LAUNCHER_GIT_DIR > data/published_runs_holdout.csv
 
 BRIDGE_GIT_DIR: a clone (or bare mirror) of NVIDIA-NeMo/Megatron-Bridge with its tags v0.2.0 .. v0.4.1; the page is
 read at its HEAD. Each tag's scripts/performance/ and src/megatron/bridge/recipes/ are extracted to a temporary
 folder and its *workload_base_configs.py files imported (they hold dataclass instances only, standard library
 imports) to read each WorkloadBaseConfig.
+NEMO_GIT_DIR: NVIDIA/NeMo with tag v2.3.0rc2 and commit 14d427f575; docs/source/performance/
+performance_long_sequence.md is read at its HEAD. LAUNCHER_GIT_DIR: NVIDIA/NeMo-Framework-Launcher with tag 24.03.01.
+The recipe lines each nemolong row cites are checked to be in those files (an AssertionError names the one missing).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = WORK = PAGE = PAGE_REV = ""
+REPO = WORK = PAGE = PAGE_REV = NEMO = LAUNCHER = ""
 
 
 def load(tag):
@@ -178,9 +182,9 @@ def split_over_ranks(chunks, pp):
     return ranks
 
 
-def main(repo: str) -> None:
-    global REPO, WORK, PAGE, PAGE_REV
-    REPO = repo
+def main(repo: str, nemo: str, launcher: str) -> None:
+    global REPO, WORK, PAGE, PAGE_REV, NEMO, LAUNCHER
+    REPO, NEMO, LAUNCHER = repo, nemo, launcher
     PAGE_REV = subprocess.check_output(["git", "-C", REPO, "rev-parse", "--short=8", "HEAD"], text=True).strip()
     PAGE = subprocess.check_output(["git", "-C", REPO, "show", "HEAD:docs/performance-summary-archive.md"], text=True)
     with tempfile.TemporaryDirectory() as WORK:
@@ -328,13 +332,152 @@ def build() -> None:
                            fsdp=1 if fsdp else 0, sequence_parallel=1 if tp > 1 else 0, recompute=recompute,
                            tokens_per_s_per_gpu=tok, notes="; ".join(notes), stack="megatron_core", knobs=",".join(knobs))
                 out.append(row)
+    long_rows, long_skipped = nemo_long_rows(header)
+    out += long_rows
+    skipped += long_skipped
     w = csv.DictWriter(sys.stdout, fieldnames=header, lineterminator="\n")
     w.writeheader()
     w.writerows(out)
     print("\n".join(skipped), file=sys.stderr)
     print(f"{len(out)} rows, {len(skipped)} skipped", file=sys.stderr)
 
+# --- NeMo's long-sequence (context-parallel) runs: NVIDIA/NeMo docs/source/performance/performance_long_sequence.md
+
+LONG_PAGE = "docs/source/performance/performance_long_sequence.md"
+LONG_FIRST_B200 = "14d427f575"   # the page's first B200 table (2025-04-28), whose '# of GPUs' is TP*PP*DP*CP
+NEMO_TAG = "v2.3.0rc2"           # NeMo r2.3.0 rc2, taken for the 'NeMo25.04.rc2' container (the names; 25.04-alpha.rc2
+                                 # sets the same switches: fp8 param gather, delayed scaling, tp_comm_overlap False)
+LAUNCHER_TAG = "24.03.01"
+FLOPS_NOTE = ("throughput: the page's TFLOPS/GPU, counted with NeMo's model FLOPs (NeMo@v2.3.0rc2 nemo/utils/"
+              "flops_formulas.py llama2/llama3, used by FLOPsMeasurementCallback: l*h^2*(12 + 12g/a + 18f/h + 12s/h + "
+              "6V/(l*h)) per token, full s x s attention, no recompute), which is Megatron-Core's formula "
+              "(autopar validate converts nemolong rows with it, non-causal)")
+LONG = {  # page heading -> zoo model, id short, system, id chip, recipe
+    "LLAMA3-8B (FP8) - B200": dict(model="llama3_8b", short="l3-8b", system="b200", chip="b200", container="NeMo25.04.rc2"),
+    "LLAMA2-7B (FP8) - H100": dict(model="llama2_7b", short="l2-7b", system="h100_sxm", chip="h100", container="NeMo24.03.01.framework"),
+}
+# (repository, revision, path, text the row's note relies on)
+LONG_CITED = {
+    "b200": [
+        ("nemo", NEMO_TAG, "scripts/performance/llm/pretrain_llama3_8b.py", "pretrain_recipe(performance_mode=True)"),
+        ("nemo", NEMO_TAG, "scripts/performance/llm/pretrain_llama3_8b.py", "recipe.trainer.plugins = bf16_with_fp8_mixed()"),
+        ("nemo", NEMO_TAG, "scripts/performance/llm/pretrain_llama3_8b.py", "recipe.trainer.plugins.grad_reduce_in_fp32 = False"),
+        ("nemo", NEMO_TAG, "nemo/collections/llm/recipes/precision/mixed_precision.py", "cfg.fp8_params = True"),
+        ("nemo", NEMO_TAG, "nemo/collections/llm/recipes/precision/mixed_precision.py", "cfg.fp8_amax_history_len = 1024"),
+        ("nemo", NEMO_TAG, "nemo/collections/llm/recipes/llama3_8b.py", "tp_comm_overlap=False"),
+        ("nemo", NEMO_TAG, "nemo/collections/llm/recipes/llama3_8b.py", "global_batch_size=512, micro_batch_size=1"),
+        ("nemo", NEMO_TAG, "scripts/performance/utils.py", "recipe.trainer.strategy.sequence_parallel = bool(tp_size > 1)"),
+        ("nemo", NEMO_TAG, "nemo/utils/flops_formulas.py", "+ (12 * config.enc_seq_len / config.hs)"),
+    ],
+    "h100": [
+        ("launcher", LAUNCHER_TAG, "launcher_scripts/conf/training/llama/llama2_7b.yaml", "micro_batch_size: 1"),
+        ("launcher", LAUNCHER_TAG, "launcher_scripts/conf/training/llama/llama2_7b.yaml", "virtual_pipeline_model_parallel_size: null"),
+        ("launcher", LAUNCHER_TAG, "launcher_scripts/conf/training/llama/llama2_7b.yaml", "ub_tp_comm_overlap: False"),
+        ("launcher", LAUNCHER_TAG, "launcher_scripts/conf/training/llama/llama2_7b.yaml", "bias_dropout_add_fusion: false"),
+        ("launcher", LAUNCHER_TAG, "launcher_scripts/conf/training/llama/llama2_7b.yaml", "activations_checkpoint_granularity: null"),
+        ("launcher", LAUNCHER_TAG, "launcher_scripts/conf/training/llama/llama2_7b.yaml", "fp8_amax_history_len: 1024"),
+        ("launcher", LAUNCHER_TAG, "launcher_scripts/conf/training/llama/llama2_7b.yaml", "name: distributed_fused_adam"),
+        ("nemo", NEMO_TAG, "nemo/utils/flops_formulas.py", "def llama2(config: FLOPSConfig):"),
+    ],
+}
+LONG_RECIPE = {
+    "b200": (f"recipe: NeMo@{NEMO_TAG} scripts/performance/llm/pretrain_llama3_8b.py (pretrain_recipe(performance_mode="
+             "True); fp8: recipes/precision/mixed_precision.py bf16_with_fp8_mixed, delayed scaling 'hybrid', amax "
+             "history 1024, fp8_params True (fp8 parameter all-gather); grad_reduce_in_fp32 False) with recipes/"
+             "llama3_8b.py pretrain_performance_optimizations (MegatronCommOverlapCallback(tp_comm_overlap=False): TP "
+             "overlap off) and scripts/performance/utils.py set_primary_perf_configs (sequence_parallel = TP > 1); "
+             "micro-batch 1: the base recipe's MockDataModule (the page states no MBS); the script takes no sequence "
+             "length at this tag, so these are the release's nearest stated switches, not the runs' own command lines; "
+             "recompute n/f: the recipe sets none, the page does not say what its long runs used (autopar's fill); CP "
+             "communication: NeMo sets no cp_comm_type, Megatron-Core's default p2p (Transformer Engine's ring); "
+             "distributed optimizer (distributed_fused_adam_with_cosine_annealing) with overlapped grad reduce and param "
+             "gather (recipes/llama3_8b.py trainer)"),
+    "h100": (f"recipe: NVIDIA/NeMo-Framework-Launcher@{LAUNCHER_TAG} launcher_scripts/conf/training/llama/llama2_7b.yaml "
+             "(NeMo 1.23's training recipes live in the launcher): micro_batch_size 1, virtual pipeline null, ub_tp_comm_overlap False "
+             "(TP overlap off), bias_dropout_add_fusion false, fp8 delayed scaling (fp8_hybrid, amax history 1024; the "
+             "yaml sets fp8 False, the run turned it on), distributed_fused_adam with overlapped grad and param sync; "
+             "the page's layouts override the yaml's TP/PP and sequence length; recompute n/f: the yaml sets none "
+             "(activations_checkpoint_granularity null), the page does not say what its long runs used (autopar's "
+             "fill); sequence parallel n/f: the yaml sets false for TP 1 (autopar's fill, on with TP > 1); CP "
+             "communication: Megatron-Core of that release has only Transformer Engine's p2p ring; the run's FLOPs "
+             "accounting: NeMo 1.23 has none, the NeMo 2 llama2 formula reproduces NeMo 24.07's Llama2-7B H100 row "
+             "(780 TFLOPS <-> 16,934 tokens/s/GPU, 0.05%; data/published_runs.csv nemo2407-l2-7b-h100-8), so it is taken"),
+}
+LONG_KNOBS = {"b200": "tp_overlap=none,fp8_param_gather=on", "h100": "tp_overlap=none,bias_dropout_add_fusion=off"}
+
+
+def _git_show(repo: str, rev: str, path: str) -> str:
+    return subprocess.check_output(["git", "-C", repo, "show", f"{rev}:{path}"], text=True)
+
+
+def _html_rows(block: str) -> list[list[str]]:
+    """The <tbody> rows of an HTML table, as cell texts ('1,671' -> '1671'; footnote marks dropped)."""
+    body = block.split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+    rows = []
+    for tr in re.findall(r"<tr>(.*?)</tr>", body, re.S):
+        cells = [re.sub(r"<sup>.*?</sup>", "", c).strip().replace(",", "") for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+        rows.append(cells)
+    return rows
+
+
+def nemo_long_rows(header: list[str]) -> tuple[list[dict], list[str]]:
+    """One row per stated layout of NeMo's long-sequence tables (the 'With CP' columns); a 'Without CP' figure is the
+    same run where CP is 1 and has no stated layout otherwise (the page: 'the most performant model- and data-
+    parallel configurations without CP'), so it is no row of its own."""
+    repos = {"nemo": NEMO, "launcher": LAUNCHER}
+    rev = subprocess.check_output(["git", "-C", NEMO, "rev-parse", "--short=10", "HEAD"], text=True).strip()
+    page = _git_show(NEMO, "HEAD", LONG_PAGE)
+    first = _git_show(NEMO, LONG_FIRST_B200, LONG_PAGE)
+    first_gpus = {int(m.group(1)): int(m.group(2)) for m in re.finditer(r"^\| (\d+)\s+\| (\d+)\s+\|", first, re.M)}
+    for chip, cites in LONG_CITED.items():
+        for repo, tag, path, text in cites:
+            assert text in _git_show(repos[repo], tag, path), f"{repo}@{tag} {path}: '{text}' not found"
+    out, skipped = [], []
+    for block in page.split("\n## ")[1:]:
+        heading = block.splitlines()[0].strip()
+        spec = LONG[heading]
+        m = re.search(r"Container: \[([^\]]+)\]", block)
+        assert m and m.group(1) == spec["container"], heading
+        chip = spec["chip"]
+        for cells in _html_rows(block):
+            seq_k, gpus_cell, gbs, no_cp, tp, pp, dp, cp, tflops, speedup = cells
+            tp, pp, dp, cp, gbs = int(tp), int(pp), int(dp), int(cp), int(gbs)
+            gpus = tp * pp * dp * cp
+            rid = f"nemolong-{spec['short']}-{chip}-{seq_k}k-cp{cp}"
+            notes = [f"the page's 'With CP' row: SeqLen {seq_k}K, TP {tp}, PP {pp}, DP {dp}, CP {cp}, Batch Size {gbs} "
+                     f"(the global batch in sequences: SeqLen x Batch Size = {int(seq_k) * 1024 * gbs:,} tokens, as "
+                     f"on every row of the table), {tflops} TFLOPS/GPU"]
+            if int(gpus_cell) != gpus:
+                was = first_gpus.get(int(seq_k))
+                notes.append(f"'# of GPUs' {gpus_cell} at the page's HEAD is not TP*PP*DP*CP = {gpus}"
+                             + (f"; the table's first version (NVIDIA/NeMo@{LONG_FIRST_B200}) printed {was}" if was else "")
+                             + f": gpus = {gpus}")
+            if cp == 1:
+                notes.append(f"its 'Without CP' figure ({no_cp} TFLOPS/GPU, speedup {speedup}) is this run")
+            elif no_cp in ("", "-"):
+                notes.append("no 'Without CP' figure (the page's footnote 1: it does not fit without CP)")
+            else:
+                notes.append(f"the page's 'Without CP' figure ({no_cp} TFLOPS/GPU, speedup {speedup}) states no layout: "
+                             "not a row")
+                skipped.append(f"- nemolong | {heading} {seq_k}K without CP ({no_cp} TFLOPS/GPU) | the page states no "
+                               "layout for its runs without CP")
+            notes += [FLOPS_NOTE, LONG_RECIPE[chip]]
+            src = (f"NVIDIA/NeMo@{rev} {LONG_PAGE} '{heading}' (container {spec['container']}, "
+                   f"{'DGX-B200' if chip == 'b200' else 'DGX-H100'})")
+            section = ("'With CP' columns; recipe flags: " + (f"NVIDIA/NeMo@{NEMO_TAG} scripts/performance/llm/"
+                       "pretrain_llama3_8b.py" if chip == "b200" else f"NVIDIA/NeMo-Framework-Launcher@{LAUNCHER_TAG} "
+                       "launcher_scripts/conf/training/llama/llama2_7b.yaml"))
+            row = dict.fromkeys(header, "")
+            row.update(id=rid, source=src, source_section=section, model=spec["model"], system=spec["system"],
+                       gpus=gpus, precision="fp8", seq_len=int(seq_k) * 1024, global_batch=gbs, micro_batch=1, tp=tp,
+                       pp=pp, vpp=1, cp=cp, ep=1, dp=dp, fsdp=0, sequence_parallel=(1 if tp > 1 else 0) if chip == "b200"
+                       else "", model_tflops_per_gpu=tflops, notes="; ".join(notes), stack="megatron_core",
+                       knobs=LONG_KNOBS[chip])
+            out.append(row)
+    return out, skipped
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 4:
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(*sys.argv[1:])

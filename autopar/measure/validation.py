@@ -11,7 +11,9 @@ tokens/s/GPU, taken from the row in this order:
        megatron/training/training.py: F/token = 12·l·h²·[(1 + g/a + c·s/h)·(a·d/h) + (f/h)·k·γ + f_sh/h·γ
        + V/(2·l·h)], γ = 3/2 for gated MLPs, 1 otherwise, no recomputation. c = 1 (full s×s attention) in
        Megatron-Core r0.8 (the ``mcore08-`` rows, 2024); c = 1/2 for the 2025 Megatron-MoE ModelZoo runs
-       (``moezoo-``), whose Megatron-LM counts causal self-attention at half (``causal_self_attn``);
+       (``moezoo-``), whose Megatron-LM counts causal self-attention at half (``causal_self_attn``); c = 1 for
+       NeMo's long-sequence runs (``nemolong-``, hold-out), whose NeMo llama2/llama3 formula (NVIDIA/NeMo@v2.3.0rc2
+       nemo/utils/flops_formulas.py: l·h²·(12 + 12g/a + 18f/h + 12s/h + 6V/(l·h))) is this one term for term;
      - anything else (Llama 3 405B): autopar's own model FLOPs (an approximation, flagged in the output).
 Each row names the software stack it ran (column ``stack``, a ``stacks/`` file; blank: ``megatron_core``, as every
 source before stacks existed) and the knobs the source states (column ``knobs``, :func:`autopar.specs.stack.
@@ -375,7 +377,7 @@ def row_to_case(row: dict[str, str], hardware_override: dict[str, HardwareSpec] 
     elif tflops:
         if src == "mlm21":
             f, how = megatron2021_flops_per_token(model, seq), "TFLOP/s ÷ Megatron-2021 eq.3"
-        elif src in ("mcore08", "moezoo"):
+        elif src in ("mcore08", "moezoo", "nemolong"):
             f = megatron_core_flops_per_token(model, seq, causal=src == "moezoo")
             how = "TFLOP/s ÷ Megatron-Core formula" + (" (causal)" if src == "moezoo" else "")
         else:
