@@ -127,13 +127,24 @@ class Bounds:
         self._fit: dict[int, np.ndarray] = {}         # pos -> (micro-batch, recompute) pairs that can fit
         self._level: dict[int, np.ndarray] = {}       # pos -> per micro-batch: 0 floor, 1 bound, 2 bound + tail
         self._kernel_s: dict[tuple, np.ndarray] = {}  # (tp, cp, ep, etp, r) -> layer seconds (J, kinds)
+        self._dense_kernel_s: dict[tuple, np.ndarray] = {}   # (tp, cp, r) -> the same, kinds without routed experts
+        self._routed_kinds: list[int] | None = None   # the profile's kinds with routed experts
+        self._bounds: dict[tuple[int, int, int], float] = {}   # (pos, j, r) -> bound
         self._kinds_of: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # split -> layers per kind, overhead
         self._ep_layer_s: dict[tuple, np.ndarray] = {}   # (tp, cp, ep, etp, r) -> T_ep of one MoE layer (J,)
 
     def bound(self, pos: int, j: int, r: int) -> float:
         """Step-time lower bound of mesh ``pos`` at micro-batch j and recompute r: ``step_seconds`` at the best valid
         vpp with the real p2p and no DP/optimizer tail. (A tail bound, the best ZeRO stage's optimizer step, timed
-        no fewer meshes on the zoo and cost more than it saved.)"""
+        no fewer meshes on the zoo and cost more than it saved.) Kept: :meth:`refine` and :meth:`pairs_within` ask
+        for the same pairs."""
+        hit = self._bounds.get((pos, j, r))
+        if hit is None:
+            hit = self._bounds[(pos, j, r)] = self._bound(pos, j, r)
+        return hit
+
+    def _bound(self, pos: int, j: int, r: int) -> float:
+        """:meth:`bound`, computed."""
         if pos not in self._p2p_bound:
             sp = self.t.space
             p2p = p2p_time(sp.layout_grid([self.t.meshes[pos]], None, "none", micro_batch=self.t.mbs[:, None],
@@ -148,16 +159,27 @@ class Bounds:
     def _layer_kernels(self, pos: int, r: int) -> np.ndarray:
         """(J, kinds): ``Estimator.layer_seconds`` of one layer of each kind per micro-batch at recompute r. A layer's
         kernels depend on tp, cp, ep, etp, the micro-batch and recompute, not on pp or dp (``compute.layer_parts``):
-        priced once per (tp, cp, ep, etp, r) and shared by the pipeline depths."""
+        priced once per (tp, cp, ep, etp, r) and shared by the pipeline depths; the kinds without routed experts
+        read neither ep nor etp (``compute._parts_key``), so their columns are priced once per (tp, cp, r)."""
         sp = self.t.space
         mi = self.t.meshes[pos]
         tp, cp, _, ep, etp = sp.meshes[mi]
         hit = self._kernel_s.get((tp, cp, ep, etp, r))
         if hit is None:
-            kinds = range(len(self.t.est.profile.kinds))
-            hit = self._kernel_s[(tp, cp, ep, etp, r)] = np.array(
-                [[self.t.est.layer_seconds(L, k) for k in kinds] for L in
-                 (sp.layout(mi, b, sp.recompute[r], 1, 1) for b in sp.mbs)])
+            est = self.t.est
+            layouts = [sp.layout(mi, b, sp.recompute[r], 1, 1) for b in sp.mbs]
+            routed = self._routed_kinds
+            if routed is None:
+                routed = self._routed_kinds = [k for k, kind in enumerate(est.profile.kinds) if kind.is_moe]
+            dense = self._dense_kernel_s.get((tp, cp, r))   # (J, kinds): only the kinds without routed experts
+            if dense is None:
+                dense = self._dense_kernel_s[(tp, cp, r)] = np.array(
+                    [[0.0 if k in routed else est.layer_seconds(L, k) for k in range(len(est.profile.kinds))]
+                     for L in layouts])
+            hit = dense.copy()
+            for k in routed:
+                hit[:, k] = [est.layer_seconds(L, k) for L in layouts]
+            self._kernel_s[(tp, cp, ep, etp, r)] = hit
         return hit
 
     def _stage_kinds(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
