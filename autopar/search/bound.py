@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from autopar.cost import Estimator
+from autopar.cost.compute import embedding_grad_time, gpu_tokens, head_time
 from autopar.cost.ep import ep_comm_seconds, ep_time_per_microbatch
 from autopar.cost.estimator import step_seconds
 from autopar.cost.pipeline import p2p_time
@@ -130,6 +131,7 @@ class Bounds:
         self._dense_kernel_s: dict[tuple, np.ndarray] = {}   # (tp, cp, r) -> the same, kinds without routed experts
         self._routed_kinds: list[int] | None = None   # the profile's kinds with routed experts
         self._bounds: dict[tuple[int, int, int], float] = {}   # (pos, j, r) -> bound
+        self._ends_s: dict[tuple[int, int], tuple] = {}   # (tp, cp) -> embedding gradient, head per micro-batch (J,)
         self._kinds_of: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # split -> layers per kind, overhead
         self._ep_layer_s: dict[tuple, np.ndarray] = {}   # (tp, cp, ep, etp, r) -> T_ep of one MoE layer (J,)
 
@@ -240,14 +242,40 @@ class Bounds:
                 out[1, rows] = out[0, rows]
         return out[0], out[1]
 
+    def _ends(self, positions: list[int], layer_s: np.ndarray) -> np.ndarray:
+        """(g, J, S): the kernel seconds per micro-batch that ``compute.microbatch_time`` adds on top of the layers
+        of each distinct stage of meshes that share one split: the embedding gradient on the first stage
+        (``compute.embedding_grad_time``), the LM head on the last (``compute.head_time``) and, there too, each
+        multi-token-prediction module's layer (the model's last layer kind, ``layer_s``: (g, J, kinds) at the
+        floor's recompute policy, as :meth:`_layer_kernels` prices it) and its head. They depend on tp, cp and the
+        micro-batch only: priced once per (tp, cp)."""
+        sp, est = self.t.space, self.t.est
+        prof, tr, kern = est.profile, sp.training, est.kernels
+        stages = self.t.stages[positions[0]]
+        first = np.array([st.is_first for st in stages], float)
+        last = np.array([st.is_last for st in stages], float)
+        emb, head = np.zeros(len(positions)), np.zeros((len(positions), len(sp.mbs)))
+        for g, p in enumerate(positions):
+            mi = self.t.meshes[p]
+            tp, cp = sp.meshes[mi][:2]
+            hit = self._ends_s.get((tp, cp))
+            if hit is None:
+                layouts = [sp.layout(mi, b, "none", 1, 1) for b in sp.mbs]
+                hit = self._ends_s[(tp, cp)] = (
+                    embedding_grad_time(kern, prof, layouts[0]),
+                    np.array([sum(head_time(kern, prof, L, tr, gpu_tokens(L, tr))) for L in layouts]))
+            emb[g], head[g] = hit
+        end_last = head * (1 + prof.mtp_layers) + prof.mtp_layers * layer_s[:, :, prof.kind_of[-1]]   # (g, J)
+        return emb[:, None, None] * first + end_last[:, :, None] * last
+
     def floors(self, positions: list[int], r: int) -> np.ndarray:
         """(n, J): a step-time floor of each mesh and micro-batch at recompute r, never above :meth:`bound` and
         without a call of ``stage_times``: ``step_seconds`` with t_mb replaced by the slowest stage's layers
-        alone, each priced by ``Estimator.layer_seconds``, plus the stage's overhead (``Estimator.stage_overhead_s``,
-        the very term ``stage_times`` adds) and a floor of its EP term (:meth:`_ep_floor`, with and without virtual
-        stages as :meth:`bound` takes them); ``stage_times`` also adds the head, the embedding gradient and the
-        TP/CP/offload communication, none negative, and ``step_seconds`` grows with t_mb), no p2p, no tail, at the
-        best valid vpp (inf: none valid)."""
+        alone, each priced by ``Estimator.layer_seconds``, plus the kernels the first and last stages add
+        (:meth:`_ends`), the stage's overhead (``Estimator.stage_overhead_s``, the very term ``stage_times`` adds)
+        and a floor of its EP term (:meth:`_ep_floor`, with and without virtual stages as :meth:`bound` takes them);
+        ``stage_times`` also adds the routed experts' host time and the TP/CP/offload communication, none negative,
+        and ``step_seconds`` grows with t_mb), no p2p, no tail, at the best valid vpp (inf: none valid)."""
         if not positions:
             return np.zeros((0, len(self.t.space.mbs)))
         layer_s = np.stack([self._layer_kernels(p, r) for p in positions])   # (n, J, kinds)
@@ -256,13 +284,16 @@ class Bounds:
         for split in dict.fromkeys(self.t.splits[p] for p in positions):   # meshes of one split share their stages
             sel = np.array([self.t.splits[p] == split for p in positions])
             counts, overhead = self._stage_kinds(positions[int(np.argmax(sel))])
+            group = [p for p, k in zip(positions, sel) if k]
             kernels = layer_s[sel] @ counts.T   # (g, J, S)
+            # the ends after the EP floor: its hiding window is the layers' kernels alone (compute.hiding_windows)
+            ends = self._ends(group, layer_s[sel])
             if moe:
-                ep1, ep_v = self._ep_floor([p for p, k in zip(positions, sel) if k], r, kernels)
-                t_floor[0, sel] = (kernels + overhead + ep1).max(axis=2)
-                t_floor[1, sel] = (kernels + overhead + ep_v).max(axis=2)
+                ep1, ep_v = self._ep_floor(group, r, kernels)
+                t_floor[0, sel] = (kernels + ends + overhead + ep1).max(axis=2)
+                t_floor[1, sel] = (kernels + ends + overhead + ep_v).max(axis=2)
             else:
-                t_floor[:, sel] = (kernels + overhead).max(axis=2)
+                t_floor[:, sel] = (kernels + ends + overhead).max(axis=2)
         # 1e-9: the floor sums in another order than stage_times; keep it below the bound in floating point too
         t_floor *= 1.0 - 1e-9
         pos = np.asarray(positions, np.int64)
