@@ -127,7 +127,10 @@ class Kernels:
             top = (km.attention_bwd if backward else km.attention_fwd) * km.sustained_attention
             half = km.attention_half_seq_bwd if backward and km.attention_half_seq_bwd else km.attention_half_seq
             scale = self.attn_scale_bwd if backward else self.attn_scale
-            hit = self._attn[key] = min(1.0, top * scale * span / (span + half) * km.head_dim_factor(head_dim))
+            # the backward's own head-dim table is a BF16 measurement: FP8 attention keeps the forward's
+            bwd_table = backward and self.attn_precision == "bf16"
+            hit = self._attn[key] = min(1.0, top * scale * span / (span + half) * km.head_dim_factor(head_dim,
+                                                                                                  bwd_table))
         return hit
 
     def attention(self, flops_fwd: float, span: float, head_dim: float,

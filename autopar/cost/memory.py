@@ -84,6 +84,25 @@ holds less and is over before the backward's starts. At torchtitan's 8B CP rows 
 phase stays the larger at every CP (the measured 83.9-84.5 GiB are flat in CP); at 405B (TP 8, PP 8) the first
 stages have no loss phase and grow with CP, by 2.6 GiB at CP 2 and 4.1 GiB at CP 8.
 
+Transformer Engine's ring attention (``TrainingSpec.cp_ring`` 'te_p2p', CP > 1: Megatron-Core's default
+``--cp-comm-type p2p``; ``AttnFuncWithCPAndKVP2P`` in transformer_engine/pytorch/attention/dot_product_attention/
+context_parallel.py, read at NVIDIA/TransformerEngine@d0067d0d, 2026-08-22, BF16 path). With T = b·s/cp local tokens,
+KV = T·max(g/tp, 1)·(d_qk + d_v) elements of K and V together (TE receives K and V as the layer has them: g KV heads,
+MLA's up-projected a heads), Q = T·(a/tp)·d_qk and O = T·(a/tp)·d_v, one attention layer holds beyond its own
+tensors, for one micro-batch:
+- in its forward (and its recomputed forward): the ring's receive buffers, all kept in ``p2p_comm_buffers`` until the
+  function returns (``torch.cat((k.view(-1), v.view(-1)))`` then one ``torch.empty_like`` per step: cp·KV); every
+  step's output (``out_per_step``, cp·O: full-size on the last rank, whose steps all see the first half of the keys;
+  the published peak is the fullest GPU's) until the final correction loop; that loop's fp32 output
+  (``flash_attn_fwd_out_correction_init``: "out in torch.float32", 4 B·O) and its cast back (``out_part``, e·O):
+  e·cp·(KV + O) + (4 + e)·O bytes;
+- in its backward: ``dq_buffer`` (Q), two ``torch.empty((2, *kv.shape))`` send/receive buffers of K/V with their
+  gradients (4·KV) and one step's dQ, dK, dV from the flash backward (Q + KV): e·(2·Q + 5·KV) bytes.
+The larger of the two belongs to the layer phase (:func:`te_ring_bytes`). It matters where K/V are wide: MLA (DeepSeek
+V2/V3, 128 heads of d_qk 192 + d_v 128, no KV-head sharing) at 128K tokens, CP 8 and TP 1 holds 15.5 GiB in the
+forward; GQA models hold little (Llama 3 70B at TP 8: 0.4 GiB, Qwen3-235B at TP 4: 0.75 GiB). FP8 attention (other buffers: an fp32 dQ and fp32 dK/dV accumulators) is counted with the BF16 bytes,
+an approximation.
+
 torch.distributed.pipelining's stage buffers (``loss_runtime`` 'torch', the PyTorch pipeline runtime torchtitan drives;
 torch/distributed/pipelining/stage.py, read at pytorch/pytorch@0138610, the same structure as the Dec 2024 release
 the torchtitan tables ran): ``_prepare_backward_infra`` creates, for every micro-batch of the step, a gradient-receive
@@ -520,6 +539,8 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
     layer_phase = mb_tokens * e * working          # one layer's backward working set
     if tr.cp_ring == "torch_allgather" and st.sum(prof, "attn_layers"):
         layer_phase = layer_phase + torch_ring_backward_bytes(prof, L, tr)
+    elif tr.cp_ring == "te_p2p" and st.sum(prof, "attn_layers"):
+        layer_phase = layer_phase + te_ring_bytes(prof, L, tr)
     if tr.dp_impl == "fsdp2":   # the block's unsharded gradients and the previous reduce-scatter input (docstring)
         layer_phase = layer_phase + fsdp2_backward_bytes(prof, st, L, tr)
     logits = mb_tokens / (L.cp * L.tp) * prof.vocab * (1 + prof.model.mtp_layers) if st.is_last else 0.0
@@ -557,6 +578,26 @@ def torch_ring_backward_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec):
 
 
 TORCH_RING_FP32_BYTES = 4   # the backward's accumulators and dK/dV messages are fp32 (convert_to_f32 defaults True)
+
+
+def te_ring_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec):
+    """Bytes Transformer Engine's p2p ring attention (``cp_ring`` 'te_p2p') holds inside one attention layer beyond
+    that layer's own tensors, one micro-batch, CP > 1 (module docstring, Transformer Engine's ring attention): the
+    larger of its forward's (every step's K/V receive buffer and output, the fp32 merged output and its cast) and its
+    backward's (dQ buffer, the K/V-and-gradient send/receive pair, one step's dQ, dK, dV). ``L.cp``, ``L.tp`` and
+    ``L.micro_batch`` may be numpy arrays (elementwise result)."""
+    m = prof.model
+    e = tr.activation_bytes
+    tokens = L.micro_batch * tr.seq_len / L.cp
+    heads = m.num_attention_heads / L.tp
+    kv = tokens * maximum(m.kv_heads / L.tp, 1.0) * (m.qk_head_dim + m.v_head_dim)
+    q, o = tokens * heads * m.qk_head_dim, tokens * heads * m.v_head_dim
+    fwd = e * L.cp * (kv + o) + (TE_RING_MERGE_BYTES + e) * o
+    bwd = e * (2.0 * q + 5.0 * kv)
+    return where(L.cp > 1, maximum(fwd, bwd), 0.0)
+
+
+TE_RING_MERGE_BYTES = 4     # the forward's output correction runs in fp32 ("out in torch.float32")
 
 
 def pipeline_boundary_tensors(st: Stage, L: Layout):

@@ -395,19 +395,29 @@ def kernel_model_from_tables(tables: KernelTables, hardware: HardwareSpec) -> Ke
         others = [x for x in dims if x != 128]
         peak = hardware.peak_tflops("bf16")
 
-        def res_a(p: np.ndarray) -> np.ndarray:
-            a_f, a_b, hs, *fd = p
-            f = np.ones_like(d)
-            for x, v in zip(others, fd):
-                f[d == x] = v
-            span = s / (s + hs) * f
-            return np.concatenate([np.log(a_f * span) - np.log(fwd / peak), np.log(a_b * span) - np.log(bwd / peak)])
+        n = len(others)
 
-        fit = least_squares(res_a, [0.6, 0.5, 500.0] + [1.0] * len(others),
-                            bounds=([1e-3, 1e-3, 1e-3] + [0.05] * len(others), [1.0, 1.0, 1e6] + [4.0] * len(others)))
-        a_f, a_b, hs, *fd = (float(f"{v:.4g}") for v in fit.x)
+        def factors(vals: Any) -> np.ndarray:
+            f = np.ones_like(d)
+            for x, v in zip(others, vals):
+                f[d == x] = v
+            return f
+
+        def res_a(p: np.ndarray) -> np.ndarray:
+            # one span curve, and the head-dim factors of the forward and of the backward apart (KernelModel
+            # attention_head_dim / attention_head_dim_bwd: MLA's backward measures ~10% below its forward's ratio)
+            a_f, a_b, hs = p[:3]
+            span = s / (s + hs)
+            return np.concatenate([np.log(a_f * span * factors(p[3:3 + n])) - np.log(fwd / peak),
+                                   np.log(a_b * span * factors(p[3 + n:])) - np.log(bwd / peak)])
+
+        fit = least_squares(res_a, [0.6, 0.5, 500.0] + [1.0] * 2 * n,
+                            bounds=([1e-3, 1e-3, 1e-3] + [0.05] * 2 * n, [1.0, 1.0, 1e6] + [4.0] * 2 * n))
+        a_f, a_b, hs, *f = (float(f"{v:.4g}") for v in fit.x)
+        fd, fb = f[:n], f[n:]
         upd.update(attention_fwd=a_f, attention_bwd=min(a_b, a_f), attention_half_seq=hs,
-                   attention_head_dim={128: 1.0, **dict(zip(others, fd))})
+                   attention_head_dim={128: 1.0, **dict(zip(others, fd))},
+                   attention_head_dim_bwd={128: 1.0, **dict(zip(others, fb))} if fb != fd else None)
         notes.append(f"attention curve rms log error {float(np.sqrt(np.mean(fit.fun ** 2))):.1%} over "
                      f"{len(causal)} causal shapes")
     copy = tables.memory_bound_gbps.get("copy")

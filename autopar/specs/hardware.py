@@ -262,6 +262,11 @@ class KernelModel(Spec):
     attention_head_dim: dict[Annotated[int, Field(gt=0, le=limit("head_dim"))], Annotated[float, Field(gt=0)]] = Field(
         default_factory=lambda: {64: 0.768, 128: 1.0, 256: 1.042},
         description="Attention throughput at head dim d relative to d = 128 (measured points).")
+    attention_head_dim_bwd: dict[Annotated[int, Field(gt=0, le=limit("head_dim"))],
+                                 Annotated[float, Field(gt=0)]] | None = Field(
+        default=None,
+        description="The BF16 attention backward's throughput at head dim d relative to d = 128, where measured apart "
+                    "from the forward's (None: attention_head_dim for both). FP8 attention keeps attention_head_dim.")
     attention_full_ratio: float = Field(
         default=1.0, ge=1.0, le=2.0,
         description="Flash-attention rate on full (non-causal) blocks over the causal rate, at long spans: the "
@@ -427,10 +432,12 @@ class KernelModel(Spec):
                                        "attention_full_ratio": fig.full_ratio, "attention_kernel": name,
                                        "attention_kernels": table})
 
-    def head_dim_factor(self, d: float) -> float:
-        """attention_head_dim interpolated in log2(d); the nearest point beyond the measured range."""
+    def head_dim_factor(self, d: float, backward: bool = False) -> float:
+        """attention_head_dim (``backward``: attention_head_dim_bwd where given) interpolated in log2(d); the nearest
+        point beyond the measured range."""
         import math
-        pts = sorted(self.attention_head_dim.items())
+        table = self.attention_head_dim_bwd if backward and self.attention_head_dim_bwd else self.attention_head_dim
+        pts = sorted(table.items())
         if d <= pts[0][0]:
             return pts[0][1]
         if d >= pts[-1][0]:

@@ -1,10 +1,11 @@
-"""PyTorch's all-gather ring attention (TrainingSpec.cp_ring 'torch_allgather', the torchtitan stack): what one
-attention layer's backward holds beside its working set under CP (autopar/cost/memory.py torch_ring_backward_bytes)."""
+"""Ring attention's buffers under CP: PyTorch's all-gather ring (TrainingSpec.cp_ring 'torch_allgather', the
+torchtitan stack) and Transformer Engine's p2p ring ('te_p2p', Megatron-Core): what one attention layer holds beside
+its working set (autopar/cost/memory.py torch_ring_backward_bytes, te_ring_bytes)."""
 
 import pytest
 
 from autopar.cost import Estimator
-from autopar.cost.memory import torch_ring_backward_bytes
+from autopar.cost.memory import te_ring_bytes, torch_ring_backward_bytes
 from autopar.specs.layout import Layout
 from autopar.specs.loaders import load_hardware, load_model
 
@@ -39,13 +40,37 @@ def _stage_act(ring: str, cp: int, pp: int, stage: int) -> float:
 
 
 def test_the_ring_grows_a_first_stage_with_cp_but_not_a_loss_bound_last_stage():
-    """A first pipeline stage has no loss phase: the ring's bytes add to its layer phase, at a fixed number of tokens
-    per GPU, and te_p2p (Megatron's ring, not counted here) adds nothing. On a single stage of Llama 3 8B the loss
-    backward's peak stays the larger, as torchtitan's 8B CP rows measure (83.9-84.5 GiB, flat in CP)."""
+    """A first pipeline stage has no loss phase: each ring's bytes add to its layer phase, at a fixed number of tokens
+    per GPU. On a single stage of Llama 3 8B the loss backward's peak stays the larger, as torchtitan's 8B CP rows
+    measure (83.9-84.5 GiB, flat in CP)."""
     a1, *_ = _stage_act("torch_allgather", 1, 2, 0)
     a4, est, L, tr = _stage_act("torch_allgather", 4, 2, 0)
     p4, *_ = _stage_act("te_p2p", 4, 2, 0)
-    assert a4 - p4 == pytest.approx(torch_ring_backward_bytes(est.profile, L, tr)) and a4 > p4
-    assert p4 == pytest.approx(a1)
+    assert a4 - a1 == pytest.approx(torch_ring_backward_bytes(est.profile, L, tr))
+    assert p4 - a1 == pytest.approx(te_ring_bytes(est.profile, L, tr)) and a4 > p4 > a1
     single = [_stage_act("torch_allgather", cp, 1, 0)[0] for cp in (1, 2, 4)]
     assert single[0] == pytest.approx(single[1]) == pytest.approx(single[2])
+
+
+def test_te_ring_holds_every_steps_kv_and_output_in_its_forward():
+    """Transformer Engine's p2p ring (AttnFuncWithCPAndKVP2P, TE@d0067d0d): the forward keeps every step's K/V
+    receive buffer and output until its correction loop, which writes an fp32 output; the backward a dQ buffer, two
+    K/V-and-gradient buffers and one step's gradients. MLA, whose K/V are wide and not shared, holds the most."""
+    from autopar.specs.training import TrainingSpec
+    tr = TrainingSpec(seq_len=131072, global_batch=8)
+    ds = load_model("deepseek_v2")
+    est = Estimator(ds, load_hardware("b200"), tr, 8)
+    L = Layout(tp=1, cp=8, dp=1, micro_batch=1)
+    t = 131072 / 8
+    kv = t * 128 * (192 + 128)                 # up-projected K and V of all 128 heads
+    q, o = t * 128 * 192, t * 128 * 128
+    fwd, bwd = 2 * 8 * (kv + o) + (4 + 2) * o, 2 * (2 * q + 5 * kv)
+    assert (ds.num_attention_heads, ds.qk_head_dim, ds.v_head_dim) == (128, 192, 128)
+    assert fwd > bwd and te_ring_bytes(est.profile, L, tr) == pytest.approx(fwd)
+    assert te_ring_bytes(est.profile, L.model_copy(update={"cp": 1}), tr) == 0
+    # GQA shares K/V over query heads: Llama 3 70B at TP 8 keeps one KV head per rank
+    ll = load_model("llama3_70b")
+    est = Estimator(ll, load_hardware("b200"), tr, 64)
+    L = Layout(tp=8, cp=8, dp=1, micro_batch=1)
+    kv, o = t * 1 * 256, t * 8 * 128
+    assert te_ring_bytes(est.profile, L, tr) == pytest.approx(2 * 8 * (kv + o) + 6 * o)

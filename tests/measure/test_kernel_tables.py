@@ -87,7 +87,8 @@ def test_kernel_model_is_fitted_back_from_tables_it_generated():
     km = hw.kernel_model.model_copy(update={"gemm": {**hw.kernel_model.gemm, "bf16": 0.78, "fp8": 0.66},
                                             "gemm_half_m": 150.0, "gemm_half_nk": 420.0, "grouped_gemm": 0.5,
                                             "attention_fwd": 0.62, "attention_bwd": 0.5, "attention_half_seq": 700.0,
-                                            "attention_head_dim": {64: 0.75, 128: 1.0, 192: 1.05}})
+                                            "attention_head_dim": {64: 0.75, 128: 1.0, 192: 1.05},
+                                            "attention_head_dim_bwd": {64: 0.75, 128: 1.0, 192: 0.9}})
     p16, p8 = hw.peak_tflops("bf16"), hw.peak_tflops("fp8")
 
     def eff(m, n, k, top, grouped=False):
@@ -102,7 +103,7 @@ def test_kernel_model_is_fitted_back_from_tables_it_generated():
               "fp8": [[m, n, k, p8 * eff(m, n, k, 0.66)] for m, n, k in plan.gemm]},
         grouped_gemm={"bf16": [[t, n, k, e, 0.5 * p16 * eff(t, n, k, 0.78, grouped=True)] for t, n, k, e in plan.grouped]},
         attention={"bf16": [[s, d, c, p16 * 0.62 * s / (s + 700.0) * km.head_dim_factor(d),
-                             p16 * 0.5 * s / (s + 700.0) * km.head_dim_factor(d)]
+                             p16 * 0.5 * s / (s + 700.0) * km.head_dim_factor(d, backward=True)]
                             for _, _, s, d, c in plan.attention]},
         memory_bound_gbps={"copy": 0.85 * hw.hbm_tbps * 1e3})
     got = kernel_model_from_tables(tables, hw)
@@ -112,6 +113,10 @@ def test_kernel_model_is_fitted_back_from_tables_it_generated():
     assert got.attention_fwd == pytest.approx(0.62, rel=1e-2) and got.attention_bwd == pytest.approx(0.5, rel=1e-2)
     assert got.attention_half_seq == pytest.approx(700.0, rel=2e-2)
     assert got.attention_head_dim[64] == pytest.approx(0.75, rel=1e-2)
+    # the backward's head-dim factors are fitted apart from the forward's (MLA's backward measures below it)
+    assert got.attention_head_dim[192] == pytest.approx(1.05, rel=1e-2)
+    assert got.attention_head_dim_bwd[192] == pytest.approx(0.9, rel=1e-2)
+    assert got.attention_head_dim_bwd[64] == pytest.approx(0.75, rel=1e-2)
     assert got.hbm == pytest.approx(0.85, rel=1e-3)
     assert "planted" in got.source and got.nvlink == hw.kernel_model.nvlink
 
