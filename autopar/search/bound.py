@@ -20,6 +20,7 @@ from autopar.cost import Estimator
 from autopar.cost.compute import embedding_grad_time, gpu_tokens, head_time
 from autopar.cost.ep import ep_comm_seconds, ep_time_per_microbatch
 from autopar.cost.estimator import step_seconds
+from autopar.cost.overlap import overlap_cost
 from autopar.cost.pipeline import p2p_time
 from autopar.search.space import Space
 from autopar.search.tables import ALL_GROUPS, MESH_GROUPS, SCALE_T, Candidates, Tables, cap_mib, mesh_validity
@@ -221,7 +222,8 @@ class Bounds:
         distinct stage of meshes that share one split, at recompute r: ``ep.ep_time_per_microbatch`` itself, with
         T_ep from :meth:`_ep_per_layer` and, for the window W that hides it, ``kernels`` (the stage's layer kernels,
         which ``compute.hiding_windows`` sums too, recompute by the same shares), raised by 1e-9 for the summation
-        order: exposure only falls as W grows. ``stage_times`` adds the overlap's SM cost on top."""
+        order: exposure only falls as W grows; plus the overlap's SM cost on the hidden rest, as ``stage_times`` adds
+        it."""
         sp, est, tr = self.t.space, self.t.est, self.t.space.training
         stages = self.t.stages[positions[0]]
         n_moe = np.array([st.sum(est.profile, "moe_layers") for st in stages])
@@ -240,6 +242,13 @@ class Bounds:
                                                       est.imbalance, window[rows], total[rows])
             if not vpp_matters:   # the same layout with or without virtual stages
                 out[1, rows] = out[0, rows]
+        if tr.ep_comm_overlap:
+            # the hidden part's SM cost, as Estimator._ep_exposed adds it: x + c·max(0, T − x) (overlap_cost, linear,
+            # c < 1) only grows with the exposure x, so from a floor of x it is a floor of the term
+            links = [est.net.link(*sp.meshes[self.t.meshes[p]][3:5]) for p in positions]   # (ep, etp)
+            for link in dict.fromkeys(links):
+                sel = np.array([k == link for k in links])
+                out[:, sel] += overlap_cost(np.maximum(0.0, total[sel] - out[:, sel]), sp.hardware, "sm", link)
         return out[0], out[1]
 
     def _ends(self, positions: list[int], layer_s: np.ndarray) -> np.ndarray:
