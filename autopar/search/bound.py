@@ -134,7 +134,7 @@ class Bounds:
         self._bounds: dict[tuple[int, int, int], float] = {}   # (pos, j, r) -> bound
         self._ends_s: dict[tuple[int, int], tuple] = {}   # (tp, cp) -> embedding gradient, head per micro-batch (J,)
         self._kinds_of: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # split -> layers per kind, overhead
-        self._ep_layer_s: dict[tuple, np.ndarray] = {}   # (tp, cp, ep, etp, r) -> T_ep of one MoE layer (J,)
+        self._ep_layer_s: dict[tuple, np.ndarray] = {}   # (tp·cp, ep, etp, r) -> T_ep of one MoE layer (J,)
 
     def bound(self, pos: int, j: int, r: int) -> float:
         """Step-time lower bound of mesh ``pos`` at micro-batch j and recompute r: ``step_seconds`` at the best valid
@@ -201,12 +201,13 @@ class Bounds:
 
     def _ep_per_layer(self, pos: int, r: int) -> np.ndarray:
         """(J,): T_ep of one MoE layer of the mesh per micro-batch at recompute r, every dispatch/combine and ETP
-        collective (``ep.ep_comm_seconds``, which is the stage's MoE layers times this; none hidden, mean load). Like
-        :meth:`_layer_kernels`, it depends on tp, cp, ep, etp, the micro-batch and recompute only: priced once."""
+        collective (``ep.ep_comm_seconds``, which is the stage's MoE layers times this; none hidden, mean load). It
+        depends on tp·cp, ep, etp, the micro-batch and recompute only: priced once per (tp·cp, ep, etp, r)."""
         sp, est = self.t.space, self.t.est
         mi = self.t.meshes[pos]
         tp, cp, _, ep, etp = sp.meshes[mi]
-        hit = self._ep_layer_s.get((tp, cp, ep, etp, r))
+        key = (tp * cp, ep, etp, r)   # T_ep reads tp and cp only as the tokens each rank routes, b·s/(cp·tp)
+        hit = self._ep_layer_s.get(key)
         if hit is None:
             st = max(self.t.stages[pos], key=lambda s: s.sum(est.profile, "moe_layers"))
             n = st.sum(est.profile, "moe_layers")
@@ -214,7 +215,7 @@ class Bounds:
             hit = np.zeros(len(sp.mbs))
             if n:
                 hit = hit + ep_comm_seconds(est.profile, st, L, sp.training, est.net) / n
-            self._ep_layer_s[(tp, cp, ep, etp, r)] = hit
+            self._ep_layer_s[key] = hit
         return hit
 
     def _ep_floor(self, positions: list[int], r: int, kernels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
