@@ -7,6 +7,8 @@ True``, as torchtitan's run script sets it).
 
     python benchmarks/torch_sac_memory.py            # on a CUDA machine, about 3 minutes on one H200
     python benchmarks/torch_sac_memory.py --fsdp     # the whole step with FSDP2 and AdamW, about 2 minutes
+    python benchmarks/torch_sac_memory.py --compiled-loss   # compiled blocks, the loss compiled too (torchtitan
+                                                             # from 2025-04), about 2 minutes; not yet run on a GPU
     python benchmarks/torch_sac_memory.py --smoke    # tiny shapes on the CPU, to check the script (no memory figures)
 
 The blocks are written after torchtitan@9dec370 torchtitan/models/llama/model.py (RMSNorm with ``x.float()``, RoPE
@@ -53,7 +55,8 @@ GEOMETRY = dict(h=4096, f=14336, heads=32, kv=8, vocab=128256)      # Llama 3.1 
 SMOKE = dict(h=64, f=192, heads=4, kv=2, vocab=512)
 
 
-def run_variant(mode: str, ac: str, layers: int, mbs: int, seq: int, smoke: bool, fsdp: bool = False) -> dict:
+def run_variant(mode: str, ac: str, layers: int, mbs: int, seq: int, smoke: bool, fsdp: bool = False,
+                compiled_loss: bool = False) -> dict:
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -170,16 +173,22 @@ def run_variant(mode: str, ac: str, layers: int, mbs: int, seq: int, smoke: bool
         with sdpa_kernel(backend):
             return _step()
 
+    def loss_fn(pred, labels):   # torchtitan@e7c0cae torchtitan/components/loss.py cross_entropy_loss
+        return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+    if compiled_loss:            # build_cross_entropy_loss under --training.compile (from bbb1b616e, 2025-04-02)
+        loss_fn = torch.compile(loss_fn)
+
     def _step():
         pred = model(tokens)
-        loss = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+        loss = loss_fn(pred, labels)
         del pred
         after_fwd = torch.cuda.memory_allocated() if not smoke else 0
         loss.backward()
         return after_fwd
 
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    rec = dict(mode=mode, ac=ac, layers=layers, mbs=mbs, seq=seq, fsdp=fsdp, params_gib=params / 2**30)
+    rec = dict(mode=mode, ac=ac, layers=layers, mbs=mbs, seq=seq, fsdp=fsdp, compiled_loss=compiled_loss,
+               params_gib=params / 2**30)
     for i in range(4 if fsdp else 3):           # the last step is measured (compile and caches warm)
         for p in model.parameters():
             p.grad = None
@@ -216,27 +225,35 @@ def main() -> int:
     ap.add_argument("--one", help=argparse.SUPPRESS)     # internal: mode,ac,layers as JSON
     ap.add_argument("--out", help="write the records as JSON here")
     ap.add_argument("--fsdp", action="store_true", help="the whole torchtitan step instead: FSDP2 on one rank, AdamW")
+    ap.add_argument("--compiled-loss", action="store_true",
+                    help="compiled blocks with the loss compiled too (torchtitan's build_cross_entropy_loss from "
+                         "2025-04), eager loss beside it for comparison")
     a = ap.parse_args()
     mbs, seq = (1, 16) if a.smoke else (2, 8192)
     if a.one:
-        mode, ac, layers, fsdp = json.loads(a.one)
+        mode, ac, layers, fsdp, compiled_loss = (json.loads(a.one) + [False])[:5]
         if fsdp:
             import torch.distributed as dist
             dist.init_process_group("gloo" if a.smoke else "nccl", rank=0, world_size=1)
-        print("RESULT " + json.dumps(run_variant(mode, ac, layers, mbs, seq, a.smoke, fsdp)), flush=True)
+        print("RESULT " + json.dumps(run_variant(mode, ac, layers, mbs, seq, a.smoke, fsdp, compiled_loss)),
+              flush=True)
         return 0
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", MASTER_ADDR="127.0.0.1",
                MASTER_PORT="29517")
     recs = []
-    variants = [(m, ac, n, False) for m, ac in (("eager", "op"), ("compiled", "op"), ("compiled", "full"),
-                                                 ("eager", "full")) for n in (2, 6)]
+    variants = [(m, ac, n, False, False) for m, ac in (("eager", "op"), ("compiled", "op"), ("compiled", "full"),
+                                                        ("eager", "full")) for n in (2, 6)]
     if a.fsdp:
-        variants = [("eager", "op", 6, True), ("compiled", "op", 6, True), ("compiled", "full", 6, True)]
-    for mode, ac, layers, fsdp in variants:
+        variants = [("eager", "op", 6, True, False), ("compiled", "op", 6, True, False),
+                    ("compiled", "full", 6, True, False)]
+    if a.compiled_loss:
+        variants = [("compiled", "op", n, a.fsdp, cl) for cl in (False, True) for n in (2, 6)]
+    for mode, ac, layers, fsdp, compiled_loss in variants:
         if True:
-            cmd = [sys.executable, __file__, "--one", json.dumps([mode, ac, layers, fsdp])] + (["--smoke"] if a.smoke
-                                                                                              else [])
-            print(f"{mode:8s} {ac:4s} AC, {layers} layers{', FSDP2 + AdamW' if fsdp else ''} ...", flush=True)
+            cmd = [sys.executable, __file__, "--one", json.dumps([mode, ac, layers, fsdp, compiled_loss])] + (
+                ["--smoke"] if a.smoke else [])
+            print(f"{mode:8s} {ac:4s} AC, {layers} layers{', FSDP2 + AdamW' if fsdp else ''}"
+                  f"{', compiled loss' if compiled_loss else ''} ...", flush=True)
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
             line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
             if r.returncode or not line:
@@ -247,15 +264,18 @@ def main() -> int:
             print("  " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
     if not a.smoke:
         g, tokens = GEOMETRY, mbs * seq
-        for mode, ac in {(r["mode"], r["ac"]) for r in recs}:
-            two = {r["layers"]: r for r in recs if (r["mode"], r["ac"]) == (mode, ac)}
+        for mode, ac, cl in {(r["mode"], r["ac"], r.get("compiled_loss", False)) for r in recs}:
+            two = {r["layers"]: r for r in recs if (r["mode"], r["ac"], r.get("compiled_loss", False)) == (mode, ac, cl)}
             if 2 in two and 6 in two:
                 per = (two[6]["after_fwd_gib"] - two[2]["after_fwd_gib"]) * 2**30 / 4
-                print(f"{mode} {ac} AC: stored per layer {per / 2**20:.1f} MiB = {per / (tokens * g['h'] * 2):.3f} h "
-                      f"elements of 2 B per token; loss-path share after the forward "
-                      f"{two[2]['after_fwd_gib'] - 2 * per / 2**30:.2f} GiB "
+                excess = [r["peak_reserved_gib"] - r["peak_alloc_abs_gib"] for r in two.values()]
+                print(f"{mode} {ac} AC{', compiled loss' if cl else ''}: stored per layer {per / 2**20:.1f} MiB = "
+                      f"{per / (tokens * g['h'] * 2):.3f} h elements of 2 B per token; loss-path share after the "
+                      f"forward {two[2]['after_fwd_gib'] - 2 * per / 2**30:.2f} GiB "
                       f"({(two[2]['after_fwd_gib'] * 2**30 - 2 * per) / (tokens * g['vocab']):.2f} B per logit "
-                      f"element)")
+                      f"element); reserved - allocated at the peaks {min(excess):.2f}-{max(excess):.2f} GiB "
+                      f"({min(excess) * 2**30 / (tokens * g['vocab']):.2f}-"
+                      f"{max(excess) * 2**30 / (tokens * g['vocab']):.2f} B per logit element)")
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(recs, fh, indent=1)

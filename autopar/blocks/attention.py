@@ -19,7 +19,8 @@ projections (autopar.blocks.mla) are separate GEMMs in both stacks.
 Memory-bound kernels (elements per token, forward and backward, one HBM pass per kernel; Megatron-Core
 ``megatron/core/transformer``): the sub-block's norm reads x, writes y (2h) and backward reads x, dy, writes dx
 (3h); its residual add 3h each way; RoPE on the rotary dims of Q and K reads and writes (a+g)·d each way (Su et
-al. 2021, arXiv 2104.09864). Stored activations (FlashAttention keeps no s x s scores, Dao et al. 2022, arXiv
+al. 2021, arXiv 2104.09864), and where YaRN scales cos/sin, Megatron-Core's unfused RoPE beyond that
+(``rope_unfused``, :data:`ROPE_UNFUSED_EXTRA`). Stored activations (FlashAttention keeps no s x s scores, Dao et al. 2022, arXiv
 2205.14135): Q, K, V (a·d + 2·g·d), the gate's input (a·d_v), the core's output (a·d_v).
 
 Symbols: h hidden, a query heads, g KV heads, d head dim, s sequence length.
@@ -30,6 +31,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autopar.blocks._base import Block, Linear, Rule, norm_residual
+
+
+# Megatron-Core's unfused RoPE, what a model whose cos/sin carry a YaRN concentration factor other than 1 runs even
+# with apply_rope_fusion on: apply_rotary_pos_emb falls back "mscale=... is not supported by TE's fused RoPE. Using
+# unfused implementation." (NVIDIA/Megatron-LM@3f6a2ed8 megatron/core/models/common/embeddings/rope_utils.py lines
+# 279-284, added for gpt-oss in 98739581, 2025-11-22; attention.py passes _yarn_get_concentration_factor_from_config,
+# 0.1·ln(32) + 1 = 1.347 for gpt-oss, whose bridge sets yarn_mscale None: NVIDIA-NeMo/Megatron-Bridge@v0.4.1
+# src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py). _apply_rotary_pos_emb_bshd, per element of the rotary width
+# r = (a+g)·d, one HBM pass per PyTorch kernel (cos/sin are s x d, negligible): forward t·cos (2), rotate_half's
+# negation of one half (1) and cat (2), ·sin (2), the sum (3), the final cat with the empty pass-through part (2) = 12
+# against the fused kernel's 2 -> 10; backward: ·sin (2), the negation (1), the chunk's cat of the half gradients
+# (2), ·cos (2), autograd's sum of t's two gradients (3) = 10 against 2 -> 8. Megatron-Core's stack only (an eager
+# stack's own RoPE is priced by autopar.cost.compute.ELEMENTWISE_BYTES).
+ROPE_UNFUSED_EXTRA = (10.0, 8.0)
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,7 @@ class Attention(Block):
     qkv_bias: bool = False
     linear_bias: bool = False
     rope: bool = True
+    rope_mscale: float = 1.0        # ModelSpec.rope_mscale: other than 1, Megatron-Core's RoPE runs unfused
     window: int | None = None
     chunk: int | None = None
     sinks: bool = False
@@ -56,7 +72,7 @@ class Attention(Block):
         """From a ModelSpec's attention fields and, optionally, an attention MixerSpec's options."""
         return cls(hidden=model.hidden_size, heads=model.num_attention_heads, kv_heads=model.kv_heads,
                    head_dim=model.dim_per_head, qkv_bias=model.qkv_bias, linear_bias=model.linear_bias,
-                   rope=model.position_embedding == "rope", **_options(mixer))
+                   rope=model.position_embedding == "rope", rope_mscale=model.rope_mscale, **_options(mixer))
 
     @classmethod
     def field_problem(cls, spec) -> str | None:
@@ -144,7 +160,10 @@ class Attention(Block):
 
     def membound(self) -> dict[str, tuple[float, float]]:
         h, r = self.hidden, self.rope_width()
-        return {**norm_residual(h, self.linear_bias), "rope": (2.0 * r, 2.0 * r)}
+        out = {**norm_residual(h, self.linear_bias), "rope": (2.0 * r, 2.0 * r)}
+        if r and self.rope_mscale != 1.0:
+            out["rope_unfused"] = (ROPE_UNFUSED_EXTRA[0] * r, ROPE_UNFUSED_EXTRA[1] * r)
+        return out
 
     def _qkv_width(self) -> int:
         """Width of the QKV GEMM's output (the FP8 cast of its result)."""

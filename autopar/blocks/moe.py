@@ -9,7 +9,8 @@ with separate projections, two (torchtitan). Memory-bound (elements per token, f
 experts' activation k·(3f_e, 5f_e) gated or k·(2f_e, 3f_e) plain (module ``moe_act``) and the shared experts' the
 same over n_s·f_s; token permutation (Megatron ``permute``/``unpermute``): each routed copy written once and read
 once by the weighted sum, each way -> 2·k·h forward, 2·k·h backward; with expert biases (GPT-OSS), Megatron's
-eager output-bias add (``expert_bias``, :data:`EXPERT_BIAS_ELEMS`), 14·k·h forward, 18·k·h backward. Stored:
+eager output-bias add (``expert_bias``, :data:`EXPERT_BIAS_ELEMS`), 14·k·h forward, 18·k·h backward; with a clamped
+activation (GPT-OSS), its eager clamps (``moe_act_clamp``, :data:`CLAMP_ELEMS`), 8·k·f_e forward, 15·k·f_e backward. Stored:
 shared internals n_s·f_s·(n_in+1), the k routed copies entering fc1 (k·h; the expert outputs are not kept: the
 routing probabilities are applied in the expert activation, :meth:`MoE.stored`), the routed internals
 k·f_e·(n_in+1), the activation outputs k·f_e (gated only; dropped by ``moe_act`` recompute). The expert all-to-all carries k copies
@@ -54,6 +55,33 @@ from autopar.blocks.mlp import MLP, input_gemms
 # each way) are not priced apart (the host rate of autopar.cost.compute.moe_host_time covers the expert segment).
 EXPERT_BIAS_ELEMS = (14.0, 18.0)
 
+# The clamped gated activation of GPT-OSS's experts (ModelSpec moe.activation_clamp; openai/gpt-oss
+# gpt_oss/torch/model.py swiglu: x_glu.clamp(max=limit), x_linear.clamp(-limit, limit), limit 7.0) in Megatron-Core's
+# unfused expert path (TEGroupedMLP with bias_activation_fusion, which the GPT-OSS bridge sets:
+# NVIDIA-NeMo/Megatron-Bridge@v0.4.1 src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py, activation_func quick_gelu,
+# activation_func_clamp_value 7.0, bias_activation_fusion True). The fused function (torch.compile'd
+# weighted_quick_geglu) does not clamp: weighted_bias_quick_geglu_impl clamps first, in eager PyTorch, and concatenates
+# the halves again (NVIDIA/Megatron-LM@3f6a2ed8 megatron/core/fusions/fused_bias_geglu.py lines 424-431: ``torch.cat(
+# (x_glu.clamp(min=None, max=clamp_value), x_linear.clamp(min=-clamp_value, max=clamp_value)), -1)``; added with
+# gpt-oss support, 2e29a5e1 (2025-09-09), unchanged at d98e8a64 (2026-08)). Elements per unit of expert width f_e,
+# in 2-byte units (bf16 1, bool 0.5), one HBM pass per PyTorch kernel, beyond the fused activation's (3, 5):
+#  forward: two clamps each read f and write f (4), torch.cat reads 2f and writes 2f (4) -> 8;
+#  backward (autograd, PyTorch derivatives.yaml clamp -> clamp_backward): the cat's backward is views; the one-sided
+#    clamp is where(x <= max, g, 0): the compare reads f and writes a bool mask (1.5), where reads the mask and g and
+#    writes f (2.5) = 4; the two-sided clamp adds a second compare and the mask's logical_and (1.5 + 1.5) = 7;
+#    torch.chunk's backward concatenates the two halves' gradients, reading and writing 2f (4) -> 15.
+# An approximation: the strided half-width views are priced as contiguous passes. The op fuser's grouped MLP
+# (TrainingSpec.fused_grouped_mlp: Transformer Engine's ScaledClampedQGeGLU) clamps inside its kernels: priced 0 there
+# (autopar.cost.compute.layer_parts), as is the output bias above.
+CLAMP_ELEMS = (8.0, 15.0)
+# Stored by the eager clamps, per element of f_e and routed copy: autograd's clamp saves its input for the mask
+# (PyTorch derivatives.yaml ``clamp``: ``clamp_backward(grad, self, min, max)``), i.e. both halves of the fc1 output
+# (2 f_e), while the compiled weighted_quick_geglu saves its own input, the concatenated clamped copy (2 f_e), where
+# without the clamps it saves the fc1 output itself: one copy more, 2 f_e (gated). Counted by the memory model where
+# the clamps run eagerly (not under the fused grouped MLP or compiled elementwise: autopar.cost.memory) and the
+# activation is not recomputed (moe_act keeps only the checkpoint's input, the fc1 output).
+CLAMP_STORED = 2.0
+
 
 @dataclass(frozen=True)
 class MoE(Block):
@@ -72,6 +100,7 @@ class MoE(Block):
     expert_bias: bool = False
     linear_bias: bool = False
     latent: int = 0                     # LatentMoE width l (0: the experts run at h)
+    clamped: bool = False               # the experts' gated activation clamps its inputs (CLAMP_ELEMS)
 
     @classmethod
     def from_spec(cls, model) -> "MoE":
@@ -79,7 +108,7 @@ class MoE(Block):
         return cls(hidden=model.hidden_size, num_experts=m.num_experts, top_k=m.top_k,
                    expert_ffn=m.expert_ffn_hidden_size, num_shared=m.num_shared_experts, shared_ffn=m.shared_ffn,
                    gated=model.gated_mlp, expert_bias=m.expert_bias, linear_bias=model.linear_bias,
-                   latent=m.latent_size or 0)
+                   latent=m.latent_size or 0, clamped=m.activation_clamp is not None)
 
     @property
     def routed_width(self) -> int:
@@ -157,6 +186,9 @@ class MoE(Block):
             fs = self.num_shared * self.shared_ffn
             out["shared_act"] = (act[0] * fs, act[1] * fs)
         out["moe_act"] = (k * act[0] * fe, k * act[1] * fe)
+        if self.clamped and self.gated:
+            fwd, bwd = CLAMP_ELEMS
+            out["moe_act_clamp"] = (k * fwd * fe, k * bwd * fe)
         out["permute"] = (2.0 * k * r, 2.0 * k * r)
         if self.expert_bias or self.linear_bias:
             fwd, bwd = EXPERT_BIAS_ELEMS
@@ -179,10 +211,14 @@ class MoE(Block):
         ``bias_act_func``: ``weighted_bias_swiglu_impl`` / ``weighted_bias_quick_geglu_impl(intermediate,
         bias, permuted_probs, ...)``, the TE op fuser's grouped MLP likewise takes ``permuted_probs``), so the
         combine and the unpermutation take no probabilities and keep nothing of the fc2 output for their
-        backward; the latent projections' tensors (``moe_latent``)."""
+        backward; the latent projections' tensors (``moe_latent``); with clamped experts the eager clamps' saved fc1
+        output (``moe_act_clamp``, :data:`CLAMP_STORED`)."""
         k, fe, gated, r = self.top_k, self.expert_ffn, self.expert.n_in + 1, self.routed_width
-        return {"shared": self.num_shared * self.shared_ffn * gated, "moe_io": 1.0 * k * r,
-                "moe_latent": 2.0 * self.latent, "moe_inner": k * fe * gated, "moe_act": k * fe if self.gated else 0.0}
+        out = {"shared": self.num_shared * self.shared_ffn * gated, "moe_io": 1.0 * k * r,
+               "moe_latent": 2.0 * self.latent, "moe_inner": k * fe * gated, "moe_act": k * fe if self.gated else 0.0}
+        if self.clamped and self.gated:     # the eager clamps' saved fc1 output (CLAMP_STORED)
+            out["moe_act_clamp"] = k * fe * CLAMP_STORED
+        return out
 
     def dispatch_elems(self) -> int:
         """Per token, what the expert all-to-all carries each way: k copies of h (of l under LatentMoE)."""

@@ -122,7 +122,8 @@ def add_problem_args(p: argparse.ArgumentParser, gpus_required: bool = True, gpu
                    help=f"software stack: zoo name (see `autopar zoo stacks`) or YAML (default: the --emit target's, "
                         f"else {DEFAULT_STACK}, Megatron-Core as NVIDIA's recipes run it)")
     g.add_argument("--knobs", default="", metavar="K[,K=V...]",
-                   help="stack knobs over the stack file's, e.g. compile,async_tp,fp8_recipe=rowwise,dp_overlap=off "
+                   help="stack knobs over the stack file's, e.g. compile,async_tp,fp8_recipe=rowwise,dp_overlap=off, "
+                        "compiled_loss=off (torchtitan before 2025-04: compile leaves the loss eager) "
                         "(`autopar zoo stacks` lists them)")
     g.add_argument("--linear-cp", choices=("all_to_all", "state_pass"), default="all_to_all",
                    help="context parallelism of linear-attention / SSM layers (default: all_to_all, as Megatron-Core "

@@ -41,7 +41,17 @@ from autopar.specs.training import TrainingSpec
 # backward scales it by the per-token loss gradient in place (element_mul_kernel, read 2 + write 2: Megatron passes
 # reduce_loss False, so grad_output is not the scalar 1.0 the kernel skips) = 10 B (NVIDIA/TransformerEngine@71bbefbf
 # transformer_engine/pytorch/triton/cross_entropy.py).
-CROSS_ENTROPY_BYTES = {"fused": 8.0, "te": 10.0, "unfused": 44.0}
+# torch.compile'd ('compiled': torchtitan's loss under --training.compile from 2025-04, autopar.cost.memory
+# TORCH_LOSS_BYTES), read from the kernels Inductor generates (benchmarks/torch_compiled_loss_memory.py, torch 2.13.0,
+# C++ backend, 2026-11-26): without TP the forward is one kernel that reads the bf16 logits twice (the row max, then
+# the exp-sum: 2 + 2) and the backward one kernel that reads them again and writes the bf16 gradient (2 + 2) = 8 B;
+# with TP (DTensor loss_parallel traced into the graph) the all-reduces split the forward into four kernels: max
+# (2), exp-sum (2), the zero-filled fp32 one-hot matrix written (4), then the fp32 one-hot + softmax written for the
+# backward from it and the logits (4 + 2 + 4), and the backward reads it and writes the bf16 gradient (4 + 2) = 24 B
+# (COMPILED_LOSS_PARALLEL_BYTES). APPROXIMATE on CUDA: the Triton backend's kernels were not read (its online softmax
+# may fuse the two forward reads without TP). Kernel launches (2, and 5 with TP, against about 8 eager) are not priced.
+CROSS_ENTROPY_BYTES = {"fused": 8.0, "te": 10.0, "unfused": 44.0, "compiled": 8.0}
+COMPILED_LOSS_PARALLEL_BYTES = 24.0
 
 # Elementwise kernels by stack (TrainingSpec.elementwise): HBM bytes of each memory-bound op relative to the fused
 # counts of autopar.cost.shapes (one kernel per op: forward reads its inputs and writes its output once), as
@@ -67,8 +77,12 @@ CROSS_ENTROPY_BYTES = {"fused": 8.0, "te": 10.0, "unfused": 44.0}
 #  layer's b·s x h activations: 134 MB for Llama 3 8B at 2 x 8192 tokens, twice that in fp32) are larger still.
 ELEMENTWISE_BYTES = {
     "fused": {},
-    "compiled": {"grad_sum_eager": (0.0, 0.0)},   # separate projections' input gradients summed in one fused kernel
-    "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "moe_act": (5 / 3, 1.6), "shared_act": (5 / 3, 1.6)},
+    "compiled": {"grad_sum_eager": (0.0, 0.0),    # separate projections' input gradients summed in one fused kernel
+                 "moe_act_clamp": (0.0, 0.0),     # the clamps fused into the compiled activation chain
+                 "rope_unfused": (0.0, 0.0)},     # Megatron-Core's unfused RoPE: not the compiled stack's
+    "eager": {"norm": (9.0, 8.0), "rope": (5.0, 5.0), "moe_act": (5 / 3, 1.6), "shared_act": (5 / 3, 1.6),
+              "rope_unfused": (0.0, 0.0)},       # the eager stack's own RoPE is the 5x above (its expert clamps,
+                                                  # moe_act_clamp, counted as Megatron-Core's: an approximation)
 }
 # The dense MLP's activation is counted op by op by its block instead: under an eager stack, or where the recipe turns
 # bias_activation_fusion off (NeMo 24.07's Nemotron recipes; a compiled stack fuses the chain whatever the switch),
@@ -188,11 +202,11 @@ FP8_CAST_MXFP8_BYTES = 4.0
 
 # The routed-expert segment of an MoE layer: the GPU work issued after the token dispatcher's device-to-host sync
 # (:func:`moe_host_time`), and what the ``moe`` recompute module re-runs.
-ROUTED_PARTS = ("moe", "moe_act", "permute", "expert_bias")
+ROUTED_PARTS = ("moe", "moe_act", "moe_act_clamp", "permute", "expert_bias")
 
 # Forward kernels re-run by each Megatron-Core recompute module (``--recompute-modules``).
 RECOMPUTE_PARTS = {"core_attn": ("core_attn",), "mlp": ("mlp", "mlp_act", "mlp_act_unfused"), "moe": ROUTED_PARTS,
-                   "moe_act": ("moe_act",), "shared_experts": ("shared_experts", "shared_act"),
+                   "moe_act": ("moe_act", "moe_act_clamp"), "shared_experts": ("shared_experts", "shared_act"),
                    "layernorm": ("norm",), "mla_up_proj": ("mla_up_proj",)}
 
 
@@ -254,7 +268,7 @@ def layer_parts(kern: Kernels, kind: LayerKind, L: Layout, tr: TrainingSpec, tok
             continue
         if name in bda and bda[name] == (0.0, 0.0):
             continue
-        if name == "expert_bias" and tr.fused_grouped_mlp:   # the bias added inside the fused grouped kernels
+        if name in ("expert_bias", "moe_act_clamp") and tr.fused_grouped_mlp:   # inside the fused grouped kernels
             continue
         split = TP_SPLIT[name]
         if split == "sp":
@@ -408,7 +422,10 @@ def head_time(kern: Kernels, prof: ModelProfile, L: Layout, tr: TrainingSpec, to
     h, v = prof.hidden, prof.vocab
     fp8 = tr.fp8_lm_head and kern.fp8
     g = kern.gemm(tokens, v / L.tp, h, h * v / L.tp, tr.weight_bytes, tr.grad_bytes, hi=not fp8)
-    ce = kern.stream(CROSS_ENTROPY_BYTES[tr.cross_entropy] * tokens * v / L.tp)
+    ce_bytes = CROSS_ENTROPY_BYTES[tr.cross_entropy]
+    if tr.cross_entropy == "compiled" and L.tp > 1:
+        ce_bytes = COMPILED_LOSS_PARALLEL_BYTES
+    ce = kern.stream(ce_bytes * tokens * v / L.tp)
     cast_f = kern.stream(FP8_CAST_MXFP8_BYTES * tokens * h) if fp8 else 0.0
     cast_b = kern.stream(FP8_CAST_MXFP8_BYTES * tokens * v / L.tp) if fp8 else 0.0
     return g[0] + ce / 3.0 + cast_f, g[1] + 2.0 * ce / 3.0 + cast_b
@@ -540,7 +557,8 @@ KERNEL_CLASS = {"attn": "dense GEMM", "mla_up_proj": "dense GEMM", "mlp": "dense
                 "mlp_act_unfused": "memory-bound", "bda": "memory-bound", "bda_bias": "memory-bound",
                 "shared_act": "memory-bound", "moe_act": "memory-bound", "permute": "memory-bound",
                 "fp8_cast": "memory-bound", "grad_sum": "memory-bound", "grad_sum_eager": "memory-bound",
-                "expert_grad_sum": "memory-bound", "batch_major": "memory-bound", "expert_bias": "memory-bound"}
+                "expert_grad_sum": "memory-bound", "batch_major": "memory-bound", "expert_bias": "memory-bound",
+                "moe_act_clamp": "memory-bound", "rope_unfused": "memory-bound"}
 
 
 def kernel_breakdown(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec, kern: Kernels,

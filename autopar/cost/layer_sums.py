@@ -64,6 +64,8 @@ class LayerSums:
     act_moe_latent: list[float]    # LatentMoE's projection tensors (2·l; 0 without LatentMoE)
     act_moe_inner: list[float]     # routed-expert internals (k·3f_e gated, k·2f_e plain)
     act_moe_act: list[float]       # routed-expert activation-function outputs (k·f_e, dropped by moe_act)
+    act_moe_act_clamp: list[float]  # the eager clamps' saved fc1 output beside the activation's (k·2f_e, clamped
+    #                                experts only: autopar.blocks.moe CLAMP_STORED; dropped by moe_act)
 
     def between(self, name: str, a: int, b: int) -> float:
         arr = getattr(self, name)

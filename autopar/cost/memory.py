@@ -58,6 +58,26 @@ PyTorch's loss path (``TrainingSpec.loss_runtime`` 'torch', as torchtitan runs i
   and compiled, op SAC and full AC, 2 and 6 layers), 2.07-2.19 B per logit element, and the peak allocated is the
   loss phase's 12 B per element, the stored activations and the final norm's tensors to within 0.1 GiB.
 
+Compiled (``cross_entropy`` 'compiled': torchtitan wraps the same loss in ``torch.compile`` with
+``--training.compile`` from pytorch/torchtitan@bbb1b616e, 2025-04-02; torchtitan/components/loss.py
+``build_cross_entropy_loss`` at e7c0cae): AOTAutograd's partition and Inductor's fused kernels replace the eager
+temporaries. Measured with benchmarks/torch_compiled_loss_memory.py (torch 2.13.0+cpu, Inductor's C++ backend,
+2026-11-26, 1024 x 128256 bf16 logits), per logit element:
+- without TP the partition saves the bf16 logits themselves (2 B; with per-token max and log-sum-exp), so ``del
+  pred`` frees nothing; the backward is one fused kernel that re-reads them and writes the bf16 gradient (2 B):
+  4 B at the backward's peak, 2 B at the forward's, no fp32 tensor of the logits' size at all;
+- with TP, DTensor loss_parallel's handlers trace into the graph: the forward materialises the zero-filled fp32
+  one-hot matrix its index_put scatters into (4 B) and the fp32 ``one-hot + exp(log-softmax)`` it saves (4 B)
+  beside the bf16 logits (2 B): 10 B at the forward's peak, 6 B at the backward's (the saved fp32 tensor and the
+  bf16 gradient);
+- both peaks hold the bf16 logits; under PP torch.distributed.pipelining keeps them anyway (``output_chunks``,
+  below), so there they are counted once;
+- the partition (which tensors are saved, in which dtype) does not depend on the device; which intermediates Inductor
+  materialises is its scheduler's choice, read here on the C++ backend, and the Triton backend's buffers were not
+  measured: APPROXIMATE on CUDA. The caching allocator's extra block of the eager path has no counterpart counted:
+  without TP the logits are not freed before the peak and no tensor larger than them is allocated; with TP the
+  peak is the forward's, before ``del pred`` frees any block (read from the allocation order, not traced on a GPU).
+
 Phases (``loss_runtime`` 'torch', last stage): the loss backward's peak (the loss bytes above and the final norm's
 saved tensors) comes before any layer's backward, and one layer's backward working set (:func:`activation_elems_per_
 token`) after the loss temporaries are freed, so the stage holds the stored activations, the stage buffers and the
@@ -370,6 +390,11 @@ def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: f
     mlp = st.sum(prof, "act_mlp")
     shared = st.sum(prof, "act_shared")
     moe = st.sum(prof, "act_moe_io") + st.sum(prof, "act_moe_latent") + st.sum(prof, "act_moe_inner")
+    # GPT-OSS's eager clamps keep one more copy of the fc1 output (autopar.blocks.moe CLAMP_STORED), except where
+    # the clamps run inside fused kernels (TE's grouped MLP) or a compiled region
+    tr = prof.training
+    clamp = 0.0 if (tr.fused_grouped_mlp or tr.elementwise == "compiled") else st.sum(prof, "act_moe_act_clamp")
+    moe = moe + clamp
     # the routing weights' multiply, where it is an fp32 multiply of its own (MOE_WEIGHTING_ELEMS)
     moe = moe + MOE_WEIGHTING_ELEMS[prof.training.moe_weighting] * st.sum(prof, "act_moe_io")
     # Unfused attention (before FlashAttention) materialises the s x s scores: softmax output (2 B), dropout
@@ -416,7 +441,7 @@ def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: f
     if "moe" in mods:
         moe = 0.0
     elif "moe_act" in mods:
-        moe -= st.sum(prof, "act_moe_act")
+        moe -= st.sum(prof, "act_moe_act") + clamp
     if "mla_up_proj" in mods:
         qkv -= st.sum(prof, "act_mla_up")
     if lin != 1.0:
@@ -500,9 +525,12 @@ LOGIT_EXTRA_BYTES = {"fused": 4, "te": 0, "unfused": 12}
 # operand for the scores' gradient, 4 B per element of the k routed copies = 2 two-byte elements (the scatter_add
 # combine keeps nothing).
 MOE_WEIGHTING_ELEMS = {"activation": 0.0, "fp32_multiply": 2.0}
-# PyTorch's loss path (TrainingSpec.loss_runtime 'torch', module docstring): fp32 bytes per logit element at the
-# loss backward's peak, without TP (ATen log_softmax) and with TP (DTensor loss_parallel's decomposition)
-TORCH_LOSS_BYTES = {"plain": 12, "loss_parallel": 16}
+# PyTorch's loss path (TrainingSpec.loss_runtime 'torch', module docstring): bytes per logit element alive at the loss
+# phase's peak, without TP (ATen log_softmax) and with TP (DTensor loss_parallel's decomposition), eager (the fp32
+# temporaries at the backward's peak, measured on one H200 with benchmarks/torch_sac_memory.py and again on the CPU with
+# benchmarks/torch_compiled_loss_memory.py) and torch.compile'd (cross_entropy 'compiled': the larger of the forward's
+# and the backward's peak, benchmarks/torch_compiled_loss_memory.py on the CPU, 2026-11-26; APPROXIMATE on CUDA)
+TORCH_LOSS_BYTES = {"eager": {"plain": 12, "loss_parallel": 16}, "compiled": {"plain": 4, "loss_parallel": 10}}
 TORCH_FINAL_NORM_BYTES = 6   # eager final RMSNorm: fp32 upcast (4 B) + bf16 normalised output (2 B) per element
 
 
@@ -514,11 +542,18 @@ def logit_bytes_per_element(tr: TrainingSpec) -> float:
     return tr.activation_bytes + LOGIT_EXTRA_BYTES[tr.cross_entropy]
 
 
-def torch_loss_bytes(L: Layout, tr: TrainingSpec):
-    """Bytes per logit element at PyTorch's loss backward peak, as the caching allocator holds them (module
-    docstring): the fp32 temporaries (:data:`TORCH_LOSS_BYTES`) and the freed block of the bf16 logits
-    (``activation_bytes``), cached but too small for the fp32 gradients that follow. ``L.tp`` may be a numpy array."""
-    return where(L.tp > 1, TORCH_LOSS_BYTES["loss_parallel"], TORCH_LOSS_BYTES["plain"]) + tr.activation_bytes
+def torch_loss_bytes(L: Layout, tr: TrainingSpec, pp: int = 1):
+    """Bytes per logit element at PyTorch's loss peak, as the caching allocator holds them (module docstring): the
+    tensors alive (:data:`TORCH_LOSS_BYTES`) and, eager, the freed block of the bf16 logits (``activation_bytes``),
+    cached but too small for the fp32 gradients that follow; compiled ('compiled'), no such block, and the measured
+    peak holds the bf16 logits themselves (saved without TP, the forward's peak with TP), which under PP (``pp`` > 1)
+    torch.distributed.pipelining keeps anyway (its ``output_chunks``, counted apart in :func:`activation_bytes`).
+    ``L.tp`` may be a numpy array."""
+    if tr.cross_entropy == "compiled":
+        alive = TORCH_LOSS_BYTES["compiled"]
+        return where(L.tp > 1, alive["loss_parallel"], alive["plain"]) - (tr.activation_bytes if pp > 1 else 0)
+    alive = TORCH_LOSS_BYTES["eager"]
+    return where(L.tp > 1, alive["loss_parallel"], alive["plain"]) + tr.activation_bytes
 
 
 def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
@@ -548,7 +583,7 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         boundary = mb_tokens / (L.cp * where(L.sp, L.tp, 1)) * prof.hidden
         if st.is_last:   # the loss backward's peak (loss temporaries, the cached logits block, the final norm's saved
             # tensors) comes before any layer's backward: the larger of the two phases, not their sum (docstring)
-            loss_phase = logits * torch_loss_bytes(L, tr) + boundary * TORCH_FINAL_NORM_BYTES
+            loss_phase = logits * torch_loss_bytes(L, tr, st.pp) + boundary * TORCH_FINAL_NORM_BYTES
             act = act + maximum(layer_phase, loss_phase) + logits * (e * L.grad_accum if st.pp > 1 else 0.0)
         else:
             act = act + layer_phase

@@ -34,6 +34,9 @@ How autopar's layout maps onto torchtitan's:
   expressed and gets a note instead of a config.
 - Recompute: none -> ``activation_checkpoint=None``; full -> ``FullAC.Config()``; Megatron's "selective" and module
   lists -> torchtitan's op-level ``SelectiveAC.Config()``, the nearest it has (note).
+- Compile (0.3.0): ``compile.enable`` where the prediction priced compiled kernels; ``compile.components`` with
+  "loss" where it priced the compiled loss (``TrainingSpec.cross_entropy`` 'compiled', knob ``compiled_loss``), ["model"]
+  where it priced torch's loss eager beside compiled blocks (``compiled_loss=off``).
 - Optimizer: torchtitan 0.2.2 and 0.3.0 default to fused AdamW (``optimizer.implementation = "fused"``); where the
   prediction priced torch's foreach AdamW (``TrainingSpec.optimizer_impl``, the torchtitan stack's default: its
   2024-12 published runs used it) the emitted config sets ``implementation = "foreach"``, so the run is the one priced.
@@ -198,6 +201,13 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
     # The stack knobs the prediction priced (autopar/specs/stack.py): torch.compile of the model when it priced
     # compiled elementwise kernels (or async TP, which needs it).
     compile_model = async_tp or training.elementwise == "compiled"
+    # ... and of the loss as priced (knob compiled_loss): compiled ('compiled'), or torch's loss left eager under a
+    # compiled model (compiled_loss=off, as torchtitan's Dec 2024 release ran); other loss kernels keep base's list
+    components = 'sorted({*base.compile.components, "model"})'
+    if training.cross_entropy == "compiled":
+        components = 'sorted({*base.compile.components, "model", "loss"})'
+    elif training.loss_runtime == "torch" and training.cross_entropy == "unfused":
+        components = '["model"]'
     if training.elementwise != "fused":
         notes.append(f"priced as torchtitan runs: elementwise kernels {training.elementwise}, attention "
                      f"{training.attention_impl}" + (f", Float8 {training.fp8_recipe} (add the float8 model converter "
@@ -252,7 +262,7 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
     if compile_model:
         lines += ["        compile=replace(", "            base.compile,", "            enable=True,",
                   *(["            enable_async_tensor_parallel=True,"] if async_tp else []),
-                  '            components=sorted({*base.compile.components, "model"}),', "        ),"]
+                  f"            components={components},", "        ),"]
     if training.optimizer_impl != "fused":   # torchtitan's default is fused: write only what the prediction differs in
         lines += ["        optimizer=replace(", "            base.optimizer,",
                   f"            implementation={training.optimizer_impl!r},", "        ),"]

@@ -56,6 +56,7 @@ the output-projection bias of a Llama config with ``attention_bias`` but no ``ml
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from autopar.blocks import KDA, Attention, GatedDeltaNet, Mamba1, Mamba2
@@ -210,6 +211,30 @@ def _gpt_oss(r: _Reader) -> dict[str, Any]:
         raise r.fail(f"num_experts_per_tok ({top_k}) and experts_per_token ({alias}) disagree")
     f["moe"] = dict(num_experts=r.get("num_local_experts"), top_k=top_k if top_k is not None else alias,
                     expert_ffn_hidden_size=f["ffn_hidden_size"], expert_bias=True)
+    # swiglu_limit: the experts clamp the activation's inputs (gpt_oss/torch/model.py swiglu), priced by the clamp's
+    # kernels (autopar.blocks.moe.CLAMP_ELEMS); absent or null = no clamp.
+    limit_ = r.data.get("swiglu_limit")
+    r.used.add("swiglu_limit")
+    if limit_ is not None:
+        if isinstance(limit_, bool) or not isinstance(limit_, (int, float)) or not 0 < limit_ <= 1e6:
+            raise r.fail(f"key 'swiglu_limit' must be a number in (0, 1e6], got {limit_!r}")
+        f["moe"]["activation_clamp"] = float(limit_)
+    # rope_scaling: YaRN scales RoPE's cos and sin by its concentration factor (Megatron-Core
+    # _yarn_get_concentration_factor: with mscale and mscale_all_dim unset, 0.1·ln(factor) + 1; with both,
+    # the ratio of the two), which Megatron-Core's fused RoPE does not take (autopar.blocks.attention.ROPE_UNFUSED_EXTRA).
+    rs = r.data.get("rope_scaling")
+    r.used.add("rope_scaling")
+    if isinstance(rs, dict) and rs.get("rope_type", rs.get("type")) == "yarn":
+        factor = rs.get("factor", 1.0)
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1.0 <= factor <= 1e6:
+            raise r.fail(f"key 'rope_scaling.factor' must be a number in [1, 1e6], got {factor!r}")
+
+        def _mscale(m: float) -> float:
+            return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+        ms, ms_all = rs.get("mscale"), rs.get("mscale_all_dim")
+        nums = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                   for v in (ms, ms_all))
+        f["rope_mscale"] = round(_mscale(ms) / _mscale(ms_all) if nums else _mscale(1.0), 4)
     # Without layer_types: the window on even layers (openai/gpt-oss gpt_oss/torch/model.py: layer_idx % 2 == 0).
     default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(f["num_layers"])]
     f.update(_window(r, f["num_layers"], all_layers_key=False, default_types=default))

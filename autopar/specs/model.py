@@ -63,6 +63,11 @@ class MoESpec(Spec):
         default=1, gt=0, le=limit("layers"),
         description="After the leading dense layers, every n-th layer is MoE (Llama 4 Maverick: 2); others dense.")
     expert_bias: bool = Field(default=False, description="Expert linear layers carry biases (GPT-OSS).")
+    activation_clamp: float | None = Field(
+        default=None, gt=0, le=1e6,
+        description="The routed experts' gated activation clamps its inputs to this limit (GPT-OSS: swiglu_limit "
+                    "7.0); priced by the clamp's own kernels where Megatron-Core runs it unfused "
+                    "(autopar.blocks.moe.CLAMP_ELEMS). None = no clamp.")
     latent_size: int | None = Field(
         default=None, gt=0, le=limit("hidden"),
         description="LatentMoE (Nemotron 3 Super/Ultra): routed experts run at this width l; the tokens are projected "
@@ -139,6 +144,12 @@ class ModelSpec(Spec):
     sliding_window_every: int = Field(
         default=0, ge=0, le=limit("layers"),
         description="Every n-th layer is global, the rest windowed (GPT-OSS: 2); 0 = all windowed.")
+    rope_mscale: float = Field(
+        default=1.0, gt=0, le=1000,
+        description="The factor RoPE's cos and sin are scaled by (YaRN's attention concentration: 0.1·ln(factor) + 1 "
+                    "without an explicit mscale; gpt-oss, YaRN factor 32: 1.3466). Megatron-Core's fused RoPE does "
+                    "not take it, so a model with a factor other than 1 runs RoPE unfused (priced by its kernels, "
+                    "autopar.blocks.attention.ROPE_UNFUSED_EXTRA). 1 = plain RoPE.")
     moe: MoESpec | None = Field(default=None, description="MoE settings; None = dense model.")
     mla: MLASpec | None = Field(default=None, description="Multi-head latent attention; None = standard GQA.")
     mtp_layers: int = Field(default=0, ge=0, le=limit("layers"),

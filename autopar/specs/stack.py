@@ -19,7 +19,8 @@ what the framework does, as the :class:`StackKnobs` it runs by default:
   (the time per layer a framework spends between kernels), fitted to the stack's own runs within the bounds of
   :class:`autopar.specs.hardware.Efficiency`.
 * **cross entropy**: fused (Megatron's native kernel), te (Transformer Engine's, in place in the logits) or
-  unfused (plain ``torch.nn.functional.cross_entropy``); and who holds
+  unfused (plain ``torch.nn.functional.cross_entropy``), which ``compiled_loss`` has ``torch.compile`` compile
+  when the blocks are compiled (torchtitan's ``compile.components`` 'loss'); and who holds
   the logits around it (``loss_runtime``: Megatron's loss path, or PyTorch's as torchtitan runs it), a memory term
   (:mod:`autopar.cost.memory`).
 * **projections**: ``fused`` (Megatron-Core's one QKV GEMM and one gate-up GEMM) or ``separate`` (one GEMM per
@@ -92,6 +93,10 @@ class StackKnobs(Spec):
         default="per_microbatch", description="FSDP traffic under PP: every micro-batch, or once per step "
                                               "(TrainingSpec.pp_fsdp).")
     cross_entropy: CrossEntropy = Field(default="fused", description="Loss kernel.")
+    compiled_loss: bool = Field(
+        default=False, description="With elementwise=compiled, torch.compile compiles the unfused torch cross "
+                                   "entropy too (torchtitan's compile.components 'loss'; TrainingSpec.cross_entropy "
+                                   "'compiled': HBM traffic and the loss's memory). No effect on eager runs.")
     loss_runtime: LossRuntime = Field(
         default="megatron", description="Who holds the logits around the loss (memory only): Megatron's loss "
                                         "path, or PyTorch's as torchtitan runs it (TrainingSpec.loss_runtime).")
@@ -143,10 +148,20 @@ class StackKnobs(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> "StackKnobs":
+        if self.compiled_loss and (self.cross_entropy != "unfused" or self.loss_runtime != "torch"):
+            raise ValueError(f"compiled_loss=on compiles PyTorch's own cross entropy (cross_entropy=unfused, "
+                             f"loss_runtime=torch), not cross_entropy={self.cross_entropy} under "
+                             f"loss_runtime={self.loss_runtime} (say compiled_loss=off)")
         if self.tp_overlap == "async_tp" and self.elementwise == "eager":
             raise ValueError("tp_overlap=async_tp needs elementwise=compiled (PyTorch's async TP is a torch.compile "
                              "pass: torchtitan refuses it without compile)")
         return self
+
+    @property
+    def loss_kernel(self) -> str:
+        """TrainingSpec.cross_entropy: 'compiled' where torch.compile compiles the loss (compiled blocks and
+        ``compiled_loss``, as torchtitan's build_cross_entropy_loss wraps it only when compiling), else the knob."""
+        return "compiled" if self.compiled_loss and self.elementwise == "compiled" else self.cross_entropy
 
     def training_fields(self) -> dict[str, object]:
         """The TrainingSpec switches these knobs set."""
@@ -156,7 +171,7 @@ class StackKnobs(Spec):
                     tp_dgrad_overlap=self.tp_dgrad_overlap, dp_comm_overlap=self.dp_overlap,
                     ep_comm_overlap=self.ep_overlap, cp_comm_overlap=self.cp_overlap, cp_ring=self.cp_ring,
                     pp_fsdp=self.pp_fsdp,
-                    cross_entropy=self.cross_entropy, fp8_attention=self.fp8_attention,
+                    cross_entropy=self.loss_kernel, fp8_attention=self.fp8_attention,
                     selective_ac=self.selective_ac, fp8_param_gather=self.fp8_param_gather,
                     loss_runtime=self.loss_runtime, cuda_graphs=self.cuda_graphs,
                     fp8_lm_head=self.fp8_output_proj, projections=self.projections,

@@ -21,6 +21,8 @@ Fp8Recipe = Literal["te", "tensorwise", "rowwise"]
 CpRing = Literal["te_p2p", "torch_allgather"]
 PpFsdp = Literal["per_microbatch", "per_step"]
 CrossEntropy = Literal["fused", "te", "unfused"]
+# TrainingSpec's loss kernel: a stack's cross_entropy knob, or 'compiled' where its compiled_loss knob compiles torch's
+LossKernel = Literal["fused", "te", "unfused", "compiled"]
 MoeWeighting = Literal["activation", "fp32_multiply"]
 LossRuntime = Literal["megatron", "torch"]
 SelectiveAc = Literal["modules", "op"]
@@ -186,14 +188,16 @@ class TrainingSpec(Spec):
         description="Attention core: 'flash' (FlashAttention-class fused kernel, s x s scores never stored) or "
                     "'unfused' (batched QK^T and AV GEMMs around a fused softmax kernel, with the scores and "
                     "dropout stored: Megatron-LM before FlashAttention, e.g. its 2021 runs).")
-    cross_entropy: CrossEntropy = Field(
+    cross_entropy: LossKernel = Field(
         default="fused",
         description="Loss kernel over the vocabulary: 'fused' (Megatron --cross-entropy-loss-fusion, its native "
                     "vocab-parallel kernel: an fp32 softmax kept for the backward), 'te' (Megatron "
                     "cross_entropy_fusion_impl 'te', as NVIDIA's performance recipes set it: Transformer Engine's "
                     "Triton kernel before TE v2.18 writes the gradient in place into the bf16 logits, nothing "
-                    "kept beside them) or 'unfused' (plain torch log-softmax, as autopar's own runner): sets the "
-                    "HBM traffic and the fp32 buffers the last stage holds.")
+                    "kept beside them), 'unfused' (plain torch log-softmax, as autopar's own runner) or 'compiled' "
+                    "(the same torch cross entropy under torch.compile, as torchtitan compiles it with "
+                    "--training.compile from 2025-04: Inductor fuses the upcast, log-softmax and NLL; loss_runtime "
+                    "'torch' only): sets the HBM traffic and the buffers the last stage holds.")
     loss_runtime: LossRuntime = Field(
         default="megatron",
         description="Who holds the last stage's logits around the loss (memory only, autopar/cost/memory.py "
@@ -263,6 +267,9 @@ class TrainingSpec(Spec):
             raise ValueError(f"fp8_param_gather: needs an FP8 precision run by Transformer Engine (fp8 with "
                              f"fp8_recipe te, fp8_block or mxfp8), not precision {self.precision} with fp8_recipe "
                              f"{self.fp8_recipe}")
+        if self.cross_entropy == "compiled" and self.loss_runtime != "torch":
+            raise ValueError("cross_entropy compiled: a torch.compile'd torch cross entropy is PyTorch's loss path "
+                             "(loss_runtime torch, as torchtitan runs it), not Megatron's (loss_runtime megatron)")
         if self.fp8_lm_head and self.precision != "mxfp8":
             raise ValueError(f"fp8_lm_head: Megatron-Core runs the LM head in FP8 only under the MXFP8 recipe "
                              f"(fp8_output_proj), not precision {self.precision}")

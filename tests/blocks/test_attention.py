@@ -70,3 +70,19 @@ def test_separate_projections_are_torchtitans_wq_wk_wv():
         (4096, 4096, "col", False), (4096, 1024, "col", True), (4096, 1024, "col", True), (4096, 4096, "row", False)]
     assert gate == a.gemms()[-1]                                            # the gate is its own GEMM either way
     assert sum(g.params for g in a.separate_gemms()) == sum(g.params for g in a.gemms())
+
+
+def test_yarn_scaled_rope_runs_megatrons_unfused_kernels():
+    # cos/sin scaled by YaRN's concentration (gpt-oss 1.3466): Megatron-Core's fused RoPE refuses it, and the unfused
+    # path adds ROPE_UNFUSED_EXTRA (10 forward, 8 backward) per element of the rotary width (a+g)·d; plain RoPE, or
+    # no RoPE, adds nothing, and nothing else moves
+    from autopar.blocks.attention import ROPE_UNFUSED_EXTRA
+    yarn = Attention(hidden=2880, heads=64, kv_heads=8, head_dim=64, rope_mscale=1.3466)
+    plain = Attention(hidden=2880, heads=64, kv_heads=8, head_dim=64)
+    r = (64 + 8) * 64
+    assert ROPE_UNFUSED_EXTRA == (10.0, 8.0)
+    assert yarn.membound()["rope_unfused"] == (10.0 * r, 8.0 * r)
+    assert "rope_unfused" not in plain.membound()
+    assert {k: v for k, v in yarn.membound().items() if k != "rope_unfused"} == plain.membound()
+    nope = Attention(hidden=2880, heads=64, kv_heads=8, head_dim=64, rope=False, rope_mscale=1.3466)
+    assert "rope_unfused" not in nope.membound()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autopar.blocks import MoE
+from autopar.specs.loaders import load_model
 
 
 def deepseek_v3() -> MoE:
@@ -55,3 +56,18 @@ def test_expert_bias_adds_megatrons_eager_output_bias_kernels():
     m = MoE(hidden=h, num_experts=128, top_k=k, expert_ffn=2880, expert_bias=True)
     assert m.membound()["expert_bias"] == (14.0 * k * h, 18.0 * k * h)
     assert "expert_bias" not in deepseek_v3().membound()
+
+
+def test_clamped_activation_adds_megatrons_eager_clamp_kernels():
+    # weighted_bias_quick_geglu_impl clamps the two halves and concatenates them in eager PyTorch before the fused
+    # activation (autopar.blocks.moe.CLAMP_ELEMS): 8 forward, 15 backward 2-byte units per element of each routed
+    # copy's f_e; the same MoE without the clamp has no such entry, and its other entries do not move
+    h, k, f = 2880, 4, 2880
+    clamped = MoE(hidden=h, num_experts=128, top_k=k, expert_ffn=f, expert_bias=True, clamped=True)
+    plain = MoE(hidden=h, num_experts=128, top_k=k, expert_ffn=f, expert_bias=True)
+    assert clamped.membound()["moe_act_clamp"] == (8.0 * k * f, 15.0 * k * f)
+    assert "moe_act_clamp" not in plain.membound()
+    assert {n: v for n, v in clamped.membound().items() if n != "moe_act_clamp"} == plain.membound()
+    assert MoE.from_spec(load_model("gpt_oss_120b")).clamped and not MoE.from_spec(load_model("qwen3_30b_a3b")).clamped
+    # autograd's clamps save the fc1 output beside the activation function's clamped copy: 2 f_e more per copy
+    assert clamped.stored()["moe_act_clamp"] == 2.0 * k * f and "moe_act_clamp" not in plain.stored()

@@ -52,15 +52,16 @@ def test_the_b200_recipe_that_ran_is_predicted_to_fit():
 
 def test_routed_expert_outputs_are_not_stored():
     # the routed part of the stored activations, what the 'moe' recompute module drops, is k·h + k·3f_e per token
-    # and MoE layer (fc1 input, fc1 output, activation output); one layer's worth comes back as the backward's
-    # working set, so the stage holds (layers - 1) of them less
+    # and MoE layer (fc1 input, fc1 output, activation output) and, gpt-oss's clamps running eagerly here, their
+    # saved copy of the fc1 output (k·2f_e, CLAMP_STORED); one layer's worth comes back as the backward's working
+    # set, so the stage holds (layers - 1) of them less
     base = Layout(tp=1, pp=1, ep=8, micro_batch=1, zero_stage=1, recompute="none")
     moe = Layout(tp=1, pp=1, ep=8, micro_batch=1, zero_stage=1, recompute="moe")
     tr = TrainingSpec(seq_len=4096, global_batch=64, precision="bf16", grad_dtype="bf16", cross_entropy="te")
     est = Estimator(MODEL, load_hardware("b200"), tr, 64)
     delta = est.estimate(base).memory_gib.activations - est.estimate(moe).memory_gib.activations
     k, h, fe = 4, MODEL.hidden_size, MODEL.moe.expert_ffn_hidden_size
-    per_token_layer = k * h + k * 3 * fe
+    per_token_layer = k * h + k * 3 * fe + k * 2 * fe
     assert delta == pytest.approx(4096 * (MODEL.num_layers - 1) * per_token_layer * 2 / GIB, rel=1e-6)
 
 
@@ -83,3 +84,20 @@ def test_torchtitan_s_fp32_weighting_multiply_keeps_two_more_elements_per_routed
         .memory_gib.activations for w in ("activation", "fp32_multiply")}
     # one layer's worth comes back as the backward's working set
     assert moe["fp32_multiply"] - moe["activation"] == pytest.approx(4096 * 2 * k * h * 2 / GIB, rel=1e-6)
+
+
+def test_eager_clamps_keep_one_more_copy_of_the_fc1_output():
+    """Megatron-Core's weighted_bias_quick_geglu_impl clamps the two GLU halves in eager PyTorch and concatenates them:
+    autograd's clamp saves the fc1 output for its mask and the activation function saves the clamped copy, one copy
+    (2 f_e per routed copy) more than an unclamped expert (autopar/blocks/moe.py CLAMP_STORED). Not under TE's fused
+    grouped MLP (it clamps inside its kernels), nor where moe_act recompute drops the activation's tensors."""
+    def act(recompute: str, **tr):
+        t = TrainingSpec(seq_len=4096, global_batch=1280, precision="bf16", grad_dtype="bf16", **tr)
+        lay = LAYOUT.model_copy(update={"recompute": recompute})
+        return Estimator(MODEL, load_hardware("b300"), t, 64).estimate(lay).memory_gib.activations
+    k, fe, layers = MODEL.moe.top_k, MODEL.moe.expert_ffn_hidden_size, MODEL.num_layers
+    copy = 4 * 4096 * k * 2 * fe * layers * 2 / GIB          # one micro-batch (PP 1), TP 1, bf16
+    assert act("layernorm") - act("layernorm", fused_grouped_mlp=True) == pytest.approx(copy, rel=1e-6)
+    # moe_act recompute keeps only its checkpoint's input: the clamps' copy is back for one layer, in its backward
+    assert act("layernorm,moe_act") - act("layernorm,moe_act", fused_grouped_mlp=True) == \
+        pytest.approx(copy / layers, rel=1e-6)

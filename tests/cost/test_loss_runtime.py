@@ -122,3 +122,87 @@ def test_the_torch_stage_holds_the_larger_of_its_loss_and_layer_phases():
         loss = tokens * model.vocab_size * (12 + 2) + tokens * model.hidden_size * TORCH_FINAL_NORM_BYTES
         assert (loss > layer) == vocab_wins
         assert activation_bytes(est.profile, st, L, tr) == pytest.approx(stored + max(loss, layer), rel=1e-12)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_compiled_loss_holds_its_measured_bytes_and_no_cached_logits_block(tp):
+    """torch.compile'd cross entropy (torchtitan's loss under --training.compile from 2025-04; measured with
+    benchmarks/torch_compiled_loss_memory.py): without TP the partition saves the bf16 logits and the backward writes
+    a bf16 gradient, 4 B per logit element; with TP (loss_parallel traced) the forward's peak is 10 B. No fp32
+    temporaries, so no eager allocator block (2 B) beside them. The eager loss holds 12 / 16 B and that block."""
+    from autopar.cost.memory import activation_bytes, activation_elems_per_token, linear_input_scale
+    lay = Layout(tp=tp, micro_batch=2, zero_stage=1, recompute="selective")
+    got = {}
+    for ce in ("unfused", "compiled"):
+        tr = TrainingSpec(seq_len=8192, global_batch=16, loss_runtime="torch", cross_entropy=ce,
+                          elementwise="compiled", selective_ac="op")
+        est = Estimator(MODEL, load_hardware("h100_sxm"), tr, 8)
+        L = est.resolve(lay)
+        st = est.stages(L.stage_layers)[-1]
+        _, working = activation_elems_per_token(est.profile, st, L, linear_input_scale(tr))
+        got[ce] = activation_bytes(est.profile, st, L, tr) / GIB
+        got["layer"] = L.micro_batch * 8192 * 2 * working / GIB
+    logits = logit_gib(2 * 8192, tp)
+    from autopar.cost.memory import TORCH_FINAL_NORM_BYTES
+    norm = 2 * 8192 * MODEL.hidden_size * TORCH_FINAL_NORM_BYTES / tp / GIB
+    eager_phase = ((16 if tp > 1 else 12) + 2) * logits + norm
+    compiled_phase = (10 if tp > 1 else 4) * logits + norm
+    assert eager_phase > compiled_phase > got["layer"] > 0      # the loss phase stays the peak at 2 x 8K tokens
+    assert got["unfused"] - got["compiled"] == pytest.approx(eager_phase - compiled_phase, rel=1e-9)
+
+
+def test_the_compiled_loss_is_the_stack_knob_under_compile_only():
+    """torchtitan compiles the loss only when it compiles (build_cross_entropy_loss: ``if job_config.training.
+    compile``), and from 2025-04 (compiled_loss on, the stack default); the Dec 2024 release did not (off)."""
+    from autopar.errors import AutoparInputError
+    from autopar.specs.loaders import load_stack
+    from autopar.specs.stack import parse_knobs
+    tt = load_stack("torchtitan")
+    kernel = lambda knobs: tt.with_knobs(parse_knobs(knobs)).training_fields()["cross_entropy"]   # noqa: E731
+    assert kernel("compile") == "compiled"
+    assert kernel("eager") == kernel("compile,compiled_loss=off") == "unfused"
+    with pytest.raises(AutoparInputError, match="compiled_loss"):
+        tt.with_knobs(parse_knobs("compile,cross_entropy=fused"))       # torch's own loss is what compile wraps
+    with pytest.raises(AutoparInputError, match="compiled_loss"):
+        load_stack("megatron_core").with_knobs(parse_knobs("compile,compiled_loss=on"))
+    with pytest.raises(ValueError, match="loss_runtime"):
+        TrainingSpec(cross_entropy="compiled", loss_runtime="megatron")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_compiled_loss_moves_its_counted_bytes_through_hbm(tp):
+    """The head's cross entropy streams 44 B per logit element eager and 8 B compiled (24 B under loss_parallel),
+    read from Inductor's kernels (autopar/cost/compute.py CROSS_ENTROPY_BYTES): the head's time differs by exactly
+    the difference at the chip's stream rate."""
+    from autopar.cost.compute import COMPILED_LOSS_PARALLEL_BYTES, CROSS_ENTROPY_BYTES, head_time
+    from autopar.cost.kernels import Kernels
+    from autopar.cost.layer_sums import ModelProfile
+    hw, tokens = load_hardware("h200"), 16384.0
+    t = {}
+    for ce in ("unfused", "compiled"):
+        tr = TrainingSpec(seq_len=8192, global_batch=16, loss_runtime="torch", cross_entropy=ce)
+        kern = Kernels(hw, tr)
+        t[ce] = sum(head_time(kern, ModelProfile(MODEL, tr), Layout(tp=tp), tr, tokens))
+    compiled = COMPILED_LOSS_PARALLEL_BYTES if tp > 1 else CROSS_ENTROPY_BYTES["compiled"]
+    assert compiled < CROSS_ENTROPY_BYTES["unfused"]
+    saved = kern.stream(CROSS_ENTROPY_BYTES["unfused"] * tokens * MODEL.vocab_size / tp) - kern.stream(
+        compiled * tokens * MODEL.vocab_size / tp)
+    assert t["unfused"] - t["compiled"] == pytest.approx(saved, rel=1e-9) and saved > 0
+
+
+def test_under_pp_the_compiled_loss_does_not_count_the_kept_logits_twice():
+    """Without TP the compiled loss saves the bf16 logits (2 of its 4 B per element); under PP
+    torch.distributed.pipelining's last stage keeps every micro-batch's logits anyway (output_chunks, counted apart),
+    so the compiled loss adds only its bf16 gradient there: 2 B, against the eager loss's 12 + 2."""
+    from autopar.cost.memory import activation_bytes
+    lay = Layout(tp=1, pp=2, micro_batch=1, zero_stage=1, recompute="full")
+    got = {}
+    for ce in ("unfused", "compiled"):
+        tr = TrainingSpec(seq_len=4096, global_batch=32, loss_runtime="torch", cross_entropy=ce)
+        est = Estimator(MODEL, load_hardware("h100_sxm"), tr, 4)
+        L = est.resolve(lay)
+        st = est.stages(L.stage_layers)[-1]
+        got[ce] = activation_bytes(est.profile, st, L, tr) / GIB
+    working = working_gib("torch", lay, gpus=4, gb=32)
+    assert 2 * logit_gib(4096, 1) > working > 0          # the loss phase stays the larger in both
+    assert got["unfused"] - got["compiled"] == pytest.approx((12 + 2 - 2) * logit_gib(4096, 1), rel=1e-9)

@@ -112,9 +112,33 @@ def test_fused_grouped_mlp_drops_the_eager_expert_bias_kernels():
     assert "expert_bias" in parts[False] and "expert_bias" not in parts[True]
     f, b = parts[False]["expert_bias"]
     assert b > f > 0
+    # the clamped activation's eager clamps (autopar.blocks.moe.CLAMP_ELEMS) likewise: Transformer Engine's
+    # ScaledClampedQGeGLU clamps inside the fused kernels
+    assert "moe_act_clamp" in parts[False] and "moe_act_clamp" not in parts[True]
+    f, b = parts[False]["moe_act_clamp"]
+    assert abs(b / f - 15 / 8) < 1e-9 and f > 0
     tr = TrainingSpec(seq_len=4096, global_batch=256, precision="mxfp8")
     steps = []
     for on in (False, True):
         t = tr.model_copy(update={"fused_grouped_mlp": on})
         steps.append(Estimator(load_model("qwen3_30b_a3b"), hw, t, 8).estimate(Layout(ep=8, micro_batch=2)).step_time_s)
     assert steps[0] == steps[1]
+
+
+def test_megatrons_unfused_rope_and_clamps_are_not_an_eager_or_compiled_stacks():
+    # rope_unfused (YaRN-scaled RoPE, autopar.blocks.attention.ROPE_UNFUSED_EXTRA) is Megatron-Core's unfused RoPE:
+    # priced under the fused elementwise setting only (a compiled stack fuses it, an eager stack prices its own RoPE);
+    # the expert activation's clamps (moe_act_clamp) are separate kernels in an eager stack too, fused when compiled
+    from autopar.cost.compute import layer_parts
+    from autopar.cost.kernels import Kernels
+    from autopar.cost.layer_sums import ModelProfile
+    hw, lay = load_hardware("b200"), Layout(ep=8, micro_batch=4)
+    for mode in ("fused", "compiled", "eager"):
+        tr = TrainingSpec(seq_len=4096, global_batch=1280, precision="bf16", elementwise=mode)
+        prof = ModelProfile(load_model("gpt_oss_120b"), tr)
+        kind = next(k for k in prof.kinds if k.is_moe)
+        parts = layer_parts(Kernels(hw, tr), kind, lay, tr, 16384.0, 1.0)
+        for name in ("rope_unfused", "moe_act_clamp"):
+            f, b = parts[name]
+            priced = mode == "fused" or (mode == "eager" and name == "moe_act_clamp")
+            assert (f > 0 and b > 0) if priced else (f, b) == (0.0, 0.0), (mode, name, f, b)

@@ -147,3 +147,16 @@ def test_the_emitted_optimizer_is_the_one_priced(impl):
     else:
         assert kw["optimizer"] == {"implementation": "foreach"} == toml["optimizer"]
         assert set(kw["optimizer"]) <= set(FIXTURE["fields"]["OptimizersContainer.Config"])
+
+
+def test_the_loss_is_compiled_as_the_prediction_priced_it():
+    """compiled_loss on: compile.components names "loss" (torchtitan's default list); off: the model only, so the run
+    keeps the eager loss the prediction counted (autopar/specs/stack.py compiled_loss)."""
+    from autopar.specs.loaders import load_stack
+    from autopar.specs.stack import parse_knobs
+    layout = CASES["llama8_tp_nosp"][0]
+    tt = load_stack("torchtitan")
+    for knobs, want in (("compile", '"model", "loss"}'), ("compile,compiled_loss=off", 'components=["model"]')):
+        tr = TRAIN.model_copy(update=tt.with_knobs(parse_knobs(knobs)).training_fields())
+        text = torchtitan_config(layout, LLAMA3_8B, tr, H100_CAL)
+        assert want in text and "enable=True" in text, knobs

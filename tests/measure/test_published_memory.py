@@ -27,6 +27,14 @@ _EAGER8 = ("eager op-SAC on 8 GPUs: 2.3 GiB (2.7%) short of the allocator's rese
            "5.4 GiB, 4.0 of it that output); on one H200 (benchmarks/torch_sac_memory.py) the allocator's reserved "
            "excess at that peak was 2.19 B per logit element under eager op SAC where 2 are counted (the freed bf16 "
            "logits' block), and FSDP2's copy-in stream buffers are counted from its source; the optimizer's first-step placement is not measured")
+_COMPILED_LOSS = ("8B FSDP2 with op SAC and torchtitan's compiled loss (2025-06, e7c0cae): 2.8-3.7 GiB (6-8%) short of "
+                  "the allocator's reserved peak, 1.4-1.9 B per logit element. The compiled loss's live tensors are "
+                  "counted from its measured partition (4 B per logit element at its peak: the saved bf16 logits and "
+                  "the bf16 gradient; benchmarks/torch_compiled_loss_memory.py, CPU); the allocator's cached blocks "
+                  "beside them are not measured under it: the eager path's mechanism (the freed bf16 logits' block "
+                  "too small for the fp32 temporaries after it, 2 B per element) does not arise, as no fp32 tensor "
+                  "of the logits' size is allocated, but a logits-sized block (2 B) held across steps would cover "
+                  "it; benchmarks/torch_sac_memory.py --compiled-loss measures it on a GPU")
 _PP405 = ("405B under PP 8 with FSDP2 (parameters gathered, fp32 gradients accumulated, priced as ZeRO-1 with fp32 "
           "gradients; every stage keeping each micro-batch's output, the last its logits; pipelining's receive "
           "buffers; under CP the ring attention's gathered K/V and fp32 dQ/dK/dV buffers in a layer's backward): the "
@@ -59,6 +67,8 @@ KNOWN_UNDER = {
     "tt2412-l31-405b-h100gt-512-cp4-seq128k": _PP405,
     "tt2412-l31-405b-h100gt-512-cp8-seq256k": _PP405 + "; CP 8 measures 7.8 GiB above CP 4 at the same tokens per "
                                               "GPU where the counted ring buffers grow by 1.0 GiB",
+    "tt2506-l31-8b-h200-32": _COMPILED_LOSS,
+    "tt2506-l31-8b-h200-64": _COMPILED_LOSS,
 }
 
 
@@ -163,3 +173,16 @@ def test_fsdp2_holds_no_bf16_shard():
     w, g, o = model_state_bytes(est.profile, st, L, c.training)
     mw, mg, mo = model_state_bytes(est.profile, st, L, c.training.model_copy(update={"dp_impl": "megatron"}))
     assert w == 0 and mw > 0 and (g, o) == (mg, mo) and o == pytest.approx(6 * mw)   # 12 B vs 2 B per parameter
+
+
+def test_torchtitans_loss_is_compiled_as_each_release_ran_it():
+    """The Dec 2024 release left the loss eager under compile (9dec370 train.py:137-138, compiled_loss=off in the
+    rows); the 2025-06 runs compiled it (e7c0cae / 820504e components/loss.py build_cross_entropy_loss)."""
+    from autopar.measure.validation import load_cases
+    from autopar.measure.published_memory import memory_csvs
+    cases = [c for p in memory_csvs() for c in load_cases(p)[0] if c.row_id.startswith(("tt2412-", "tt2506-"))]
+    assert len(cases) >= 30
+    for c in cases:
+        compiled = c.training.elementwise == "compiled"
+        want = "compiled" if compiled and c.row_id.startswith("tt2506-") else "unfused"
+        assert c.training.cross_entropy == want, c.row_id

@@ -396,6 +396,24 @@ def test_gpt_oss_fields():
     assert unmapped == set()
     implicit, _ = _map({k: v for k, v in GPT_OSS_120B.items() if k != "layer_types"})
     assert (implicit.sliding_window, implicit.sliding_window_every) == (128, 2)
+    assert m.moe.activation_clamp == 7.0           # swiglu_limit: the experts' clamped activation
+    assert _map({k: v for k, v in GPT_OSS_120B.items() if k != "swiglu_limit"})[0].moe.activation_clamp is None
+
+
+def test_gpt_oss_yarn_concentration_factor():
+    # Megatron-Core _yarn_get_concentration_factor: 0.1·ln(32) + 1 without mscale; the ratio of the two with both
+    assert _map(GPT_OSS_120B)[0].rope_mscale == 1.3466
+    both = {**GPT_OSS_120B, "rope_scaling": {**GPT_OSS_120B["rope_scaling"], "mscale": 1.0, "mscale_all_dim": 1.0}}
+    assert _map(both)[0].rope_mscale == 1.0
+    assert _map({k: v for k, v in GPT_OSS_120B.items() if k != "rope_scaling"})[0].rope_mscale == 1.0
+    with pytest.raises(AutoparInputError, match="rope_scaling.factor"):
+        _map({**GPT_OSS_120B, "rope_scaling": {**GPT_OSS_120B["rope_scaling"], "factor": float("nan")}})
+
+
+@pytest.mark.parametrize("bad", [0, -7.0, "7", True, float("nan"), float("inf")])
+def test_gpt_oss_bad_swiglu_limit_is_an_input_error(bad):
+    with pytest.raises(AutoparInputError, match="swiglu_limit"):
+        _map({**GPT_OSS_120B, "swiglu_limit": bad})
 
 
 def test_llama4_maverick_layers_and_reported_keys():
