@@ -133,6 +133,7 @@ class Bounds:
         self._routed_kinds: list[int] | None = None   # the profile's kinds with routed experts
         self._bounds: dict[tuple[int, int, int], float] = {}   # (pos, j, r) -> bound
         self._ends_s: dict[tuple[int, int], tuple] = {}   # (tp, cp) -> embedding gradient, head per micro-batch (J,)
+        self._cp_s: dict[tuple, np.ndarray] = {}   # (tp, cp, r, split) -> CP term per micro-batch and stage (J, S)
         self._kinds_of: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # split -> layers per kind, overhead
         self._ep_layer_s: dict[tuple, np.ndarray] = {}   # (tp·cp, ep, etp, r) -> T_ep of one MoE layer (J,)
 
@@ -278,6 +279,26 @@ class Bounds:
         end_last = head * (1 + prof.mtp_layers) + prof.mtp_layers * layer_s[:, :, prof.kind_of[-1]]   # (g, J)
         return emb[:, None, None] * first + end_last[:, :, None] * last
 
+    def _cp_floor(self, positions: list[int], r: int) -> np.ndarray:
+        """(g, J, S): the CP term ``stage_times`` adds on each distinct stage of meshes that share one split, at
+        recompute r (``Estimator.cp_seconds`` itself; it reads tp, cp, the micro-batch and recompute: priced once per
+        (tp, cp, r) and split); zero where cp = 1."""
+        sp, est = self.t.space, self.t.est
+        stages = self.t.stages[positions[0]]
+        out = np.zeros((len(positions), len(sp.mbs), len(stages)))
+        for g, p in enumerate(positions):
+            mi = self.t.meshes[p]
+            tp, cp = sp.meshes[mi][:2]
+            if cp == 1:
+                continue
+            key = (tp, cp, r, self.t.splits[p])
+            hit = self._cp_s.get(key)
+            if hit is None:
+                hit = self._cp_s[key] = np.array([[est.cp_seconds(L, st) for st in stages] for L in
+                                                  (sp.layout(mi, b, sp.recompute[r], 1, 1) for b in sp.mbs)])
+            out[g] = hit
+        return out
+
     def floors(self, positions: list[int], r: int) -> np.ndarray:
         """(n, J): a step-time floor of each mesh and micro-batch at recompute r, never above :meth:`bound` and
         without a call of ``stage_times``: ``step_seconds`` with t_mb replaced by the slowest stage's layers
@@ -297,7 +318,7 @@ class Bounds:
             group = [p for p, k in zip(positions, sel) if k]
             kernels = layer_s[sel] @ counts.T   # (g, J, S)
             # the ends after the EP floor: its hiding window is the layers' kernels alone (compute.hiding_windows)
-            ends = self._ends(group, layer_s[sel])
+            ends = self._ends(group, layer_s[sel]) + self._cp_floor(group, r)
             if moe:
                 ep1, ep_v = self._ep_floor(group, r, kernels)
                 t_floor[0, sel] = (kernels + ends + overhead + ep1).max(axis=2)
