@@ -20,6 +20,20 @@ machine) every process compiles autopar's modules again: about 0.1 s more per ru
 Targets (issue 13, 2-core machine): every infeasible case <= 2 s whole-process; deepseek_v3/256 <= 0.6 s,
 OPTIMAL, >= 30x faster than exhaustive (CPU time, same top-5); llama3_405b/16384 <= 1 s; no feasible case above
 1.5 s. Other processes on a shared machine inflate wall time: compare CPU times, and ratios within one run.
+
+The headline case alone, against another checkout, alternating (medians of whole processes and of paired ratios):
+
+    git worktree add /tmp/base main
+    python benchmarks/bench_solve.py --headline-only --headline-runs 15 --baseline /tmp/base
+
+Measured 2026-11-26 (issue 20's solve speed work, 2-core development machine, load about 1.1, bytecode cached), this
+branch against main 84e348d, 15 pairs: 0.432 s wall, 0.427 s CPU against 0.550 s and 0.547 s; paired ratio CPU
+0.782, wall 0.777; OPTIMAL, the same answer. What it took: the collector's first-generation threshold raised while a
+command runs and its objects frozen at the program's exit (autopar.cli.main: about 13% together), and tighter
+step-time floors in the branch and bound (the first and last stages' head, embedding gradient and MTP layers, the EP
+overlap's SM cost, the CP term: 136 floors raised to bounds instead of 396, the same 35 meshes tabulated), a few
+memos (the floors' dense kinds per (tp, cp), T_ep per (tp·cp, ep, etp), bounds, each mesh's layout fields) and one
+Estimator for the search and the advice.
 """
 
 from __future__ import annotations
@@ -44,17 +58,19 @@ PYCACHE = tempfile.mkdtemp(prefix="autopar-bench-pycache-")   # the children's b
 HEADLINE = (("deepseek_v3", 256), ("llama3_405b", 16384), ("llama3_70b", 64))
 
 
-def run_solve(model: str, gpus: int, extra: list[str], timeout: float, cpu_cap: float | None = None) -> dict:
+def run_solve(model: str, gpus: int, extra: list[str], timeout: float, cpu_cap: float | None = None,
+              root: Path = ROOT) -> dict:
     """One whole `autopar solve` process: its JSON answer, wall seconds and CPU seconds (user + system of that
     child alone, from os.wait4, so parallel jobs do not mix). ``cpu_cap``: CPU seconds after which the child is
-    stopped (RLIMIT_CPU), so a loaded machine does not cut a run short; ``timeout`` is a wall-clock safety."""
+    stopped (RLIMIT_CPU), so a loaded machine does not cut a run short; ``timeout`` is a wall-clock safety.
+    ``root``: the autopar checkout to run (default this one)."""
     cmd = [sys.executable, "-m", "autopar.cli.main", "solve", "--model", model, "--gpus", str(gpus), "--json", *extra]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         limit = None if cpu_cap is None else (lambda: resource.setrlimit(resource.RLIMIT_CPU, (int(cpu_cap) + 1,) * 2))
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONPYCACHEPREFIX": PYCACHE}
+        env = {**os.environ, "PYTHONPATH": str(root), "PYTHONPYCACHEPREFIX": PYCACHE}
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=env, preexec_fn=limit)
+        proc = subprocess.Popen(cmd, cwd=root, stdout=out, stderr=err, env=env, preexec_fn=limit)
         timer = threading.Timer(timeout, proc.kill)
         timer.start()
         _, status, ru = os.wait4(proc.pid, 0)
@@ -75,6 +91,31 @@ def run_solve(model: str, gpus: int, extra: list[str], timeout: float, cpu_cap: 
     row.update(status=d["status"], space=d["space_size"], solve_s=d["solve_s"],
                steps=[p["estimate"]["step_time_s"] for p in d["plans"]], explanation=d.get("explanation", []))
     return row
+
+
+def headline_timing(runs: int, baseline: Path | None, time_limit: float) -> None:
+    """``runs`` whole processes of the first headline case (deepseek_v3 on 256 GPUs), and as many of ``baseline``
+    (another checkout) in turn with them, A B A B ...: medians of wall and CPU seconds and the median of the paired
+    CPU and wall ratios (pairing keeps a ratio meaningful while a shared machine's load drifts)."""
+    m, n = HEADLINE[0]
+    limit = ["--time-limit", str(time_limit)]
+    roots = [ROOT] + ([baseline] if baseline else [])
+    for root in roots:   # warm-up: fills the bytecode cache of each checkout
+        run_solve(m, n, limit, time_limit + 60, root=root)
+    rows: dict[Path, list[dict]] = {root: [] for root in roots}
+    for _ in range(runs):
+        for root in roots:
+            rows[root].append(run_solve(m, n, limit, time_limit + 60, root=root))
+    print(f"\n{m}/{n}, {runs} whole processes each (medians):")
+    for root in roots:
+        r = rows[root]
+        print(f"  {str(root):40s} wall {statistics.median(x['wall_s'] for x in r):.3f} s, CPU "
+              f"{statistics.median(x['cpu_s'] for x in r):.3f} s, {r[-1].get('status')}")
+    if baseline:
+        for what in ("cpu_s", "wall_s"):
+            ratios = [a[what] / b[what] for a, b in zip(rows[ROOT], rows[baseline])]
+            print(f"  this / baseline, {what[:-2]}: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, "
+                  f"max {max(ratios):.3f})")
 
 
 def zoo_models() -> list[str]:
@@ -102,7 +143,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="run exhaustive only for spaces up to this many layouts, plus the headline cases "
                          "(default 5000)")
     ap.add_argument("--json", metavar="OUT", default=None, help="write every row to this JSON file")
+    ap.add_argument("--headline-runs", type=int, default=0, metavar="N",
+                    help="also time N whole processes of deepseek_v3/256 and print their medians (default 0: off)")
+    ap.add_argument("--baseline", metavar="DIR", type=Path, default=None,
+                    help="another autopar checkout (e.g. `git worktree add /tmp/base main`) whose headline solve "
+                         "--headline-runs times in turn with this one: the paired ratio")
+    ap.add_argument("--headline-only", action="store_true", help="only the --headline-runs timing, no zoo sweep")
     args = ap.parse_args(argv)
+    if args.headline_only:
+        headline_timing(max(1, args.headline_runs), args.baseline, args.time_limit)
+        shutil.rmtree(PYCACHE, ignore_errors=True)
+        return 0
     models = args.models.split(",") if args.models else zoo_models()
     cases = [(m, n) for m in models for n in parse_counts(args.counts)]
     cases += [c for c in HEADLINE if c not in cases]   # the targets' cases, whatever the counts
@@ -185,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         r = by.get((m, n))
         if r:
             print(f"  {m}/{n} <= {goal} s: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU, {r.get('status')}")
+    if args.headline_runs:
+        headline_timing(args.headline_runs, args.baseline, args.time_limit)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     shutil.rmtree(PYCACHE, ignore_errors=True)

@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     best = res.plans[0] if res.plans else None
     if best:   # what the cost model approximates for this model or layout, said without --explain too
         res.notes += [n for n in best.estimate.notes if n not in res.notes]
-    advice = (advise(Estimator(model, hw, training, gpus), best.estimate, max_items=5,
+    advice = (advise(res.estimator or Estimator(model, hw, training, gpus), best.estimate, max_items=5,
                      allow_cross_domain=opts.allow_cross_domain, memory_margin=res.memory_margin) if best else [])
     batch = batch_advice(model, hw, training, gpus, best.estimate) if best else None
     budgets = ({p.rank: training_budget(p.estimate, tokens, args.gpu_hour_price) for p in res.plans}

@@ -168,13 +168,20 @@ class Estimator:
         if (L.tp > 1 and (tr.tp_comm_overlap or tr.tp_dgrad_overlap)) or ((L.ep > 1 or L.etp > 1)
                                                                           and tr.ep_comm_overlap):
             gemm_w, kern_w = _compute.hiding_windows(prof, st, L, tr, self.kernels, self.imbalance)
-        cp, cp_total = cp_times(prof, st, L, tr, hw, net, self.kernels)
+        cp = self.cp_seconds(L, st)
         ep_total = ep_comm_seconds(prof, st, L, tr, net) * self.imbalance
-        if L.cp > 1 and tr.cp_comm_overlap:   # the ring's hidden transfers slow the attention they hide under
-            cp += overlap_cost(max(0.0, cp_total - cp), hw, "sm", net.link(L.cp, L.tp))
         tp = tp_time_per_microbatch(prof, st, L, tr, hw, net, gemm_w, self.kernels)
         off = offload_time_per_microbatch(prof, st, L, tr, hw, t_fwd, t_tot) if L.offload_activations else 0.0
         return t_tot, t_fwd, tp, cp, kern_w, ep_total, off
+
+    def cp_seconds(self, L: Layout, st: Stage) -> float:
+        """The CP term of :meth:`stage_times` on stage ``st``: the exposed ring (``cp.cp_times``) plus what its hidden
+        transfers cost the attention they hide under (``overlap.overlap_cost``). It reads tp, cp, the micro-batch
+        and recompute of ``L``, and the stage's layers."""
+        cp, cp_total = cp_times(self.profile, st, L, self.training, self.hardware, self.net, self.kernels)
+        if L.cp > 1 and self.training.cp_comm_overlap:   # the ring's hidden transfers slow the attention they hide
+            cp += overlap_cost(max(0.0, cp_total - cp), self.hardware, "sm", self.net.link(L.cp, L.tp))
+        return cp
 
     def _ep_exposed(self, L: Layout, st: Stage, shared: tuple) -> StageTimes:
         """:class:`StageTimes` from :meth:`_stage_shared`'s terms and the EP exposure of ``L``."""

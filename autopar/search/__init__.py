@@ -38,6 +38,8 @@ class SolveResult:
     explanation: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     memory_margin: float = 0.0  # share of HBM the search kept free beyond the memory model
+    # the Estimator the plans were priced with (its memos kept: pricing more layouts of the same problem reuses them)
+    estimator: Estimator | None = field(default=None, repr=False, compare=False)
 
     def status_text(self) -> str:
         """The status as a person should read it: OPTIMAL with its gap; FEASIBLE (the time limit stopped CP-SAT or
@@ -126,4 +128,4 @@ def solve(model: ModelSpec | str | Path, hardware: HardwareSpec | str | Path, tr
             blamed = res.blamed_groups if res else sorted(cands.first_problem)
             explanation = explain_infeasible(space, est, cands, blamed, deadline, solve=solve)
     return SolveResult(plans, status, gap, time.perf_counter() - t0, space.size, len(space.meshes), method,
-                       heur, reasons, explanation, notes, options.memory_margin)
+                       heur, reasons, explanation, notes, options.memory_margin, est)

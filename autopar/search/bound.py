@@ -17,8 +17,10 @@ from types import SimpleNamespace
 import numpy as np
 
 from autopar.cost import Estimator
+from autopar.cost.compute import embedding_grad_time, gpu_tokens, head_time
 from autopar.cost.ep import ep_comm_seconds, ep_time_per_microbatch
 from autopar.cost.estimator import step_seconds
+from autopar.cost.overlap import overlap_cost
 from autopar.cost.pipeline import p2p_time
 from autopar.search.space import Space
 from autopar.search.tables import ALL_GROUPS, MESH_GROUPS, SCALE_T, Candidates, Tables, cap_mib, mesh_validity
@@ -127,13 +129,26 @@ class Bounds:
         self._fit: dict[int, np.ndarray] = {}         # pos -> (micro-batch, recompute) pairs that can fit
         self._level: dict[int, np.ndarray] = {}       # pos -> per micro-batch: 0 floor, 1 bound, 2 bound + tail
         self._kernel_s: dict[tuple, np.ndarray] = {}  # (tp, cp, ep, etp, r) -> layer seconds (J, kinds)
+        self._dense_kernel_s: dict[tuple, np.ndarray] = {}   # (tp, cp, r) -> the same, kinds without routed experts
+        self._routed_kinds: list[int] | None = None   # the profile's kinds with routed experts
+        self._bounds: dict[tuple[int, int, int], float] = {}   # (pos, j, r) -> bound
+        self._ends_s: dict[tuple[int, int], tuple] = {}   # (tp, cp) -> embedding gradient, head per micro-batch (J,)
+        self._cp_s: dict[tuple, np.ndarray] = {}   # (tp, cp, r, split) -> CP term per micro-batch and stage (J, S)
         self._kinds_of: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # split -> layers per kind, overhead
-        self._ep_layer_s: dict[tuple, np.ndarray] = {}   # (tp, cp, ep, etp, r) -> T_ep of one MoE layer (J,)
+        self._ep_layer_s: dict[tuple, np.ndarray] = {}   # (tp·cp, ep, etp, r) -> T_ep of one MoE layer (J,)
 
     def bound(self, pos: int, j: int, r: int) -> float:
         """Step-time lower bound of mesh ``pos`` at micro-batch j and recompute r: ``step_seconds`` at the best valid
         vpp with the real p2p and no DP/optimizer tail. (A tail bound, the best ZeRO stage's optimizer step, timed
-        no fewer meshes on the zoo and cost more than it saved.)"""
+        no fewer meshes on the zoo and cost more than it saved.) Kept: :meth:`refine` and :meth:`pairs_within` ask
+        for the same pairs."""
+        hit = self._bounds.get((pos, j, r))
+        if hit is None:
+            hit = self._bounds[(pos, j, r)] = self._bound(pos, j, r)
+        return hit
+
+    def _bound(self, pos: int, j: int, r: int) -> float:
+        """:meth:`bound`, computed."""
         if pos not in self._p2p_bound:
             sp = self.t.space
             p2p = p2p_time(sp.layout_grid([self.t.meshes[pos]], None, "none", micro_batch=self.t.mbs[:, None],
@@ -148,16 +163,27 @@ class Bounds:
     def _layer_kernels(self, pos: int, r: int) -> np.ndarray:
         """(J, kinds): ``Estimator.layer_seconds`` of one layer of each kind per micro-batch at recompute r. A layer's
         kernels depend on tp, cp, ep, etp, the micro-batch and recompute, not on pp or dp (``compute.layer_parts``):
-        priced once per (tp, cp, ep, etp, r) and shared by the pipeline depths."""
+        priced once per (tp, cp, ep, etp, r) and shared by the pipeline depths; the kinds without routed experts
+        read neither ep nor etp (``compute._parts_key``), so their columns are priced once per (tp, cp, r)."""
         sp = self.t.space
         mi = self.t.meshes[pos]
         tp, cp, _, ep, etp = sp.meshes[mi]
         hit = self._kernel_s.get((tp, cp, ep, etp, r))
         if hit is None:
-            kinds = range(len(self.t.est.profile.kinds))
-            hit = self._kernel_s[(tp, cp, ep, etp, r)] = np.array(
-                [[self.t.est.layer_seconds(L, k) for k in kinds] for L in
-                 (sp.layout(mi, b, sp.recompute[r], 1, 1) for b in sp.mbs)])
+            est = self.t.est
+            layouts = [sp.layout(mi, b, sp.recompute[r], 1, 1) for b in sp.mbs]
+            routed = self._routed_kinds
+            if routed is None:
+                routed = self._routed_kinds = [k for k, kind in enumerate(est.profile.kinds) if kind.is_moe]
+            dense = self._dense_kernel_s.get((tp, cp, r))   # (J, kinds): only the kinds without routed experts
+            if dense is None:
+                dense = self._dense_kernel_s[(tp, cp, r)] = np.array(
+                    [[0.0 if k in routed else est.layer_seconds(L, k) for k in range(len(est.profile.kinds))]
+                     for L in layouts])
+            hit = dense.copy()
+            for k in routed:
+                hit[:, k] = [est.layer_seconds(L, k) for L in layouts]
+            self._kernel_s[(tp, cp, ep, etp, r)] = hit
         return hit
 
     def _stage_kinds(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
@@ -176,12 +202,13 @@ class Bounds:
 
     def _ep_per_layer(self, pos: int, r: int) -> np.ndarray:
         """(J,): T_ep of one MoE layer of the mesh per micro-batch at recompute r, every dispatch/combine and ETP
-        collective (``ep.ep_comm_seconds``, which is the stage's MoE layers times this; none hidden, mean load). Like
-        :meth:`_layer_kernels`, it depends on tp, cp, ep, etp, the micro-batch and recompute only: priced once."""
+        collective (``ep.ep_comm_seconds``, which is the stage's MoE layers times this; none hidden, mean load). It
+        depends on tp·cp, ep, etp, the micro-batch and recompute only: priced once per (tp·cp, ep, etp, r)."""
         sp, est = self.t.space, self.t.est
         mi = self.t.meshes[pos]
         tp, cp, _, ep, etp = sp.meshes[mi]
-        hit = self._ep_layer_s.get((tp, cp, ep, etp, r))
+        key = (tp * cp, ep, etp, r)   # T_ep reads tp and cp only as the tokens each rank routes, b·s/(cp·tp)
+        hit = self._ep_layer_s.get(key)
         if hit is None:
             st = max(self.t.stages[pos], key=lambda s: s.sum(est.profile, "moe_layers"))
             n = st.sum(est.profile, "moe_layers")
@@ -189,7 +216,7 @@ class Bounds:
             hit = np.zeros(len(sp.mbs))
             if n:
                 hit = hit + ep_comm_seconds(est.profile, st, L, sp.training, est.net) / n
-            self._ep_layer_s[(tp, cp, ep, etp, r)] = hit
+            self._ep_layer_s[key] = hit
         return hit
 
     def _ep_floor(self, positions: list[int], r: int, kernels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -197,7 +224,8 @@ class Bounds:
         distinct stage of meshes that share one split, at recompute r: ``ep.ep_time_per_microbatch`` itself, with
         T_ep from :meth:`_ep_per_layer` and, for the window W that hides it, ``kernels`` (the stage's layer kernels,
         which ``compute.hiding_windows`` sums too, recompute by the same shares), raised by 1e-9 for the summation
-        order: exposure only falls as W grows. ``stage_times`` adds the overlap's SM cost on top."""
+        order: exposure only falls as W grows; plus the overlap's SM cost on the hidden rest, as ``stage_times`` adds
+        it."""
         sp, est, tr = self.t.space, self.t.est, self.t.space.training
         stages = self.t.stages[positions[0]]
         n_moe = np.array([st.sum(est.profile, "moe_layers") for st in stages])
@@ -216,16 +244,69 @@ class Bounds:
                                                       est.imbalance, window[rows], total[rows])
             if not vpp_matters:   # the same layout with or without virtual stages
                 out[1, rows] = out[0, rows]
+        if tr.ep_comm_overlap:
+            # the hidden part's SM cost, as Estimator._ep_exposed adds it: x + c·max(0, T − x) (overlap_cost, linear,
+            # c < 1) only grows with the exposure x, so from a floor of x it is a floor of the term
+            links = [est.net.link(*sp.meshes[self.t.meshes[p]][3:5]) for p in positions]   # (ep, etp)
+            for link in dict.fromkeys(links):
+                sel = np.array([k == link for k in links])
+                out[:, sel] += overlap_cost(np.maximum(0.0, total[sel] - out[:, sel]), sp.hardware, "sm", link)
         return out[0], out[1]
+
+    def _ends(self, positions: list[int], layer_s: np.ndarray) -> np.ndarray:
+        """(g, J, S): the kernel seconds per micro-batch that ``compute.microbatch_time`` adds on top of the layers
+        of each distinct stage of meshes that share one split: the embedding gradient on the first stage
+        (``compute.embedding_grad_time``), the LM head on the last (``compute.head_time``) and, there too, each
+        multi-token-prediction module's layer (the model's last layer kind, ``layer_s``: (g, J, kinds) at the
+        floor's recompute policy, as :meth:`_layer_kernels` prices it) and its head. They depend on tp, cp and the
+        micro-batch only: priced once per (tp, cp)."""
+        sp, est = self.t.space, self.t.est
+        prof, tr, kern = est.profile, sp.training, est.kernels
+        stages = self.t.stages[positions[0]]
+        first = np.array([st.is_first for st in stages], float)
+        last = np.array([st.is_last for st in stages], float)
+        emb, head = np.zeros(len(positions)), np.zeros((len(positions), len(sp.mbs)))
+        for g, p in enumerate(positions):
+            mi = self.t.meshes[p]
+            tp, cp = sp.meshes[mi][:2]
+            hit = self._ends_s.get((tp, cp))
+            if hit is None:
+                layouts = [sp.layout(mi, b, "none", 1, 1) for b in sp.mbs]
+                hit = self._ends_s[(tp, cp)] = (
+                    embedding_grad_time(kern, prof, layouts[0]),
+                    np.array([sum(head_time(kern, prof, L, tr, gpu_tokens(L, tr))) for L in layouts]))
+            emb[g], head[g] = hit
+        end_last = head * (1 + prof.mtp_layers) + prof.mtp_layers * layer_s[:, :, prof.kind_of[-1]]   # (g, J)
+        return emb[:, None, None] * first + end_last[:, :, None] * last
+
+    def _cp_floor(self, positions: list[int], r: int) -> np.ndarray:
+        """(g, J, S): the CP term ``stage_times`` adds on each distinct stage of meshes that share one split, at
+        recompute r (``Estimator.cp_seconds`` itself; it reads tp, cp, the micro-batch and recompute: priced once per
+        (tp, cp, r) and split); zero where cp = 1."""
+        sp, est = self.t.space, self.t.est
+        stages = self.t.stages[positions[0]]
+        out = np.zeros((len(positions), len(sp.mbs), len(stages)))
+        for g, p in enumerate(positions):
+            mi = self.t.meshes[p]
+            tp, cp = sp.meshes[mi][:2]
+            if cp == 1:
+                continue
+            key = (tp, cp, r, self.t.splits[p])
+            hit = self._cp_s.get(key)
+            if hit is None:
+                hit = self._cp_s[key] = np.array([[est.cp_seconds(L, st) for st in stages] for L in
+                                                  (sp.layout(mi, b, sp.recompute[r], 1, 1) for b in sp.mbs)])
+            out[g] = hit
+        return out
 
     def floors(self, positions: list[int], r: int) -> np.ndarray:
         """(n, J): a step-time floor of each mesh and micro-batch at recompute r, never above :meth:`bound` and
         without a call of ``stage_times``: ``step_seconds`` with t_mb replaced by the slowest stage's layers
-        alone, each priced by ``Estimator.layer_seconds``, plus the stage's overhead (``Estimator.stage_overhead_s``,
-        the very term ``stage_times`` adds) and a floor of its EP term (:meth:`_ep_floor`, with and without virtual
-        stages as :meth:`bound` takes them); ``stage_times`` also adds the head, the embedding gradient and the
-        TP/CP/offload communication, none negative, and ``step_seconds`` grows with t_mb), no p2p, no tail, at the
-        best valid vpp (inf: none valid)."""
+        alone, each priced by ``Estimator.layer_seconds``, plus the kernels the first and last stages add
+        (:meth:`_ends`), the stage's overhead (``Estimator.stage_overhead_s``, the very term ``stage_times`` adds)
+        and a floor of its EP term (:meth:`_ep_floor`, with and without virtual stages as :meth:`bound` takes them);
+        ``stage_times`` also adds the routed experts' host time and the TP/CP/offload communication, none negative,
+        and ``step_seconds`` grows with t_mb), no p2p, no tail, at the best valid vpp (inf: none valid)."""
         if not positions:
             return np.zeros((0, len(self.t.space.mbs)))
         layer_s = np.stack([self._layer_kernels(p, r) for p in positions])   # (n, J, kinds)
@@ -234,13 +315,16 @@ class Bounds:
         for split in dict.fromkeys(self.t.splits[p] for p in positions):   # meshes of one split share their stages
             sel = np.array([self.t.splits[p] == split for p in positions])
             counts, overhead = self._stage_kinds(positions[int(np.argmax(sel))])
+            group = [p for p, k in zip(positions, sel) if k]
             kernels = layer_s[sel] @ counts.T   # (g, J, S)
+            # the ends after the EP floor: its hiding window is the layers' kernels alone (compute.hiding_windows)
+            ends = self._ends(group, layer_s[sel]) + self._cp_floor(group, r)
             if moe:
-                ep1, ep_v = self._ep_floor([p for p, k in zip(positions, sel) if k], r, kernels)
-                t_floor[0, sel] = (kernels + overhead + ep1).max(axis=2)
-                t_floor[1, sel] = (kernels + overhead + ep_v).max(axis=2)
+                ep1, ep_v = self._ep_floor(group, r, kernels)
+                t_floor[0, sel] = (kernels + ends + overhead + ep1).max(axis=2)
+                t_floor[1, sel] = (kernels + ends + overhead + ep_v).max(axis=2)
             else:
-                t_floor[:, sel] = (kernels + overhead).max(axis=2)
+                t_floor[:, sel] = (kernels + ends + overhead).max(axis=2)
         # 1e-9: the floor sums in another order than stage_times; keep it below the bound in floating point too
         t_floor *= 1.0 - 1e-9
         pos = np.asarray(positions, np.int64)

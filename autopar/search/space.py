@@ -110,6 +110,8 @@ class Space:
     vpp: list[int] = field(default_factory=list)
     zero: list[int] = field(default_factory=list)
     splits: dict[int, tuple[int, ...] | None] = field(default_factory=dict)
+    # mesh index -> (tp, pp, cp, ep, etp, dp, sequence_parallel, stage_layers): what :meth:`layout` reads per mesh
+    _mesh_fields: dict[int, tuple] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def usable_hbm_gib(self) -> float:
@@ -122,16 +124,20 @@ class Space:
         return len(self.meshes) * len(self.mbs) * len(self.recompute) * len(self.vpp) * len(self.zero)
 
     def layout(self, mesh_i: int, mbs: int, rc: str, vpp: int, zero: int) -> Layout:
-        tp, cp, pp, ep, etp = self.meshes[mesh_i]
-        sp = self.options.sequence_parallel
-        values = dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=None,
-                      sequence_parallel=(tp > 1 if sp is None else sp), zero_stage=zero, fsdp=zero == 3,
-                      hsdp_shard=None, micro_batch=mbs, grad_accum=None, recompute=rc,
-                      stage_layers=self.stage_layers(pp), offload_activations=self.options.offload_activations)
-        L = _fast_layout(values)   # its __dict__ is ``values``: dp and grad_accum follow from its own degrees
-        dp = values["dp"] = self.gpus // L.dense_ranks
-        values["grad_accum"] = max(1, self.training.global_batch // (dp * mbs))
-        return L
+        hit = self._mesh_fields.get(mesh_i)   # the search asks for tens of thousands of layouts of a few meshes
+        if hit is None:
+            tp, cp, pp, ep, etp = self.meshes[mesh_i]
+            sp = self.options.sequence_parallel
+            values = dict(tp=tp, pp=pp, vpp=1, cp=cp, ep=ep, etp=etp, dp=None)
+            dp = self.gpus // _fast_layout(values).dense_ranks   # the Layout's own degrees
+            hit = self._mesh_fields[mesh_i] = (tp, pp, cp, ep, etp, dp, tp > 1 if sp is None else sp,
+                                               self.stage_layers(pp))
+        tp, pp, cp, ep, etp, dp, sp, stage_layers = hit
+        # its __dict__ is ``values`` (every field, in the class's order); grad_accum follows from dp
+        return _fast_layout(dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=dp, sequence_parallel=sp,
+                                 zero_stage=zero, fsdp=zero == 3, hsdp_shard=None, micro_batch=mbs,
+                                 grad_accum=max(1, self.training.global_batch // (dp * mbs)), recompute=rc,
+                                 stage_layers=stage_layers, offload_activations=self.options.offload_activations))
 
     def stage_layers(self, pp: int) -> tuple[int, ...]:
         """Layers per pipeline stage at depth pp: the balanced split, or where none exists an even split that the

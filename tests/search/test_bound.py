@@ -84,3 +84,34 @@ def test_the_ep_floor_is_below_the_ep_term_and_raises_the_floor(selective_ac):
                             assert 0 <= floor <= est.stage_times(L, st).ep * (1 + 1e-12), (pos, mbs, rc, vpp, s)
                             lifted += floor > 0
     assert lifted > 0
+
+
+@pytest.mark.parametrize("cp_ring,overlap", [("te_p2p", True), ("te_p2p", False), ("torch_allgather", True)])
+def test_floors_with_the_ends_and_the_cp_term_stay_below_the_bound(cp_ring, overlap):
+    """The floors count the first and last stages' extra kernels (embedding gradient, LM head, the MTP layer and its
+    head: ``Bounds._ends``) and the CP term (``Bounds._cp_floor``, ``Estimator.cp_seconds`` itself): on DeepSeek-V3
+    (MTP, MoE) at a long sequence, where context-parallel meshes fit, every floor stays at or below the bound of its
+    (micro-batch, recompute) pair, and the CP part is what stage_times adds for a cp > 1 stage."""
+    from autopar.specs.loaders import load_model
+    model, hw = load_model("deepseek_v3"), load_hardware("h100_sxm")
+    tr = TrainingSpec(seq_len=32768, global_batch=256, cp_ring=cp_ring, cp_comm_overlap=overlap)
+    space = build_space(model, hw, tr, 256, SearchOptions(mbs=[1], vpp=[1, 2], zero=[1, 3]))
+    meshes, _, _ = mesh_validity(space)
+    est = Estimator(model, hw, tr, 256)
+    t = Tables(space, est, meshes)
+    b = Bounds(t)
+    fit = t.fit_pairs(cap_mib(space))
+    fitting = [p for p in range(len(meshes)) if fit[p].any()]
+    with_cp = [p for p in fitting if space.meshes[meshes[p]][1] > 1][::3]
+    assert with_cp
+    for r, rc in enumerate(space.recompute):
+        rows = [p for p in with_cp[::2] + fitting[::11] if fit[p, :, r].any()]
+        floors = b.floors(rows, r)
+        for g, pos in enumerate(rows):
+            for j in np.nonzero(fit[pos, :, r])[0]:
+                assert 0 < floors[g, j] <= b.bound(pos, int(j), r), (space.meshes[meshes[pos]], rc)
+        for pos in rows[:5]:
+            cp_s = b._cp_floor([pos], r)[0]
+            L = space.layout(meshes[pos], space.mbs[0], rc, 1, 1)
+            for s, st in enumerate(t.stages[pos]):
+                assert cp_s[0, s] == est.stage_times(L, st).cp
