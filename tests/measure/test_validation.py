@@ -27,11 +27,12 @@ def test_every_published_run_is_predicted_and_fits(report):
 
 
 FIRST_SOURCES = ("mlm21", "mcore08", "l3paper", "nemo2407", "moezoo")   # the 50 rows before stacks existed
-# Guards on the committed constants (README 'Accuracy': first 50 rows 7.5%, all 104 rows 7.77%, worst row +38.9%),
-# about 1 point (the worst row 6 points) above today's figures. The all-rows guards had been loosened to 17.5% / 0.85
+# Guards on the committed constants (README 'Accuracy': first 50 rows 7.5%, all 104 rows 7.59%, worst row +38.9%),
+# about 1 point (the worst row 6 points) above today's figures (all rows tightened from 8.7% on 2026-11-26, when
+# gpt-oss's eager clamps and unfused RoPE took the figure from 7.77% to 7.59%). The all-rows guards had been loosened to 17.5% / 0.85
 # when issue 20's physics replaced what was fitted to the torchtitan rows; sustained rates by board power, the stacks'
 # own kernels, overlap that costs the compute it hides under and the recipes' own switches brought them back.
-FIRST_50_GUARD, ALL_ROWS_GUARD, MAX_ROW_GUARD = 0.085, 0.087, 0.45
+FIRST_50_GUARD, ALL_ROWS_GUARD, MAX_ROW_GUARD = 0.085, 0.085, 0.45
 
 
 def test_accuracy_of_the_committed_constants(report):
