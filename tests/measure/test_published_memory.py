@@ -43,7 +43,8 @@ _PP405 = ("405B under PP 8 with FSDP2 (parameters gathered, fp32 gradients accum
           "stage is the one to compare. Unexplained: 1F1B at 4 x 8K tokens per micro-batch measures 7.2 GiB more "
           "than CP 1 at 1 x 32K (the same tokens, layout and schedule), and the interleaved run, which the model "
           "says holds more, measured 10 GiB less; the recipe (train_configs/llama3_405b.toml@9dec370) also gathers "
-          "Float8 weights (enable_fsdp_float8_all_gather), which would lower the weights term, not raise it")
+          "Float8 weights (enable_fsdp_float8_all_gather), which would lower the weights term, not raise it; "
+          "benchmarks/torch_pp_stage_memory.py is the prepared one-GPU test of the allocation-order hypothesis")
 KNOWN_UNDER = {
     "tt2412-l31-8b-h100gt-8-eager": _EAGER8,
     "tt2412-l31-8b-h100gt-8-compile": _FSDP8B,
