@@ -48,10 +48,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import subprocess
 import sys
+
+from isolated import result_line, run_isolated
 
 VOCAB = 128256    # Llama 3 (meta-llama/Llama-3.1-8B config.json vocab_size)
 
@@ -156,7 +156,7 @@ def main() -> int:
         dist.init_process_group("gloo", rank=0, world_size=1)
         compiled, tp = (x == "1" for x in a.one.split(","))
         try:
-            print("RESULT " + json.dumps(run(compiled, tp, a.tokens, a.vocab)), flush=True)
+            print(result_line(run(compiled, tp, a.tokens, a.vocab)), flush=True)
         finally:
             dist.destroy_process_group()
         return 0
@@ -171,13 +171,9 @@ def main() -> int:
             cmd = [sys.executable, __file__, "--one", f"{int(compiled)},{int(tp)}", "--tokens", str(a.tokens),
                    "--vocab", str(a.vocab)]
             print(f"{name:24s}", end=" ", flush=True)   # progress: the variant's name while it runs
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-            line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
-            if r.returncode or not line:
-                tail = [x for x in r.stderr.strip().splitlines() if "Error" in x][-1:]
-                print(f"failed ({r.returncode}): {tail}")
+            v = run_isolated(cmd, env, timeout=900)
+            if v is None:
                 continue
-            v = json.loads(line[0][7:])
             print(f"{v['saved']:7.2f} {v['saved_logits']:9.2f} {v['bwd_peak']:9.2f} "
                   f"{v['fwd_peak']:9.2f}", flush=True)
     return 0

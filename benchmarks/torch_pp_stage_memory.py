@@ -48,11 +48,13 @@ Not yet run on a GPU (no device was lent to the session that wrote it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from isolated import result_line, run_isolated
 
 ROOT = Path(__file__).resolve().parents[1]
 # Llama 3.1 405B (its config.json) on one rank of TP 8: local heads, KV heads, FFN and vocab rows
@@ -152,7 +154,7 @@ def run(schedule: str, layers: int, smoke: bool) -> dict:
     side = (torch.cuda.Stream(), torch.cuda.Stream()) if not smoke else (None, None)
 
     def on(stream):
-        return torch.cuda.stream(stream) if stream is not None else _null()
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
     def all_gather():     # the step's first forward: each unit's flat bf16 output on the copy-in stream, copied out
         kept = None
@@ -231,14 +233,6 @@ def run(schedule: str, layers: int, smoke: bool) -> dict:
     return rec
 
 
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def predicted(schedule: str) -> tuple[float, float]:
     """autopar's stage-0 allocator GiB for the published row (the model less reserve_gib, as validate --memory
     compares) and the row's measured GiB (the maximum over all GPUs, not rank 0's alone)."""
@@ -268,7 +262,7 @@ def main() -> int:
             print("torch_pp_stage_memory: error: no CUDA device (--smoke runs tiny shapes on the CPU)", file=sys.stderr)
             return 2
     if a.one:
-        print("RESULT " + json.dumps(run(a.one, a.layers, a.smoke)), flush=True)
+        print(result_line(run(a.one, a.layers, a.smoke)), flush=True)
         return 0
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")   # torchtitan's run script
     recs = []
@@ -276,12 +270,9 @@ def main() -> int:
         cmd = [sys.executable, __file__, "--one", schedule, "--layers", str(a.layers)] + (["--smoke"] if a.smoke
                                                                                             else [])
         print(f"{schedule}: rank 0, {a.layers} layers, {M} micro-batches ...", flush=True)
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
-        if r.returncode or not line:
-            print(f"  failed ({r.returncode}): {(r.stderr.strip().splitlines() or [r.stdout[-300:]])[-1]}")
+        rec = run_isolated(cmd, env, timeout=900)
+        if rec is None:
             continue
-        rec = json.loads(line[0][7:])
         if not a.smoke:
             pred, meas = predicted(schedule)
             rec.update(predicted_gib=pred, published_gib=meas,

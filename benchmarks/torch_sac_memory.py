@@ -47,9 +47,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from collections import defaultdict
+
+from isolated import result_line, run_isolated
 
 GEOMETRY = dict(h=4096, f=14336, heads=32, kv=8, vocab=128256)      # Llama 3.1 8B (its config.json)
 SMOKE = dict(h=64, f=192, heads=4, kv=2, vocab=512)
@@ -235,7 +236,7 @@ def main() -> int:
         if fsdp:
             import torch.distributed as dist
             dist.init_process_group("gloo" if a.smoke else "nccl", rank=0, world_size=1)
-        print("RESULT " + json.dumps(run_variant(mode, ac, layers, mbs, seq, a.smoke, fsdp, compiled_loss)),
+        print(result_line(run_variant(mode, ac, layers, mbs, seq, a.smoke, fsdp, compiled_loss)),
               flush=True)
         return 0
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", MASTER_ADDR="127.0.0.1",
@@ -254,12 +255,9 @@ def main() -> int:
                 ["--smoke"] if a.smoke else [])
             print(f"{mode:8s} {ac:4s} AC, {layers} layers{', FSDP2 + AdamW' if fsdp else ''}"
                   f"{', compiled loss' if compiled_loss else ''} ...", flush=True)
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-            line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
-            if r.returncode or not line:
-                print(f"  failed ({r.returncode}): {r.stderr.strip().splitlines()[-1:] or r.stdout[-300:]}")
+            rec = run_isolated(cmd, env, timeout=240)
+            if rec is None:
                 continue
-            rec = json.loads(line[0][7:])
             recs.append(rec)
             print("  " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
     if not a.smoke:

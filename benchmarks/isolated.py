@@ -1,0 +1,28 @@
+"""One benchmark variant per Python process, its result read back: the memory benchmarks run each variant in a
+process of its own so that one variant's cached allocator blocks, compiled kernels or process groups do not serve
+the next. The child prints one line, ``RESULT <json>`` (:func:`result_line`); :func:`run_isolated` runs it and returns
+the record, or prints why it failed in one line and returns None."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+PREFIX = "RESULT "
+
+
+def result_line(record: dict) -> str:
+    """The line a child prints for its record."""
+    return PREFIX + json.dumps(record)
+
+
+def run_isolated(cmd: list[str], env: dict[str, str], timeout: float) -> dict | None:
+    """Run ``cmd`` (a child printing :func:`result_line`) and return its record; on failure print
+    ``  failed (status): <last error line>`` and return None."""
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    line = [x for x in r.stdout.splitlines() if x.startswith(PREFIX)]
+    if r.returncode or not line:
+        errors = [x for x in r.stderr.strip().splitlines() if x.strip()]
+        print(f"  failed ({r.returncode}): {(errors or [r.stdout[-300:]])[-1]}", flush=True)
+        return None
+    return json.loads(line[0][len(PREFIX):])
