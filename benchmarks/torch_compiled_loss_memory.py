@@ -41,7 +41,10 @@ Measured 2026-11-26 on the CPU build machine (torch 2.13.0+cpu, Inductor's C++ b
     eager    plain             4.00 (0.00)                           12.00                 10.00
     compiled plain             2.00 (2.00)                            4.00                  2.00
     eager    loss_parallel     4.00 (0.00)                           16.00                 14.00
-    compiled loss_parallel     4.00 (0.00)                            6.00                  6.00
+    compiled loss_parallel     4.00 (0.00)                            6.00                 10.00
+
+(Re-run 2026-11-26 on the same machine with --tokens 256: the same figures per element; compiled loss_parallel's
+forward peak is 10.00, the figure autopar/cost/memory.py TORCH_LOSS_BYTES uses, where this table first read 6.00.)
 """
 
 from __future__ import annotations
