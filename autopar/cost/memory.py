@@ -572,10 +572,11 @@ def activation_bytes(prof: ModelProfile, st: Stage, L: Layout, tr: TrainingSpec,
         layers = (1 - f) * layers + f * resident_offload_layers(st)
     act = mb_tokens * e * kept * layers
     layer_phase = mb_tokens * e * working          # one layer's backward working set
-    if tr.cp_ring == "torch_allgather" and st.sum(prof, "attn_layers"):
-        layer_phase = layer_phase + torch_ring_backward_bytes(prof, L, tr)
-    elif tr.cp_ring == "te_p2p" and st.sum(prof, "attn_layers"):
-        layer_phase = layer_phase + te_ring_bytes(prof, L, tr)
+    if (not isinstance(L.cp, int) or L.cp > 1) and st.sum(prof, "attn_layers"):
+        # the CP ring's buffers in one attention layer (pure in cp, tp, micro-batch; none at CP 1)
+        ring = torch_ring_backward_bytes if tr.cp_ring == "torch_allgather" else te_ring_bytes
+        memo = st.memo if tr is prof.training else None
+        layer_phase = layer_phase + memoised(memo, ring.__name__, (L.cp, L.tp, L.micro_batch), ring, prof, L, tr)
     if tr.dp_impl == "fsdp2":   # the block's unsharded gradients and the previous reduce-scatter input (docstring)
         layer_phase = layer_phase + fsdp2_backward_bytes(prof, st, L, tr)
     logits = mb_tokens / (L.cp * L.tp) * prof.vocab * (1 + prof.model.mtp_layers) if st.is_last else 0.0
