@@ -50,6 +50,7 @@ forward peak is 10.00, the figure autopar/cost/memory.py TORCH_LOSS_BYTES uses, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import sys
@@ -118,7 +119,7 @@ def run(compiled: bool, tp: bool, tokens: int, vocab: int) -> dict:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out["loss"] = fn(pred, labels)
 
-        cm = ctx() if ctx else _null()
+        cm = ctx() if ctx else contextlib.nullcontext()
         with cm:
             out["fwd_peak"] = _alloc_peak(forward) if record else (forward() or 0.0)
             loss = out.pop("loss")
@@ -134,14 +135,6 @@ def run(compiled: bool, tp: bool, tokens: int, vocab: int) -> dict:
 
     step(record=False)             # compile and warm up
     return step(record=True)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
 
 
 def main() -> int:
