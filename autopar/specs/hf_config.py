@@ -20,7 +20,8 @@ shipped with the checkpoints; key names as in those classes):
 ``deepseek_v32``                       DeepSeek-V3.2: V3 plus DeepSeek Sparse Attention's lightning indexer
                                        (``index_n_heads``, ``index_head_dim``, ``index_topk``; autopar.blocks.mla)
 ``glm4_moe``                           GLM-4.5 / 4.5-Air (Q/K/V biases, shared expert, leading dense layers, MTP)
-``gpt_oss``                            GPT-OSS (attention and expert biases, alternating sliding window)
+``gpt_oss``                            GPT-OSS (attention and expert biases, alternating sliding window; the
+                                       experts' clamp ``swiglu_limit``, YaRN's factor from ``rope_scaling``)
 ``llama4``, ``llama4_text``            Llama 4 (``text_config``; MoE every ``interleave_moe_layer_step``-th
                                        layer, dense layers of width ``intermediate_size_mlp``, 1 shared expert)
 ``qwen3_next``                         Qwen3-Next: Gated DeltaNet layers and gated softmax attention every
