@@ -144,12 +144,17 @@ def main(argv: list[str] | None = None) -> int:
                          "(default 5000)")
     ap.add_argument("--json", metavar="OUT", default=None, help="write every row to this JSON file")
     ap.add_argument("--headline-runs", type=int, default=0, metavar="N",
-                    help="also time N whole processes of deepseek_v3/256 and print their medians (default 0: off)")
+                    help="also time N whole processes of deepseek_v3/256 and print their medians (0 to 1000; "
+                         "default 0: off)")
     ap.add_argument("--baseline", metavar="DIR", type=Path, default=None,
                     help="another autopar checkout (e.g. `git worktree add /tmp/base main`) whose headline solve "
                          "--headline-runs times in turn with this one: the paired ratio")
     ap.add_argument("--headline-only", action="store_true", help="only the --headline-runs timing, no zoo sweep")
     args = ap.parse_args(argv)
+    if not 0 <= args.headline_runs <= 1000:
+        ap.error(f"--headline-runs must be in [0, 1000], got {args.headline_runs}")
+    if args.baseline is not None and not (args.baseline / "autopar" / "cli" / "main.py").is_file():
+        ap.error(f"--baseline {args.baseline}: not an autopar checkout (no autopar/cli/main.py there)")
     if args.headline_only:
         headline_timing(max(1, args.headline_runs), args.baseline, args.time_limit)
         shutil.rmtree(PYCACHE, ignore_errors=True)
@@ -245,4 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    finally:   # the children's bytecode cache, whatever ended the run (a bad flag, Ctrl-C)
+        shutil.rmtree(PYCACHE, ignore_errors=True)

@@ -18,8 +18,13 @@ def result_line(record: dict) -> str:
 
 def run_isolated(cmd: list[str], env: dict[str, str], timeout: float) -> dict | None:
     """Run ``cmd`` (a child printing :func:`result_line`) and return its record; on failure print
-    ``  failed (status): <last error line>`` and return None."""
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    ``  failed (status): <last error line>`` and return None. A child still running after ``timeout`` seconds is
+    killed (``subprocess.run``) and reported the same way, ``  failed (timed out after N s)``."""
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"  failed (timed out after {timeout:g} s)", flush=True)
+        return None
     line = [x for x in r.stdout.splitlines() if x.startswith(PREFIX)]
     if r.returncode or not line:
         errors = [x for x in r.stderr.strip().splitlines() if x.strip()]

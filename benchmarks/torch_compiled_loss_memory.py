@@ -41,12 +41,16 @@ Measured 2026-11-26 on the CPU build machine (torch 2.13.0+cpu, Inductor's C++ b
     eager    plain             4.00 (0.00)                           12.00                 10.00
     compiled plain             2.00 (2.00)                            4.00                  2.00
     eager    loss_parallel     4.00 (0.00)                           16.00                 14.00
-    compiled loss_parallel     4.00 (0.00)                            6.00                  6.00
+    compiled loss_parallel     4.00 (0.00)                            6.00                 10.00
+
+(Re-run 2026-11-26 on the same machine with --tokens 256: the same figures per element; compiled loss_parallel's
+forward peak is 10.00, the figure autopar/cost/memory.py TORCH_LOSS_BYTES uses, where this table first read 6.00.)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import sys
@@ -115,7 +119,7 @@ def run(compiled: bool, tp: bool, tokens: int, vocab: int) -> dict:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out["loss"] = fn(pred, labels)
 
-        cm = ctx() if ctx else _null()
+        cm = ctx() if ctx else contextlib.nullcontext()
         with cm:
             out["fwd_peak"] = _alloc_peak(forward) if record else (forward() or 0.0)
             loss = out.pop("loss")
@@ -131,14 +135,6 @@ def run(compiled: bool, tp: bool, tokens: int, vocab: int) -> dict:
 
     step(record=False)             # compile and warm up
     return step(record=True)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
 
 
 def main() -> int:

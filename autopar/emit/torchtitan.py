@@ -36,7 +36,8 @@ How autopar's layout maps onto torchtitan's:
   lists -> torchtitan's op-level ``SelectiveAC.Config()``, the nearest it has (note).
 - Compile (0.3.0): ``compile.enable`` where the prediction priced compiled kernels; ``compile.components`` with
   "loss" where it priced the compiled loss (``TrainingSpec.cross_entropy`` 'compiled', knob ``compiled_loss``), ["model"]
-  where it priced torch's loss eager beside compiled blocks (``compiled_loss=off``).
+  where it priced torch's loss eager beside compiled blocks (``compiled_loss=off``), ["loss"] where it priced the
+  compiled loss beside eager blocks (a ``TrainingSpec`` built so; the stack knob compiles the loss only with the model).
 - Optimizer: torchtitan 0.2.2 and 0.3.0 default to fused AdamW (``optimizer.implementation = "fused"``); where the
   prediction priced torch's foreach AdamW (``TrainingSpec.optimizer_impl``, the torchtitan stack's default: its
   2024-12 published runs used it) the emitted config sets ``implementation = "foreach"``, so the run is the one priced.
@@ -208,6 +209,8 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
         components = 'sorted({*base.compile.components, "model", "loss"})'
     elif training.loss_runtime == "torch" and training.cross_entropy == "unfused":
         components = '["model"]'
+    if training.cross_entropy == "compiled" and not compile_model:   # the loss priced compiled beside eager blocks
+        components = '["loss"]'
     if training.elementwise != "fused":
         notes.append(f"priced as torchtitan runs: elementwise kernels {training.elementwise}, attention "
                      f"{training.attention_impl}" + (f", Float8 {training.fp8_recipe} (add the float8 model converter "
@@ -259,7 +262,7 @@ def torchtitan_config(layout: Layout, model: ModelSpec, training: TrainingSpec, 
               "            base.parallelism,", *kwargs(par, "            "), "        ),",
               "        training=replace(", "            base.training,", *kwargs(train, "            "), "        ),",
               f"        activation_checkpoint={ac},"]
-    if compile_model:
+    if compile_model or training.cross_entropy == "compiled":
         lines += ["        compile=replace(", "            base.compile,", "            enable=True,",
                   *(["            enable_async_tensor_parallel=True,"] if async_tp else []),
                   f"            components={components},", "        ),"]

@@ -259,14 +259,17 @@ class KernelModel(Spec):
         default=None, gt=0, le=1_048_576,
         description="Key span at which the backward's attention efficiency halves, where measured apart from the "
                     "forward's (None: attention_half_seq for both).")
-    attention_head_dim: dict[Annotated[int, Field(gt=0, le=limit("head_dim"))], Annotated[float, Field(gt=0)]] = Field(
-        default_factory=lambda: {64: 0.768, 128: 1.0, 256: 1.042},
-        description="Attention throughput at head dim d relative to d = 128 (measured points).")
+    attention_head_dim: dict[Annotated[int, Field(gt=0, le=limit("head_dim"))],
+                             Annotated[float, Field(gt=0, le=4.0)]] = Field(
+        default_factory=lambda: {64: 0.768, 128: 1.0, 256: 1.042}, min_length=1,
+        description="Attention throughput at head dim d relative to d = 128 (measured points, at least one; factors "
+                    "in (0, 4], the bounds autopar.measure.kernel_tables fits them within).")
     attention_head_dim_bwd: dict[Annotated[int, Field(gt=0, le=limit("head_dim"))],
-                                 Annotated[float, Field(gt=0)]] | None = Field(
-        default=None,
+                                 Annotated[float, Field(gt=0, le=4.0)]] | None = Field(
+        default=None, min_length=1,
         description="The BF16 attention backward's throughput at head dim d relative to d = 128, where measured apart "
-                    "from the forward's (None: attention_head_dim for both). FP8 attention keeps attention_head_dim.")
+                    "from the forward's (None: attention_head_dim for both; at least one point, factors in (0, 4]). "
+                    "FP8 attention keeps attention_head_dim.")
     attention_full_ratio: float = Field(
         default=1.0, ge=1.0, le=2.0,
         description="Flash-attention rate on full (non-causal) blocks over the causal rate, at long spans: the "

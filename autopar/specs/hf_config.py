@@ -20,7 +20,8 @@ shipped with the checkpoints; key names as in those classes):
 ``deepseek_v32``                       DeepSeek-V3.2: V3 plus DeepSeek Sparse Attention's lightning indexer
                                        (``index_n_heads``, ``index_head_dim``, ``index_topk``; autopar.blocks.mla)
 ``glm4_moe``                           GLM-4.5 / 4.5-Air (Q/K/V biases, shared expert, leading dense layers, MTP)
-``gpt_oss``                            GPT-OSS (attention and expert biases, alternating sliding window)
+``gpt_oss``                            GPT-OSS (attention and expert biases, alternating sliding window; the
+                                       experts' clamp ``swiglu_limit``, YaRN's factor from ``rope_scaling``)
 ``llama4``, ``llama4_text``            Llama 4 (``text_config``; MoE every ``interleave_moe_layer_step``-th
                                        layer, dense layers of width ``intermediate_size_mlp``, 1 shared expert)
 ``qwen3_next``                         Qwen3-Next: Gated DeltaNet layers and gated softmax attention every
@@ -224,17 +225,28 @@ def _gpt_oss(r: _Reader) -> dict[str, Any]:
     # the ratio of the two), which Megatron-Core's fused RoPE does not take (autopar.blocks.attention.ROPE_UNFUSED_EXTRA).
     rs = r.data.get("rope_scaling")
     r.used.add("rope_scaling")
-    if isinstance(rs, dict) and rs.get("rope_type", rs.get("type")) == "yarn":
+    if rs is not None and not isinstance(rs, dict):
+        raise r.fail(f"key 'rope_scaling' must be a mapping or null, got {rs!r}")
+    kind = (rs or {}).get("rope_type", (rs or {}).get("type"))
+    if kind is not None and not isinstance(kind, str):
+        raise r.fail(f"key 'rope_scaling.rope_type' must be a string, got {kind!r}")
+    if kind == "yarn":
         factor = rs.get("factor", 1.0)
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1.0 <= factor <= 1e6:
             raise r.fail(f"key 'rope_scaling.factor' must be a number in [1, 1e6], got {factor!r}")
+        ms, ms_all = rs.get("mscale"), rs.get("mscale_all_dim")
+        for key, v in (("mscale", ms), ("mscale_all_dim", ms_all)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e6):
+                raise r.fail(f"key 'rope_scaling.{key}' must be a number in [0, 1e6] or null, got {v!r}")
 
         def _mscale(m: float) -> float:
             return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
-        ms, ms_all = rs.get("mscale"), rs.get("mscale_all_dim")
-        nums = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-                   for v in (ms, ms_all))
-        f["rope_mscale"] = round(_mscale(ms) / _mscale(ms_all) if nums else _mscale(1.0), 4)
+        # Megatron-Core takes the ratio only where both are given (not None), else the default of mscale 1
+        conc = _mscale(1.0) if ms is None or ms_all is None else _mscale(ms) / _mscale(ms_all)
+        if not 1e-3 <= conc <= 1e3:   # ModelSpec.rope_mscale's bounds
+            raise r.fail(f"rope_scaling: mscale {ms} over mscale_all_dim {ms_all} at factor {factor} gives a "
+                         f"concentration factor of {conc:.4g}, outside [0.001, 1000]")
+        f["rope_mscale"] = round(conc, 4)
     # Without layer_types: the window on even layers (openai/gpt-oss gpt_oss/torch/model.py: layer_idx % 2 == 0).
     default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(f["num_layers"])]
     f.update(_window(r, f["num_layers"], all_layers_key=False, default_types=default))

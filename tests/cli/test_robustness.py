@@ -341,3 +341,29 @@ def test_a_sigterm_landing_in_a_weakref_callback_still_terminates():
     finally:
         sys.unraisablehook = old_hook
         signal.signal(signal.SIGTERM, old_term)
+
+
+def test_main_restores_the_collector_and_freezes_nothing_when_called(monkeypatch, capsys):
+    """autopar/cli/main.py GC_THRESHOLD0: a command runs with the collector's first generation at 200,000, and the
+    thresholds in force before are restored when main() returns; only the program itself (argv None) freezes the
+    collector's objects at the end, so a call from Python (tests, a notebook) leaves its collector as it was."""
+    import gc
+
+    from autopar.cli import main as cli_main
+    seen = []
+    real = cli_main.build_parser
+
+    def spy(*a, **k):   # the threshold while the command runs
+        seen.append(gc.get_threshold()[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(cli_main, "build_parser", spy)
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    gc.set_threshold(700, *before[1:])
+    try:
+        assert cli_main.main(["zoo", "models"]) == 0
+        assert seen == [cli_main.GC_THRESHOLD0]
+        assert gc.get_threshold() == (700, *before[1:]) and gc.get_freeze_count() == frozen
+    finally:
+        gc.set_threshold(*before)
+    capsys.readouterr()

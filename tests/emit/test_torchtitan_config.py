@@ -160,3 +160,17 @@ def test_the_loss_is_compiled_as_the_prediction_priced_it():
         tr = TRAIN.model_copy(update=tt.with_knobs(parse_knobs(knobs)).training_fields())
         text = torchtitan_config(layout, LLAMA3_8B, tr, H100_CAL)
         assert want in text and "enable=True" in text, knobs
+
+
+def test_a_compiled_loss_beside_eager_blocks_compiles_the_loss_alone():
+    # a TrainingSpec that prices torch's loss compiled and the blocks eager (possible from Python, not from the stack
+    # knobs): the emitted run compiles the loss and nothing else, as priced
+    from autopar.specs.loaders import load_stack
+    from autopar.specs.stack import parse_knobs
+    layout = CASES["llama8_tp_nosp"][0]
+    fields = load_stack("torchtitan").with_knobs(parse_knobs("eager")).training_fields()
+    tr = TRAIN.model_copy(update={**fields, "cross_entropy": "compiled"})
+    text = torchtitan_config(layout, LLAMA3_8B, tr, H100_CAL)
+    assert 'components=["loss"]' in text and "enable=True" in text
+    eager = torchtitan_config(layout, LLAMA3_8B, TRAIN.model_copy(update=fields), H100_CAL)
+    assert "compile=" not in eager

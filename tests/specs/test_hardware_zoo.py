@@ -279,3 +279,15 @@ def test_round_trip_keeps_measured_collectives_and_efficiency(tmp_path):
     # Dumping over an existing file replaces it.
     dump_spec(base, path)
     assert load_hardware(path) == base
+
+
+@pytest.mark.parametrize("field, value", [("attention_head_dim", {}), ("attention_head_dim_bwd", {}),
+                                          ("attention_head_dim", {128: 9.0}), ("attention_head_dim_bwd", {192: 0.0})])
+def test_head_dim_tables_are_non_empty_and_bounded(field, value):
+    # an empty table had no point to interpolate from (an IndexError deep in the kernel model); a factor is bounded
+    # by (0, 4], the range autopar.measure.kernel_tables fits it in
+    from pydantic import ValidationError
+    hw = load_hardware("b200")
+    data = hw.kernel_model.model_dump()
+    with pytest.raises(ValidationError, match=field):
+        type(hw.kernel_model).model_validate({**data, field: value})

@@ -410,6 +410,29 @@ def test_gpt_oss_yarn_concentration_factor():
         _map({**GPT_OSS_120B, "rope_scaling": {**GPT_OSS_120B["rope_scaling"], "factor": float("nan")}})
 
 
+@pytest.mark.parametrize("scaling, field", [
+    ("yarn", "'rope_scaling' must be a mapping"), ([32], "'rope_scaling' must be a mapping"),
+    ({"rope_type": ["yarn"], "factor": 32}, "rope_scaling.rope_type"),
+    ({"rope_type": "yarn", "factor": 32, "mscale": "1", "mscale_all_dim": 1}, "rope_scaling.mscale"),
+    ({"rope_type": "yarn", "factor": 32, "mscale": 1, "mscale_all_dim": -1}, "rope_scaling.mscale_all_dim"),
+    ({"rope_type": "yarn", "factor": 32, "mscale": float("nan"), "mscale_all_dim": 1}, "rope_scaling.mscale"),
+    ({"rope_type": "yarn", "factor": 1e6, "mscale": 1e6, "mscale_all_dim": 0}, "concentration factor"),
+    ({"rope_type": "yarn", "factor": 1e6, "mscale": 0, "mscale_all_dim": 1e6}, "concentration factor")])
+def test_gpt_oss_bad_rope_scaling_is_an_input_error(scaling, field):
+    # a value that cannot be read is an error naming the key, never a silent fallback to the default factor
+    with pytest.raises(AutoparInputError, match=field):
+        _map({**GPT_OSS_120B, "rope_scaling": scaling})
+
+
+def test_gpt_oss_yarn_with_one_mscale_takes_megatrons_default():
+    # Megatron-Core _yarn_get_concentration_factor: either mscale or mscale_all_dim None -> 0.1·ln(factor) + 1;
+    # a given 0 is a value (the ratio), not an absent key
+    one = {**GPT_OSS_120B, "rope_scaling": {**GPT_OSS_120B["rope_scaling"], "mscale": 1.0}}
+    assert _map(one)[0].rope_mscale == 1.3466
+    zero = {**GPT_OSS_120B, "rope_scaling": {**GPT_OSS_120B["rope_scaling"], "mscale": 0, "mscale_all_dim": 1.0}}
+    assert _map(zero)[0].rope_mscale == round(1 / 1.34657, 4)
+
+
 @pytest.mark.parametrize("bad", [0, -7.0, "7", True, float("nan"), float("inf")])
 def test_gpt_oss_bad_swiglu_limit_is_an_input_error(bad):
     with pytest.raises(AutoparInputError, match="swiglu_limit"):
