@@ -417,7 +417,10 @@ def kernel_model_from_tables(tables: KernelTables, hardware: HardwareSpec) -> Ke
         fd, fb = f[:n], f[n:]
         upd.update(attention_fwd=a_f, attention_bwd=min(a_b, a_f), attention_half_seq=hs,
                    attention_head_dim={128: 1.0, **dict(zip(others, fd))},
-                   attention_head_dim_bwd={128: 1.0, **dict(zip(others, fb))} if fb != fd else None)
+                   # a table of its own only where a backward factor differs from the forward's by more than the
+                   # fit's resolution (2%): otherwise the forward table serves both
+                   attention_head_dim_bwd=({128: 1.0, **dict(zip(others, fb))}
+                                           if any(abs(b / f - 1) > 0.02 for f, b in zip(fd, fb)) else None))
         notes.append(f"attention curve rms log error {float(np.sqrt(np.mean(fit.fun ** 2))):.1%} over "
                      f"{len(causal)} causal shapes")
     copy = tables.memory_bound_gbps.get("copy")
