@@ -6,6 +6,7 @@ the record, or prints why it failed in one line and returns None."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 
 PREFIX = "RESULT "
@@ -31,3 +32,11 @@ def run_isolated(cmd: list[str], env: dict[str, str], timeout: float) -> dict | 
         print(f"  failed ({r.returncode}): {(errors or [r.stdout[-300:]])[-1]}", flush=True)
         return None
     return json.loads(line[0][len(PREFIX):])
+
+
+def free_port() -> str:
+    """A TCP port free on this host now, for a child's MASTER_PORT (the kernel picks it: bind to port 0), so that two
+    benchmark runs at once do not meet on a fixed port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])

@@ -55,7 +55,7 @@ import datetime
 import os
 import sys
 
-from isolated import result_line, run_isolated
+from isolated import free_port, result_line, run_isolated
 
 VOCAB = 128256    # Llama 3 (meta-llama/Llama-3.1-8B config.json vocab_size)
 
@@ -160,7 +160,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, {datetime.date.today().isoformat()}, CPU (Inductor C++ backend), "
           f"{a.tokens} x {a.vocab} bf16 logits; bytes per logit element")
     print(f"{'variant':24s} {'saved':>7s} {'(logits)':>9s} {'bwd peak':>9s} {'fwd peak':>9s}")
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29541")
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
     for tp in (False, True):
         for compiled in (False, True):
             name = f"{'compiled' if compiled else 'eager':8s} {'loss_parallel' if tp else 'plain'}"

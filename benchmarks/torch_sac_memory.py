@@ -50,7 +50,7 @@ import os
 import sys
 from collections import defaultdict
 
-from isolated import result_line, run_isolated
+from isolated import free_port, result_line, run_isolated
 
 GEOMETRY = dict(h=4096, f=14336, heads=32, kv=8, vocab=128256)      # Llama 3.1 8B (its config.json)
 SMOKE = dict(h=64, f=192, heads=4, kv=2, vocab=512)
@@ -240,7 +240,7 @@ def main() -> int:
               flush=True)
         return 0
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT="29517")
+               MASTER_PORT=free_port())
     recs = []
     variants = [(m, ac, n, False, False) for m, ac in (("eager", "op"), ("compiled", "op"), ("compiled", "full"),
                                                         ("eager", "full")) for n in (2, 6)]

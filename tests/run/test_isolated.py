@@ -32,3 +32,11 @@ def test_a_child_past_its_timeout_is_killed_and_reported(capsys):
     # the child would sleep for a minute; the parent gives it a fraction of a second and goes on (no traceback)
     assert isolated.run_isolated(_child("import time; time.sleep(60)"), dict(os.environ), timeout=0.5) is None
     assert capsys.readouterr().out == "  failed (timed out after 0.5 s)\n"
+
+
+def test_free_port_is_a_port_nobody_holds():
+    import socket
+    port = int(isolated.free_port())
+    assert 0 < port < 65536
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", port))        # free: a benchmark's child can take it as MASTER_PORT
