@@ -186,10 +186,12 @@ class Attention(Block):
         out["attn_out"] = self.heads * self.v_dim
         return out
 
-    def ring_elems(self, tp: int) -> float:
+    def ring_elems(self, tp) -> float:
         """K and V elements per token one TP rank passes around the context-parallel ring (Megatron-Core context
-        parallelism): g_local = max(g/tp, 1) KV heads (replicated when fewer than tp), K and V of d each."""
-        return 2 * max(self.kv_heads / tp, 1.0) * self.head_dim
+        parallelism): g_local = max(g/tp, 1) KV heads (replicated when fewer than tp), K and V of d each. ``tp`` may
+        be a numpy array (elementwise result; the max written as a 0/1 selection, exact for plain numbers)."""
+        local = self.kv_heads / tp
+        return 2 * (local * (local >= 1) + 1.0 * (local < 1)) * self.head_dim
 
     # ---- layout ----
     def rules(self) -> tuple[Rule, ...]:

@@ -140,8 +140,9 @@ class MLA(Attention):
             out["qkv"] += self.index_heads * self.index_head_dim + self.index_head_dim + self.index_heads
         return out
 
-    def ring_elems(self, tp: int) -> float:
-        """Megatron-Core exchanges the up-projected K and V of the local heads: a/tp · (d_qk + d_v)."""
+    def ring_elems(self, tp) -> float:
+        """Megatron-Core exchanges the up-projected K and V of the local heads: a/tp · (d_qk + d_v). ``tp`` may be a
+        numpy array."""
         return self.heads / tp * (self.qk_dim + self.v_dim)
 
     def rules(self) -> tuple[Rule, ...]:

@@ -185,14 +185,19 @@ def torch_ring_kv_elems(prof: ModelProfile, L: Layout) -> float:
     return m.num_attention_heads / L.tp * (m.qk_head_dim + m.v_head_dim)
 
 
+def ring_q_o_elems(prof: ModelProfile, L: Layout, tr: TrainingSpec):
+    """(Q, O) elements of one attention layer a CP rank holds for one micro-batch: T·(a/tp)·d_qk and T·(a/tp)·d_v,
+    T = b·s/cp its tokens. ``L.micro_batch`` may be a numpy array."""
+    m = prof.model
+    tokens_heads = L.micro_batch * tr.seq_len / L.cp * m.num_attention_heads / L.tp
+    return tokens_heads * m.qk_head_dim, tokens_heads * m.v_head_dim
+
+
 def torch_ring_merge_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec) -> tuple[float, float]:
     """HBM bytes of PyTorch ring attention's merges in one attention layer for one micro-batch: (forward pass,
     backward pass); module docstring."""
-    m = prof.model
-    tokens = L.micro_batch * tr.seq_len / L.cp
-    heads = m.num_attention_heads / L.tp
-    o, q = tokens * heads * m.v_head_dim, tokens * heads * m.qk_head_dim
-    kv = tokens * torch_ring_kv_elems(prof, L)   # K and V elements together
+    q, o = ring_q_o_elems(prof, L, tr)
+    kv = L.micro_batch * tr.seq_len / L.cp * torch_ring_kv_elems(prof, L)   # K and V elements together
     steps = L.cp - 1
     merge, kv_step = TORCH_RING_STEP_B["eager" if tr.elementwise == "eager" else "compiled"]
     fwd = o * (TORCH_RING_FWD_FIRST_LAST_B + steps * merge) + kv * steps * TORCH_RING_KV_CAT_B

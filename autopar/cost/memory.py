@@ -290,7 +290,7 @@ from __future__ import annotations
 import operator
 
 from autopar.cost._select import maximum, minimum, where
-from autopar.cost.cp import torch_ring_kv_elems
+from autopar.cost.cp import ring_q_o_elems, torch_ring_kv_elems
 from autopar.cost.layer_sums import ModelProfile
 from autopar.cost.result import GIB, MemoryBreakdown
 from autopar.cost.stage import Stage, memoised
@@ -396,12 +396,12 @@ def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: f
     clamp = 0.0 if (tr.fused_grouped_mlp or tr.elementwise == "compiled") else st.sum(prof, "act_moe_act_clamp")
     moe = moe + clamp
     # the routing weights' multiply, where it is an fp32 multiply of its own (MOE_WEIGHTING_ELEMS)
-    moe = moe + MOE_WEIGHTING_ELEMS[prof.training.moe_weighting] * st.sum(prof, "act_moe_io")
+    moe = moe + MOE_WEIGHTING_ELEMS[tr.moe_weighting] * st.sum(prof, "act_moe_io")
     # Unfused attention (before FlashAttention) materialises the s x s scores: softmax output (2 B), dropout
     # mask (1 B) and dropout output (2 B) per score, 5·a·s²·b bytes per layer (Korthikanti et al. 2022, arXiv
     # 2205.05198 eq. 1), i.e. 2.5 two-byte elements per score, a·s scores per token.
-    scores = (2.5 * n * prof.model.num_attention_heads * prof.training.seq_len
-              if prof.training.attention_kernel == "unfused" else 0.0)
+    scores = (2.5 * n * prof.model.num_attention_heads * tr.seq_len
+              if tr.attention_kernel == "unfused" else 0.0)
     attn_out += scores
     full_layers = (norm_in + norm_out) / sp_div + (qkv + attn_out + mlp + shared + moe) / tp_div
     working = full_layers / max(n, 1)
@@ -409,7 +409,7 @@ def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: f
         # Only each layer's input (h per token) is kept; one layer is rebuilt at a time in backward.
         return n * prof.hidden / sp_div, working
     mods = L.recompute_modules
-    if prof.training.selective_ac == "op" and mods == {"core_attn"}:
+    if tr.selective_ac == "op" and mods == {"core_attn"}:
         # torchtitan's op-level SAC (autopar/cost/compute.py OP_SAC_SHARE) keeps, per layer: the block input (one of
         # its two norm inputs), the saved matmul outputs (Q and V of Q, K, V; the first of a gated MLP's three
         # internals, or of a plain MLP's two; the down projection's output before its reduce-scatter, h per token
@@ -427,7 +427,7 @@ def _activation_elems_per_token(prof: ModelProfile, st: Stage, L: Layout, lin: f
         kept = (norm_in / 2) / sp_div + (qkv * (a + g) / (a + 2 * g) + attn_out + mlp / (3 if m.gated_mlp else 2)
                                          + shared + moe) / tp_div + n * prof.hidden / L.cp
         working = where(full_layers > kept, full_layers - kept, 0.0) / max(n, 1)
-        if prof.training.elementwise == "compiled":
+        if tr.elementwise == "compiled":
             kept = kept - n * prof.hidden / L.cp
         return kept, working
     if "core_attn" in mods:
@@ -604,11 +604,9 @@ def torch_ring_backward_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec):
     all-gathered K/V of the whole sequence (activation dtype), the fp32 dQ accumulator, three fp32 dK/dV buffers (the
     received one, its concatenation and the all-to-all's output) and the step's dQ, dK, dV from the flash backward
     (activation dtype). ``L.cp``, ``L.tp`` and ``L.micro_batch`` may be numpy arrays (elementwise result)."""
-    m = prof.model
     e = tr.activation_bytes
-    tokens = L.micro_batch * tr.seq_len / L.cp
-    kv = tokens * torch_ring_kv_elems(prof, L)               # K and V elements together, every local query head's
-    q = tokens * m.num_attention_heads / L.tp * m.qk_head_dim
+    kv = L.micro_batch * tr.seq_len / L.cp * torch_ring_kv_elems(prof, L)   # K and V, every local query head's
+    q, _ = ring_q_o_elems(prof, L, tr)
     held = L.cp * kv * e + TORCH_RING_FP32_BYTES * (q + 3 * kv) + e * (q + kv)
     return where(L.cp > 1, held, 0.0)
 
@@ -620,14 +618,12 @@ def te_ring_bytes(prof: ModelProfile, L: Layout, tr: TrainingSpec):
     """Bytes Transformer Engine's p2p ring attention (``cp_ring`` 'te_p2p') holds inside one attention layer beyond
     that layer's own tensors, one micro-batch, CP > 1 (module docstring, Transformer Engine's ring attention): the
     larger of its forward's (every step's K/V receive buffer and output, the fp32 merged output and its cast) and its
-    backward's (dQ buffer, the K/V-and-gradient send/receive pair, one step's dQ, dK, dV). ``L.cp``, ``L.tp`` and
-    ``L.micro_batch`` may be numpy arrays (elementwise result)."""
-    m = prof.model
+    backward's (dQ buffer, the K/V-and-gradient send/receive pair, one step's dQ, dK, dV). ``L.micro_batch`` may be
+    a numpy array (elementwise result); tp and cp are a mesh's plain degrees."""
     e = tr.activation_bytes
-    tokens = L.micro_batch * tr.seq_len / L.cp
-    heads = m.num_attention_heads / L.tp
-    kv = tokens * maximum(m.kv_heads / L.tp, 1.0) * (m.qk_head_dim + m.v_head_dim)
-    q, o = tokens * heads * m.qk_head_dim, tokens * heads * m.v_head_dim
+    # K and V as the ring passes them (Megatron-Core's KV heads, MLA's up-projected heads: Attention.ring_elems)
+    kv = L.micro_batch * tr.seq_len / L.cp * prof.model.attention_block.ring_elems(L.tp)
+    q, o = ring_q_o_elems(prof, L, tr)
     fwd = e * L.cp * (kv + o) + (TE_RING_MERGE_BYTES + e) * o
     bwd = e * (2.0 * q + 5.0 * kv)
     return where(L.cp > 1, maximum(fwd, bwd), 0.0)
