@@ -22,7 +22,7 @@ CpRing = Literal["te_p2p", "torch_allgather"]
 PpFsdp = Literal["per_microbatch", "per_step"]
 CrossEntropy = Literal["fused", "te", "unfused"]
 # TrainingSpec's loss kernel: a stack's cross_entropy knob, or 'compiled' where its compiled_loss knob compiles torch's
-LossKernel = Literal["fused", "te", "unfused", "compiled"]
+LossKernel = Literal[CrossEntropy, "compiled"]   # the knob's kernels, and torch.compile's of the unfused one
 MoeWeighting = Literal["activation", "fp32_multiply"]
 LossRuntime = Literal["megatron", "torch"]
 SelectiveAc = Literal["modules", "op"]
