@@ -20,7 +20,8 @@ Memory-bound kernels (elements per token, forward and backward, one HBM pass per
 ``megatron/core/transformer``): the sub-block's norm reads x, writes y (2h) and backward reads x, dy, writes dx
 (3h); its residual add 3h each way; RoPE on the rotary dims of Q and K reads and writes (a+g)·d each way (Su et
 al. 2021, arXiv 2104.09864), and where YaRN scales cos/sin, Megatron-Core's unfused RoPE beyond that
-(``rope_unfused``, :data:`ROPE_UNFUSED_EXTRA`). Stored activations (FlashAttention keeps no s x s scores, Dao et al. 2022, arXiv
+(``rope_unfused``, :data:`ROPE_UNFUSED_EXTRA`). Stored activations (FlashAttention keeps no s x s scores, Dao
+et al. 2022, arXiv
 2205.14135): Q, K, V (a·d + 2·g·d), the gate's input (a·d_v), the core's output (a·d_v).
 
 Symbols: h hidden, a query heads, g KV heads, d head dim, s sequence length.

@@ -10,10 +10,12 @@ experts' activation k·(3f_e, 5f_e) gated or k·(2f_e, 3f_e) plain (module ``moe
 same over n_s·f_s; token permutation (Megatron ``permute``/``unpermute``): each routed copy written once and read
 once by the weighted sum, each way -> 2·k·h forward, 2·k·h backward; with expert biases (GPT-OSS), Megatron's
 eager output-bias add (``expert_bias``, :data:`EXPERT_BIAS_ELEMS`), 14·k·h forward, 18·k·h backward; with a clamped
-activation (GPT-OSS), its eager clamps (``moe_act_clamp``, :data:`CLAMP_ELEMS`), 8·k·f_e forward, 15·k·f_e backward. Stored:
+activation (GPT-OSS), its eager clamps (``moe_act_clamp``, :data:`CLAMP_ELEMS`), 8·k·f_e forward, 15·k·f_e
+backward. Stored:
 shared internals n_s·f_s·(n_in+1), the k routed copies entering fc1 (k·h; the expert outputs are not kept: the
 routing probabilities are applied in the expert activation, :meth:`MoE.stored`), the routed internals
-k·f_e·(n_in+1), the activation outputs k·f_e (gated only; dropped by ``moe_act`` recompute). The expert all-to-all carries k copies
+k·f_e·(n_in+1), the activation outputs k·f_e (gated only; dropped by ``moe_act`` recompute). The expert all-to-all
+carries k copies
 of each token's h.
 
 LatentMoE (NVIDIA Nemotron 3 Super and Ultra; Megatron-Core ``MoELayer`` with ``moe_latent_size``,

@@ -24,8 +24,8 @@ def run_fit(args: argparse.Namespace) -> int:
     from autopar.measure.validation import is_holdout_csv, load_cases
     err = console(stderr=True)
     if is_holdout_csv(_csv_path(args)):
-        raise AutoparInputError(f"--fit: {args.csv} is the out-of-sample check (earlier Megatron-Bridge releases, never "
-                                "fitted); fit to published_runs.csv (the default --csv) and predict this file with "
+        raise AutoparInputError(f"--fit: {args.csv} is the out-of-sample check (earlier Megatron-Bridge releases, "
+                                "never fitted); fit to published_runs.csv (the default --csv) and predict this file with "
                                 "'autopar validate --csv' alone")
     if args.write:   # checked before the fit
         from autopar.fileio import check_output_dir

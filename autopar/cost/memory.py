@@ -120,7 +120,8 @@ tensors, for one micro-batch:
   gradients (4·KV) and one step's dQ, dK, dV from the flash backward (Q + KV): e·(2·Q + 5·KV) bytes.
 The larger of the two belongs to the layer phase (:func:`te_ring_bytes`). It matters where K/V are wide: MLA (DeepSeek
 V2/V3, 128 heads of d_qk 192 + d_v 128, no KV-head sharing) at 128K tokens, CP 8 and TP 1 holds 15.5 GiB in the
-forward; GQA models hold little (Llama 3 70B at TP 8: 0.4 GiB, Qwen3-235B at TP 4: 0.75 GiB). FP8 attention (other buffers: an fp32 dQ and fp32 dK/dV accumulators) is counted with the BF16 bytes,
+forward; GQA models hold little (Llama 3 70B at TP 8: 0.4 GiB, Qwen3-235B at TP 4: 0.75 GiB). FP8 attention
+(other buffers: an fp32 dQ and fp32 dK/dV accumulators) is counted with the BF16 bytes,
 an approximation.
 
 torch.distributed.pipelining's stage buffers (``loss_runtime`` 'torch', the PyTorch pipeline runtime torchtitan drives;

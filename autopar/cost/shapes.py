@@ -15,7 +15,8 @@ block file counts its kernels op by op, one HBM pass each, with sources) and add
 ``norm`` and ``residual`` (the token-mixer and channel sub-blocks' own), ``bda`` and ``bda_bias`` (the elements
 entering each bias-dropout-add, priced by the recipe's switches), ``rope``, ``mlp_act``, ``mlp_act_unfused`` (what
 the activation adds when it runs unfused), ``shared_act``,
-``rope_unfused`` (Megatron-Core's RoPE where YaRN scales cos/sin), ``moe_act``, ``moe_act_clamp`` (a clamped expert activation's eager clamps, Megatron-Core's unfused path),
+``rope_unfused`` (Megatron-Core's RoPE where YaRN scales cos/sin), ``moe_act``, ``moe_act_clamp`` (a clamped expert
+activation's eager clamps, Megatron-Core's unfused path),
 ``permute``, ``ssm_scan`` (a linear mixer's scan kernels, split by heads), ``batch_major`` (copies
 between the [s, b, ·] and [b, s, ·] layouts, paid only when the micro-batch holds more than one sequence); and
 ``grad_sum``, ``grad_sum_eager``, ``expert_grad_sum`` where a stack runs separate projections on one input (autograd
@@ -62,7 +63,8 @@ class LayerKind:
 
 # Which memory-bound entries are split by TP (sequence-parallel regions are split only when SP is on; "full": every
 # TP rank runs it over all T tokens and the whole hidden width).
-TP_SPLIT = {"rope": "tp", "rope_unfused": "tp", "mlp_act": "tp", "mlp_act_unfused": "tp", "shared_act": "tp", "norm": "sp",
+TP_SPLIT = {"rope": "tp", "rope_unfused": "tp", "mlp_act": "tp", "mlp_act_unfused": "tp", "shared_act": "tp",
+            "norm": "sp",
             "residual": "sp", "bda": "sp", "bda_bias": "sp",
             "moe_act": "routed", "permute": "routed", "grad_sum": "full", "grad_sum_eager": "full",
             "expert_grad_sum": "routed", "ssm_scan": "tp", "batch_major": "tp", "expert_bias": "routed",

@@ -35,7 +35,8 @@ How autopar's layout maps onto torchtitan's:
 - Recompute: none -> ``activation_checkpoint=None``; full -> ``FullAC.Config()``; Megatron's "selective" and module
   lists -> torchtitan's op-level ``SelectiveAC.Config()``, the nearest it has (note).
 - Compile (0.3.0): ``compile.enable`` where the prediction priced compiled kernels; ``compile.components`` with
-  "loss" where it priced the compiled loss (``TrainingSpec.cross_entropy`` 'compiled', knob ``compiled_loss``), ["model"]
+  "loss" where it priced the compiled loss (``TrainingSpec.cross_entropy`` 'compiled', knob ``compiled_loss``),
+  ["model"]
   where it priced torch's loss eager beside compiled blocks (``compiled_loss=off``), ["loss"] where it priced the
   compiled loss beside eager blocks (a ``TrainingSpec`` built so; the stack knob compiles the loss only with the model).
 - Optimizer: torchtitan 0.2.2 and 0.3.0 default to fused AdamW (``optimizer.implementation = "fused"``); where the

@@ -222,7 +222,8 @@ def _gpt_oss(r: _Reader) -> dict[str, Any]:
         f["moe"]["activation_clamp"] = float(limit_)
     # rope_scaling: YaRN scales RoPE's cos and sin by its concentration factor (Megatron-Core
     # _yarn_get_concentration_factor: with mscale and mscale_all_dim unset, 0.1·ln(factor) + 1; with both,
-    # the ratio of the two), which Megatron-Core's fused RoPE does not take (autopar.blocks.attention.ROPE_UNFUSED_EXTRA).
+    # the ratio of the two), which Megatron-Core's fused RoPE does not take
+    # (autopar.blocks.attention.ROPE_UNFUSED_EXTRA).
     rs = r.data.get("rope_scaling")
     r.used.add("rope_scaling")
     if rs is not None and not isinstance(rs, dict):
